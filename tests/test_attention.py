@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import assert_config_round_trip
+from tfnmt.layers import MultiHeadAttention
+
+
+def reference_attention(layer, query, value, mask):
+    """NumPy multi-head attention from the layer's own weights."""
+    w = {v.name: v.numpy() for v in layer.weights}
+    h, dh = layer.num_heads, layer.head_dim
+
+    def split(x):  # [B, T, D] -> [B, H, T, Dh]
+        return x.reshape(x.shape[0], x.shape[1], h, dh).transpose(0, 2, 1, 3)
+
+    q = split(query @ w["query_kernel"] + w["query_bias"])
+    k = split(value @ w["key_kernel"] + w["key_bias"])
+    v = split(value @ w["value_kernel"] + w["value_bias"])
+    logits = q @ k.transpose(0, 1, 3, 2) / np.sqrt(dh)
+    logits = np.where(mask[:, None], logits, -1e9)
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    out = (weights @ v).transpose(0, 2, 1, 3).reshape(query.shape[0], query.shape[1], -1)
+    return out @ w["output_kernel"] + w["output_bias"], weights
+
+
+def test_matches_numpy_reference_with_padding_mask():
+    layer = MultiHeadAttention(num_heads=2, d_model=8)
+    query = np.random.default_rng(0).normal(size=(2, 3, 8)).astype("float32")
+    value = np.random.default_rng(1).normal(size=(2, 5, 8)).astype("float32")
+    mask = np.ones((2, 1, 5), bool)
+    mask[1, :, 3:] = False  # second example: two padded keys
+    out, weights = layer(query, value, mask, return_attention_scores=True)
+    expected_out, expected_weights = reference_attention(layer, query, value, mask)
+    np.testing.assert_allclose(out, expected_out, atol=1e-5)
+    np.testing.assert_allclose(weights, expected_weights, atol=1e-6)
+    assert np.all(weights.numpy()[1, :, :, 3:] == 0.0)
+
+
+def test_cached_steps_equal_causal_full_attention():
+    layer = MultiHeadAttention(num_heads=2, d_model=8)
+    x = tf.random.normal([2, 4, 8])
+    causal = tf.linalg.band_part(tf.ones([4, 4], tf.bool), -1, 0)[None]
+    full = layer(x, x, causal)
+    cache = {"key": tf.zeros([2, 2, 0, 4]), "value": tf.zeros([2, 2, 0, 4])}
+    for t in range(4):
+        step, cache = layer(x[:, t:t + 1], x[:, t:t + 1], None, cache=cache)
+        np.testing.assert_allclose(step[:, 0], full[:, t], atol=1e-5)
+    assert cache["key"].shape == (2, 2, 4, 4)
+
+
+def test_static_key_value_cache_equals_direct_cross_attention():
+    layer = MultiHeadAttention(num_heads=4, d_model=8)
+    query, memory = tf.random.normal([2, 3, 8]), tf.random.normal([2, 6, 8])
+    direct = layer(query, memory)
+    cached, _ = layer(query, None, cache=layer.project_key_value(memory), static_kv=True)
+    np.testing.assert_allclose(cached, direct, atol=1e-6)
+
+
+def test_heads_must_divide_d_model():
+    with pytest.raises(ValueError, match="divisible"):
+        MultiHeadAttention(num_heads=3, d_model=8)
+
+
+def test_config_round_trips():
+    x = tf.random.normal([1, 3, 8])
+    assert_config_round_trip(MultiHeadAttention(2, 8, attention_dropout=0.1), x, x)

@@ -1,0 +1,71 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfnmt.losses import (label_smoothed_cross_entropy, label_smoothed_loss, masked_accuracy_sum,
+                          masked_loss_sum)
+
+
+def numpy_reference(labels, logits, epsilon, pad_id=0):
+    """Smoothed target as in the Annotated Transformer, then cross-entropy, mean over tokens."""
+    vocab = logits.shape[-1]
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    total, count = 0.0, 0
+    for b in range(labels.shape[0]):
+        for t in range(labels.shape[1]):
+            y = labels[b, t]
+            if y == pad_id:
+                continue
+            target = np.full(vocab, epsilon / (vocab - 2))
+            target[pad_id] = 0.0
+            target[y] = 1.0 - epsilon
+            total += -(target * log_probs[b, t]).sum()
+            count += 1
+    return total / count, count
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_matches_numpy_reference_with_padding(epsilon):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 5, 11)).astype("float32") * 3
+    labels = rng.integers(1, 11, size=(3, 5)).astype("int32")
+    labels[0, 3:] = 0
+    labels[2, 1:] = 0
+    expected, count = numpy_reference(labels, logits, epsilon)
+    total, tokens = masked_loss_sum(tf.constant(labels), tf.constant(logits), epsilon)
+    assert float(tokens) == count == 9
+    assert float(total) / float(tokens) == pytest.approx(expected, rel=1e-5)
+    assert float(label_smoothed_loss(labels, logits, epsilon)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_padding_logits_do_not_matter():
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(2, 4, 7)).astype("float32")
+    labels = np.array([[3, 4, 0, 0], [5, 0, 0, 0]], "int32")
+    per_token, weights = label_smoothed_cross_entropy(labels, logits)
+    changed = logits.copy()
+    changed[0, 2:] = 100.0
+    changed[1, 1:] = -100.0
+    per_token_2, _ = label_smoothed_cross_entropy(labels, changed)
+    np.testing.assert_allclose(per_token, per_token_2)
+    np.testing.assert_array_equal(weights, (labels != 0).astype("float32"))
+
+
+def test_loss_sums_add_up_across_shards():
+    """Summing per-replica sums and dividing by the global count = the whole-batch mean."""
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(4, 6, 9)).astype("float32")
+    labels = rng.integers(1, 9, size=(4, 6)).astype("int32")
+    labels[0, 2:] = 0  # shards with different token counts: a mean of means would be wrong
+    whole = float(label_smoothed_loss(labels, logits))
+    parts = [masked_loss_sum(labels[i:i + 2], logits[i:i + 2]) for i in (0, 2)]
+    total = sum(float(p[0]) for p in parts) / sum(float(p[1]) for p in parts)
+    assert total == pytest.approx(whole, rel=1e-6)
+
+
+def test_accuracy_ignores_padding():
+    logits = np.zeros((1, 3, 5), "float32")
+    logits[0, 0, 2] = logits[0, 1, 4] = logits[0, 2, 1] = 1.0
+    correct, tokens = masked_accuracy_sum(tf.constant([[2, 3, 0]]), tf.constant(logits))
+    assert (float(correct), float(tokens)) == (1.0, 2.0)

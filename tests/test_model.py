@@ -1,0 +1,104 @@
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import random_ids
+from tfnmt.model import Transformer
+from tfnmt.presets import PAPER_PARAMETERS, count_parameters, get_preset
+
+TINY = get_preset("tiny", dropout=0.0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_source_padding_does_not_change_encoder_outputs(norm_first):
+    model = Transformer(vocab_size=30, norm_first=norm_first, **TINY)
+    source = random_ids(np.random.default_rng(0), 2, 5, 30)
+    padded = np.concatenate([source, np.zeros((2, 3), np.int32)], axis=1)
+    short, _ = model.encode(source)
+    long, mask = model.encode(padded)
+    np.testing.assert_allclose(long[:, :5], short, atol=1e-5)
+    assert mask.numpy()[:, 5:].sum() == 0
+    # ... and the decoder's output does not depend on the padding either.
+    target = random_ids(np.random.default_rng(1), 2, 4, 30)
+    np.testing.assert_allclose(model((padded, target)), model((source, target)), atol=1e-4)
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "learned"])
+def test_decoder_output_at_i_ignores_later_target_tokens(position):
+    model = Transformer(vocab_size=30, position=position, **TINY)
+    rng = np.random.default_rng(0)
+    source, target = random_ids(rng, 2, 5, 30), random_ids(rng, 2, 6, 30)
+    changed = target.copy()
+    changed[:, 3:] = random_ids(rng, 2, 3, 30)
+    a, b = model((source, target)), model((source, changed))
+    np.testing.assert_allclose(a[:, :3], b[:, :3], atol=1e-5)
+    assert not np.allclose(a[:, 3:], b[:, 3:])
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_incremental_decode_steps_equal_teacher_forcing(norm_first):
+    model = Transformer(vocab_size=30, norm_first=norm_first, **TINY)
+    rng = np.random.default_rng(0)
+    source, target = random_ids(rng, 2, 5, 30), random_ids(rng, 2, 4, 30)
+    full = model((source, target))
+    memory, padding = model.encode(source)
+    cache = model.initial_cache(memory)
+    for t in range(4):
+        logits, cache = model.decode_step(target[:, t:t + 1], t, cache, padding)
+        np.testing.assert_allclose(logits, full[:, t], atol=1e-4)
+
+
+def test_shared_vocabulary_ties_one_variable():
+    model = Transformer(vocab_size=50, **TINY)
+    model.build()
+    assert model.source_embedding is model.target_embedding and model.output_projection is None
+    # One variable in the whole model has the vocabulary dimension: source, target and softmax.
+    vocab_vars = [v for v in model.trainable_variables if 50 in v.shape]
+    assert len(vocab_vars) == 1 and vocab_vars[0] is model.source_embedding.embeddings
+    # The softmax really reads it: zeroing row 7 makes token 7's logit exactly 0 everywhere.
+    vocab_vars[0].assign(tf.tensor_scatter_nd_update(vocab_vars[0], [[7]],
+                                                     tf.zeros([1, TINY["d_model"]])))
+    logits = model((tf.constant([[5, 6, 8]]), tf.constant([[2, 9]])))
+    np.testing.assert_array_equal(logits[..., 7], 0.0)
+
+
+def test_separate_vocabularies_keep_separate_embeddings():
+    model = Transformer(source_vocab_size=40, target_vocab_size=30, share_embeddings=False,
+                        **TINY)
+    logits = model((tf.constant([[39, 5]]), tf.constant([[29, 4, 5]])))
+    assert logits.shape == (1, 3, 30)
+    assert model.source_embedding is not model.target_embedding
+    with pytest.raises(ValueError, match="one vocabulary"):
+        Transformer(source_vocab_size=40, target_vocab_size=30, **TINY)
+
+
+def test_dense_kernels_use_glorot_uniform():
+    model = Transformer(vocab_size=30, **get_preset("small"))
+    model.build()
+    kernel = model.encoder_layers[0].feed_forward.inner_kernel.numpy()  # [256, 1024]
+    limit = np.sqrt(6.0 / sum(kernel.shape))
+    assert np.abs(kernel).max() <= limit
+    assert np.std(kernel) == pytest.approx(limit / np.sqrt(3.0), rel=0.02)
+
+
+def test_model_saves_and_loads_as_keras_file(tmp_path):
+    model = Transformer(vocab_size=30, norm_first=True, position="learned", **TINY)
+    inputs = (tf.constant([[4, 5, 6]]), tf.constant([[2, 7]]))
+    expected = model(inputs)
+    model.save(tmp_path / "model.keras")
+    restored = keras.models.load_model(tmp_path / "model.keras")
+    assert isinstance(restored, Transformer)
+    assert restored.get_config() == model.get_config()
+    np.testing.assert_allclose(restored(inputs), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["base", "big"])
+def test_paper_parameter_counts(name):
+    count = count_parameters(name, vocab_size=37000)
+    assert abs(count - PAPER_PARAMETERS[name]) / PAPER_PARAMETERS[name] < 0.05, count
+
+
+def test_unknown_preset_is_refused():
+    with pytest.raises(ValueError, match="unknown preset"):
+        get_preset("huge")

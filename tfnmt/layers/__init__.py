@@ -1,0 +1,15 @@
+"""Keras layers of the Transformer, one per file (keras-hub style)."""
+from tfnmt.layers.attention import MultiHeadAttention
+from tfnmt.layers.decoder_layer import TransformerDecoderLayer
+from tfnmt.layers.embedding import PositionalEncoding, TokenEmbedding
+from tfnmt.layers.encoder_layer import TransformerEncoderLayer
+from tfnmt.layers.feed_forward import FeedForward
+
+__all__ = [
+    "FeedForward",
+    "MultiHeadAttention",
+    "PositionalEncoding",
+    "TokenEmbedding",
+    "TransformerDecoderLayer",
+    "TransformerEncoderLayer",
+]

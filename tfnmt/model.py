@@ -1,0 +1,183 @@
+"""The encoder-decoder Transformer (paper §3) as a Keras model with encode / decode / call."""
+import keras
+import tensorflow as tf
+
+from tfnmt.layers import (PositionalEncoding, TokenEmbedding, TransformerDecoderLayer,
+                          TransformerEncoderLayer)
+from tfnmt.tokenizer import PAD_ID
+
+
+def causal_mask(length):
+    """[1, T, T] bool, True where position i may attend to j (j <= i)."""
+    return tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0)[None]
+
+
+@keras.saving.register_keras_serializable(package="tfnmt")
+class Transformer(keras.Model):
+    """Token ids in, float32 logits out.
+
+    `vocab_size` with `share_embeddings=True` (the default) is the paper's shared vocabulary: one
+    matrix embeds source and target tokens and projects to the softmax (§3.4). With separate
+    vocabularies pass `source_vocab_size`/`target_vocab_size`; the target embedding is still tied
+    to the softmax unless `tie_output=False`.
+    """
+
+    def __init__(self, vocab_size=None, num_layers=6, d_model=512, num_heads=8, d_ff=2048,
+                 dropout=0.1, attention_dropout=0.0, ffn_dropout=0.0, activation="relu",
+                 norm_first=False, position="sinusoidal", max_length=1024,
+                 share_embeddings=True, tie_output=True, source_vocab_size=None,
+                 target_vocab_size=None, num_encoder_layers=None, num_decoder_layers=None,
+                 layer_norm_epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        source_vocab_size = source_vocab_size or vocab_size
+        target_vocab_size = target_vocab_size or vocab_size
+        if not source_vocab_size or not target_vocab_size:
+            raise ValueError("give vocab_size, or source_vocab_size and target_vocab_size")
+        if share_embeddings and source_vocab_size != target_vocab_size:
+            raise ValueError("share_embeddings needs one vocabulary: source_vocab_size "
+                             f"{source_vocab_size} != target_vocab_size {target_vocab_size}")
+        self.settings = dict(
+            vocab_size=vocab_size, num_layers=num_layers, d_model=d_model, num_heads=num_heads,
+            d_ff=d_ff, dropout=dropout, attention_dropout=attention_dropout,
+            ffn_dropout=ffn_dropout, activation=activation, norm_first=norm_first,
+            position=position, max_length=max_length, share_embeddings=share_embeddings,
+            tie_output=tie_output, source_vocab_size=source_vocab_size,
+            target_vocab_size=target_vocab_size,
+            num_encoder_layers=num_encoder_layers or num_layers,
+            num_decoder_layers=num_decoder_layers or num_layers,
+            layer_norm_epsilon=layer_norm_epsilon)
+        self.d_model = d_model
+        self.norm_first = norm_first
+        self.max_length = max_length
+        policy = self.dtype_policy
+
+        self.source_embedding = TokenEmbedding(source_vocab_size, d_model, dtype=policy,
+                                               name="source_embedding")
+        if share_embeddings:
+            self.target_embedding = self.source_embedding
+        else:
+            self.target_embedding = TokenEmbedding(target_vocab_size, d_model, dtype=policy,
+                                                   name="target_embedding")
+        self.output_projection = None
+        if not (share_embeddings or tie_output):
+            self.output_projection = keras.layers.Dense(target_vocab_size, use_bias=False,
+                                                        dtype=policy, name="output_projection")
+        self.positions = PositionalEncoding(d_model, position, max_length, dtype=policy,
+                                            name="positions")
+        self.embedding_dropout = keras.layers.Dropout(dropout)
+
+        layer_args = dict(d_model=d_model, num_heads=num_heads, d_ff=d_ff, dropout=dropout,
+                          attention_dropout=attention_dropout, ffn_dropout=ffn_dropout,
+                          activation=activation, norm_first=norm_first,
+                          layer_norm_epsilon=layer_norm_epsilon, dtype=policy)
+        self.encoder_layers = [TransformerEncoderLayer(**layer_args, name=f"encoder_{i}")
+                               for i in range(self.settings["num_encoder_layers"])]
+        self.decoder_layers = [TransformerDecoderLayer(**layer_args, name=f"decoder_{i}")
+                               for i in range(self.settings["num_decoder_layers"])]
+        # Pre-norm stacks end with a LayerNorm (their last residual sum is otherwise unnormalised).
+        self.encoder_norm = self.decoder_norm = None
+        if norm_first:
+            self.encoder_norm = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=policy, name="encoder_norm")
+            self.decoder_norm = keras.layers.LayerNormalization(
+                epsilon=layer_norm_epsilon, dtype=policy, name="decoder_norm")
+
+    def build(self, input_shape=None):
+        # encode()/decode() may run before __call__, so every sublayer is built here, once.
+        shape = (None, None, self.d_model)
+        for layer in [self.source_embedding, self.target_embedding, self.positions,
+                      *self.encoder_layers, *self.decoder_layers, self.encoder_norm,
+                      self.decoder_norm, self.output_projection]:
+            if layer is not None and not layer.built:  # the shared embedding appears twice
+                layer.build(shape)
+        self.built = True
+
+    def _embed(self, embedding, token_ids, training, start=0):
+        x = self.positions(embedding(token_ids), start=start)
+        return self.embedding_dropout(x, training=training)
+
+    def encode(self, source_ids, training=None, return_attention_scores=False):
+        """source_ids [B, S] -> memory [B, S, D], source_padding [B, S] (True at real tokens);
+        with return_attention_scores, also a list of [B, H, S, S] per layer."""
+        if not self.built:
+            self.build()
+        source_padding = tf.not_equal(source_ids, PAD_ID)
+        x = self._embed(self.source_embedding, source_ids, training)
+        weights = []
+        for layer in self.encoder_layers:
+            x = layer(x, source_padding, training=training,
+                      return_attention_scores=return_attention_scores)
+            if return_attention_scores:
+                x, w = x
+                weights.append(w)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        if return_attention_scores:
+            return x, source_padding, weights
+        return x, source_padding
+
+    def _logits(self, x):
+        if self.output_projection is not None:
+            logits = self.output_projection(x)
+        else:
+            logits = self.target_embedding.logits(x)
+        return tf.cast(logits, tf.float32)  # [B, T, V]; the loss and softmax work in float32
+
+    def decode(self, target_ids, memory, source_padding, training=None,
+               return_attention_scores=False):
+        """Teacher-forced decoding: target_ids [B, T] (starting with BOS) -> logits [B, T, V]
+        (float32); with return_attention_scores also a list of {"self", "cross"} per layer."""
+        length = tf.shape(target_ids)[1]
+        self_mask = causal_mask(length)  # [1, T, T]; padded targets are masked in the loss
+        memory_mask = source_padding[:, None, :]  # [B, 1, S]
+        x = self._embed(self.target_embedding, target_ids, training)
+        weights = []
+        for layer in self.decoder_layers:
+            x = layer(x, memory, self_mask, memory_mask, training=training,
+                      return_attention_scores=return_attention_scores)
+            if return_attention_scores:
+                x, w = x
+                weights.append(w)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        logits = self._logits(x)
+        return (logits, weights) if return_attention_scores else logits
+
+    def initial_cache(self, memory):
+        """Per-layer decoding cache for the encoder output [B, S, D]: empty self-attention
+        keys/values [B, H, 0, Dh] and the projected memory keys/values [B, H, S, Dh]."""
+        batch = tf.shape(memory)[0]
+        layer = self.decoder_layers[0]
+        heads, head_dim = layer.num_heads, self.d_model // layer.num_heads
+        empty = tf.zeros([batch, heads, 0, head_dim], memory.dtype)
+        return [{"self": {"key": empty, "value": empty}, "memory": layer.memory_cache(memory)}
+                for layer in self.decoder_layers]
+
+    def decode_step(self, token_ids, step, cache, source_padding):
+        """One incremental step: token_ids [B, 1] at position `step` -> logits [B, V], new cache.
+        Attends to the cached prefix only, so no earlier position is recomputed."""
+        memory_mask = source_padding[:, None, :]  # [B, 1, S]
+        x = self._embed(self.target_embedding, token_ids, training=False, start=step)
+        new_cache = []
+        for layer, layer_cache in zip(self.decoder_layers, cache):
+            # The single query may attend to every cached position: no causal mask needed.
+            x, layer_cache = layer(x, None, None, memory_mask, cache=layer_cache, training=False)
+            new_cache.append(layer_cache)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return self._logits(x)[:, 0], new_cache
+
+    def call(self, inputs, training=None):
+        """inputs = (source_ids [B, S], target_input_ids [B, T]) -> logits [B, T, V]."""
+        source_ids, target_ids = inputs
+        memory, source_padding = self.encode(source_ids, training=training)
+        return self.decode(target_ids, memory, source_padding, training=training)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(self.settings)
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

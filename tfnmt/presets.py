@@ -1,0 +1,50 @@
+"""Catalog of model sizes. `base` and `big` are the paper's (Table 3); `small` is sized for CPU
+training (and matches the OpenNMT-tf configuration used as the speed reference); `tiny` is for tests.
+
+    python -m tfnmt.presets            # parameter counts with a shared 37,000-token vocabulary
+"""
+import argparse
+
+PRESETS = {
+    "tiny": dict(num_layers=2, d_model=64, num_heads=4, d_ff=128, dropout=0.1),
+    "small": dict(num_layers=3, d_model=256, num_heads=4, d_ff=1024, dropout=0.1),
+    "base": dict(num_layers=6, d_model=512, num_heads=8, d_ff=2048, dropout=0.1),
+    "big": dict(num_layers=6, d_model=1024, num_heads=16, d_ff=4096, dropout=0.3),
+}
+
+# Parameter counts the paper reports (Table 3), for comparison.
+PAPER_PARAMETERS = {"base": 65e6, "big": 213e6}
+
+
+def get_preset(name, **overrides):
+    """The preset's Transformer arguments with `overrides` (None values ignored) applied."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    settings = dict(PRESETS[name])
+    settings.update({k: v for k, v in overrides.items() if v is not None})
+    return settings
+
+
+def count_parameters(name, vocab_size=37000, **overrides):
+    """Number of trainable weights of a preset built with a shared vocabulary."""
+    from tfnmt.model import Transformer
+
+    model = Transformer(vocab_size=vocab_size, **get_preset(name, **overrides))
+    model.build()
+    return sum(int(v.numpy().size) for v in model.trainable_variables)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab_size", type=int, default=37000)
+    args = parser.parse_args()
+    print(f"{'preset':8s} {'parameters':>14s}  paper")
+    for name in PRESETS:
+        count = count_parameters(name, args.vocab_size)
+        paper = PAPER_PARAMETERS.get(name)
+        note = f"{paper / 1e6:.0f}M ({(count - paper) / paper:+.1%})" if paper else ""
+        print(f"{name:8s} {count:14,d}  {note}")
+
+
+if __name__ == "__main__":
+    main()

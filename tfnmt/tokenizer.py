@@ -1,0 +1,6 @@
+"""Special token ids shared by the model, the data pipeline and decoding."""
+
+PAD_ID = 0  # padding; never predicted, masked out of attention and the loss
+UNK_ID = 1
+BOS_ID = 2  # starts every decoder input
+EOS_ID = 3  # ends every target
