@@ -1,6 +1,69 @@
-"""Special token ids shared by the model, the data pipeline and decoding."""
+"""Shared subword vocabulary: SentencePiece learned on the training text, applied in-graph.
+
+Training uses the `sentencepiece` package; tokenizing and detokenizing use tensorflow-text's
+`SentencepieceTokenizer` over the same model proto, so training, evaluation and the exported
+SavedModel tokenize identically. Byte fallback is on: a character outside the vocabulary becomes
+its UTF-8 bytes instead of <unk>, so any valid text round-trips.
+"""
+import hashlib
+import os
+
+import tensorflow as tf
 
 PAD_ID = 0  # padding; never predicted, masked out of attention and the loss
 UNK_ID = 1
 BOS_ID = 2  # starts every decoder input
-EOS_ID = 3  # ends every target
+EOS_ID = 3  # ends every source and target
+
+
+def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unigram",
+                        max_sentences=2_000_000, seed_sentencepiece_size=1_000_000):
+    """Learns a joint model from an iterable of strings and writes it to `model_path`
+    (atomically: a `.tmp` name renamed when complete). Returns `model_path`."""
+    import sentencepiece as spm
+
+    if model_type not in ("unigram", "bpe"):
+        raise ValueError(f"model_type must be 'unigram' or 'bpe', got {model_type!r}")
+    os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
+    prefix = model_path + ".tmp"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
+        model_type=model_type, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        byte_fallback=True, character_coverage=0.9999, normalization_rule_name="nmt_nfkc",
+        input_sentence_size=max_sentences, shuffle_input_sentence=True,
+        seed_sentencepiece_size=seed_sentencepiece_size, num_threads=os.cpu_count() or 1,
+        minloglevel=2)
+    os.replace(prefix + ".model", model_path)
+    os.remove(prefix + ".vocab")
+    return model_path
+
+
+class Tokenizer:
+    """Strings <-> SentencePiece ids with tensorflow-text (usable inside tf.function/SavedModel)."""
+
+    def __init__(self, model_path):
+        import tensorflow_text as tf_text
+
+        with open(model_path, "rb") as f:
+            self.model_proto = f.read()
+        self.model_path = model_path
+        self.sha256 = hashlib.sha256(self.model_proto).hexdigest()
+        self._sp = tf_text.SentencepieceTokenizer(model=self.model_proto, out_type=tf.int32)
+        self.vocab_size = int(self._sp.vocab_size())
+
+    def tokenize(self, strings):
+        """strings [B] -> ids RaggedTensor [B, None] (no BOS/EOS). Invalid UTF-8 bytes are
+        replaced by U+FFFD first, so malformed input gives a defined result, not an error."""
+        strings = tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace")
+        return self._sp.tokenize(strings)
+
+    def detokenize(self, ids):
+        """ids [B, T] (dense, padded; or ragged) -> strings [B]. Stops at the first EOS."""
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.convert_to_tensor(ids, tf.int32)
+            before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32), axis=1), 0)
+            ids = tf.ragged.boolean_mask(ids, before_eos & tf.not_equal(ids, PAD_ID))
+        return self._sp.detokenize(ids)
+
+    def id_to_piece(self, ids):
+        return self._sp.id_to_string(ids)

@@ -1,0 +1,133 @@
+"""Raw text readers, the corpus builder's cleaning/split rules, and the committed corpus."""
+import gzip
+import importlib.util
+import os
+import sqlite3
+import time
+
+import pytest
+import tensorflow_datasets as tfds
+
+from tfnmt import corpus
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_builder():
+    spec = importlib.util.spec_from_file_location(
+        "build_corpus", os.path.join(ROOT, "data", "build_corpus.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_split(split):
+    with gzip.open(os.path.join(corpus.EMBEDDED_DIR, f"{split}.tsv.gz"), "rt") as f:
+        return [line.rstrip("\n").split("\t") for line in f]
+
+
+def test_committed_corpus_keeps_dev_and_test_out_of_training():
+    train = read_split("train")
+    held_out = read_split("dev") + read_split("test")
+    assert len(read_split("test")) == 1136 and len(read_split("dev")) == 462
+    train_sentences = {text for pair in train for text in pair[:2]}
+    leaks = [pair for pair in held_out if pair[0] in train_sentences or pair[1] in train_sentences]
+    assert not leaks, leaks[:3]
+    assert all(len(p) == 3 and p[0] and p[1] for p in train)
+
+
+def test_builder_cleans_and_splits(tmp_path):
+    build_corpus = load_builder()
+    db = tmp_path / "bible.db"
+    connection = sqlite3.connect(db)
+    connection.execute("CREATE TABLE bible (id, bbName, bNumber, cNumber, vNumber, vText)")
+    verses = [  # (book, chapter, verse, German, English)
+        (1, 1, 1, "(1:2) Am Anfang schuf Gott.", "In the beginning God`s [own]  word."),
+        (1, 1, 2, "Ein Vers.", ""),  # empty side: dropped
+        (8, 1, 1, "Ruth ging.", "Ruth went."),  # dev book
+        (41, 1, 1, "Markus schrieb.", "Mark wrote."),  # test book
+        (40, 1, 1, "Markus schrieb.", "Mark wrote."),  # same verse in a train book: removed
+        (3, 2, 12, "Als Erstlinge.", "As first -[fruits] offering."),
+    ]
+    for i, (b, c, v, de, en) in enumerate(verses):
+        connection.execute("INSERT INTO bible VALUES (?,?,?,?,?,?)", (2 * i, "s", b, c, v, de))
+        connection.execute("INSERT INTO bible VALUES (?,?,?,?,?,?)", (2 * i + 1, "4", b, c, v, en))
+    connection.commit()
+    ding = tmp_path / "de-en"
+    lines = ["# comment"]
+    for i in range(52):
+        lines.append(f"Satz {{m}} | Das ist Satz Nummer {i}. :: sentence | This is sentence "
+                     f"number {i}.")
+    lines.append("Er ist da [Br.]. | Sie kommt heute nicht. :: He is there. | She is not coming.")
+    ding.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    splits = build_corpus.build(str(db), str(ding), str(tmp_path / "out"))
+    train_bible = [p[:2] for p in splits["train"] if p[2] == "bible"]
+    assert train_bible == [("Am Anfang schuf Gott.", "In the beginning God's own word."),
+                           ("Als Erstlinge.", "As first-fruits offering.")]
+    assert [p[:2] for p in splits["dev"] if p[2] == "bible"] == [("Ruth ging.", "Ruth went.")]
+    assert [p[:2] for p in splits["test"] if p[2] == "bible"] == [("Markus schrieb.",
+                                                                   "Mark wrote.")]
+    ding_test = [p[0] for p in splits["test"] if p[2] == "ding"]
+    ding_dev = [p[0] for p in splits["dev"] if p[2] == "ding"]
+    assert ding_test == ["Das ist Satz Nummer 0.", "Das ist Satz Nummer 50."]
+    assert ding_dev == ["Das ist Satz Nummer 1.", "Das ist Satz Nummer 51."]
+    # Sub-entry with a tag on one side dropped; its untagged neighbour kept.
+    ding_train = [p[0] for p in splits["train"] if p[2] == "ding"]
+    assert "Sie kommt heute nicht." in ding_train and len(ding_train) == 49
+    with gzip.open(tmp_path / "out" / "dev.tsv.gz", "rt") as f:
+        assert f.readline() == "Ruth ging.\tRuth went.\tbible\n"
+
+
+def test_local_files_bad_input_names_file_and_line(tmp_path):
+    good = tmp_path / "a.de"
+    good.write_text("eins\nzwei\ndrei\n", encoding="utf-8")
+    short = tmp_path / "a.en"
+    short.write_text("one\ntwo\n", encoding="utf-8")
+    with pytest.raises(corpus.CorpusError, match=r"a.en: ends at line 2.*not line-aligned"):
+        list(corpus.read_files([str(good), str(short)]))
+    bad = tmp_path / "bad.tsv"
+    bad.write_bytes(b"gut\tgood\nschlecht\tbad \xff\n")
+    with pytest.raises(corpus.CorpusError, match=r"bad.tsv:2: invalid UTF-8"):
+        list(corpus.read_files(str(bad)))
+    tabless = tmp_path / "tabless.tsv"
+    tabless.write_text("gut\tgood\nno tab here\n", encoding="utf-8")
+    with pytest.raises(corpus.CorpusError, match=r"tabless.tsv:2: expected 2"):
+        list(corpus.read_files(str(tabless)))
+    with pytest.raises(corpus.CorpusError, match="missing.tsv: file not found"):
+        list(corpus.read_files(str(tmp_path / "missing.tsv")))
+
+
+def test_empty_sides_are_skipped_and_counted(tmp_path, caplog):
+    path = tmp_path / "train.tsv"
+    path.write_text("gut\tgood\n\tnothing\nnichts\t \nja\tyes\n", encoding="utf-8")
+    pairs = list(corpus.read_corpus("files", "train", str(path)))
+    assert pairs == [("gut", "good"), ("ja", "yes")]
+    assert "skipped 2 pairs" in caplog.text
+
+
+def test_unknown_dataset_is_a_clear_error():
+    with pytest.raises(corpus.CorpusError, match="unknown dataset 'no_such_dataset'"):
+        list(corpus.read_corpus("no_such_dataset", "train"))
+
+
+def test_offline_download_fails_at_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "network_available", lambda: False)
+    start = time.time()
+    with pytest.raises(corpus.CorpusError, match="cannot reach the internet"):
+        list(corpus.read_corpus("wmt14_translate/de-en", "train", tfds_data_dir=str(tmp_path)))
+    assert time.time() - start < 10  # no minutes of download retries
+
+
+def test_tfds_translation_dataset_with_mock_data(monkeypatch):
+    # mock_data replaces the download and the records; the network probe is ours to stub.
+    monkeypatch.setattr(corpus, "network_available", lambda: True)
+    with tfds.testing.mock_data(num_examples=7):
+        pairs = list(corpus.read_corpus("ted_hrlr_translate/pt_to_en", "dev"))
+    assert len(pairs) == 7 and all(isinstance(s, str) and isinstance(t, str) for s, t in pairs)
+
+
+def test_embedded_corpus_is_a_local_tfds_builder(tmp_path):
+    pairs = list(corpus.read_corpus("embedded", "dev", tfds_data_dir=str(tmp_path)))
+    assert len(pairs) == 462
+    assert pairs[0] == tuple(read_split("dev")[0][:2])

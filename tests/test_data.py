@@ -1,0 +1,95 @@
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfnmt import data, records
+from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+def pairs_of(batches):
+    """Multiset of (source, target) id tuples in the batches, padding stripped."""
+    found = collections.Counter()
+    for batch in batches:
+        source, target_in, target_out = (batch[k].numpy() for k in
+                                         ("source", "target_in", "target_out"))
+        for s, ti, to in zip(source, target_in, target_out):
+            s, ti, to = s[s != PAD_ID], ti[ti != PAD_ID], to[to != PAD_ID]
+            assert s[-1] == EOS_ID and ti[0] == BOS_ID and to[-1] == EOS_ID
+            np.testing.assert_array_equal(ti[1:], to[:-1])
+            found[(tuple(s[:-1]), tuple(to[:-1]))] += 1
+    return found
+
+
+def all_pairs(data_dir, split, max_length):
+    manifest = records.load_manifest(data_dir)
+    expected = collections.Counter()
+    for raw in tf.data.TFRecordDataset(records.shard_paths(data_dir, manifest, split)):
+        example = tf.train.Example.FromString(raw.numpy())
+        s = tuple(example.features.feature["source"].int64_list.value)
+        t = tuple(example.features.feature["target"].int64_list.value)
+        if max(len(s), len(t)) + 1 <= max_length:
+            expected[(s, t)] += 1
+    return expected
+
+
+def test_every_batch_respects_the_token_budget(small_prepared):
+    batches = list(data.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64,
+                                     seed=0))
+    for batch in batches:
+        size = batch["source"].shape[0]
+        longest = max(batch["source"].shape[1], batch["target_in"].shape[1])
+        assert size * longest <= 512
+        assert longest <= 64
+    assert len(batches) > 20
+
+
+def test_an_epoch_yields_every_kept_pair_exactly_once(small_prepared):
+    expected = all_pairs(small_prepared, "train", max_length=48)
+    manifest = records.load_manifest(small_prepared)
+    dropped = data.dropped_by_length(manifest, "train", 48)
+    assert dropped > 0 and sum(expected.values()) == 3000 - dropped
+    dataset = data.make_dataset(small_prepared, "train", batch_tokens=1024, max_length=48, seed=3)
+    assert pairs_of(dataset) == expected
+
+
+def test_reading_is_deterministic_with_a_seed(small_prepared):
+    def first_batches(seed):
+        dataset = data.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64,
+                                    seed=seed)
+        return [b["source"].numpy().tolist() for b in dataset.take(5)]
+
+    assert first_batches(7) == first_batches(7)
+    assert first_batches(7) != first_batches(8)
+
+
+@pytest.mark.parametrize("pipelines", [2, 8])  # 2 <= 4 shard files: by file; 8 > 4: by record
+def test_input_pipelines_split_the_data_between_them(small_prepared, pipelines):
+    parts = []
+    for index in range(pipelines):
+        context = tf.distribute.InputContext(num_input_pipelines=pipelines,
+                                             input_pipeline_id=index, num_replicas_in_sync=pipelines)
+        parts.append(pairs_of(data.make_dataset(small_prepared, "train", batch_tokens=1024,
+                                                max_length=64, seed=0, input_context=context)))
+    union = sum(parts, collections.Counter())
+    assert union == all_pairs(small_prepared, "train", 64)
+    assert all(sum(p.values()) > 0 for p in parts)
+
+
+def test_bucket_sizes_follow_the_budget():
+    boundaries = data.bucket_boundaries(100)
+    assert boundaries[0] == 8 and boundaries[-1] == 101
+    assert all(b > a for a, b in zip(boundaries, boundaries[1:]))
+    sizes = data.bucket_batch_sizes(boundaries, 1000)
+    assert sizes[0] == 1000 // 7 and sizes[-2] == 1000 // 100
+    with pytest.raises(ValueError, match="cannot hold one pair"):
+        data.bucket_batch_sizes(boundaries, 50)
+
+
+def test_padding_fraction_on_the_embedded_train_split(embedded_prepared):
+    dataset = data.make_dataset(embedded_prepared, "train", batch_tokens=4096, max_length=256,
+                                seed=0)
+    fraction, batches = data.padding_fraction(dataset)
+    print(f"padding fraction {fraction:.3f} over {batches} batches")
+    assert fraction < 0.10

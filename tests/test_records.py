@@ -1,0 +1,108 @@
+import json
+import os
+
+import pytest
+import tensorflow as tf
+
+from tfnmt import records
+from tfnmt.tokenizer import Tokenizer
+
+
+def test_manifest_counts_and_shards(small_prepared):
+    manifest = records.load_manifest(small_prepared)
+    assert manifest["splits"]["train"]["examples"] == 3000
+    assert manifest["splits"]["dev"]["examples"] == 200
+    assert "test" not in manifest["splits"]
+    assert len(manifest["splits"]["train"]["shards"]) == 4
+    files = records.shard_paths(small_prepared, manifest, "train")
+    assert sum(1 for _ in tf.data.TFRecordDataset(files)) == 3000
+    histogram = manifest["splits"]["train"]["length_histogram"]
+    assert sum(histogram.values()) == 3000
+
+
+def test_records_hold_the_tokenized_text(small_corpus, small_prepared):
+    tokenizer = Tokenizer(os.path.join(small_prepared, records.VOCAB))
+    manifest = records.load_manifest(small_prepared)
+    raw = next(iter(tf.data.TFRecordDataset(records.shard_paths(small_prepared, manifest, "dev"))))
+    example = tf.train.Example.FromString(raw.numpy())
+    source = list(example.features.feature["source"].int64_list.value)
+    with open(small_corpus["dev"], encoding="utf-8") as f:
+        german = f.readline().split("\t")[0]
+    assert source == tokenizer.tokenize([german]).to_list()[0]
+
+
+def copy_prepared(src, dst):
+    os.makedirs(dst)
+    for name in os.listdir(src):
+        with open(os.path.join(src, name), "rb") as a, open(os.path.join(dst, name), "wb") as b:
+            b.write(a.read())
+
+
+def test_rerun_is_a_no_op(small_corpus, small_prepared):
+    before = {n: os.stat(os.path.join(small_prepared, n)).st_mtime_ns
+              for n in os.listdir(small_prepared)}
+    records.prepare(small_prepared, dataset="files", files=small_corpus, vocab_size=600,
+                    train_shards=4)
+    after = {n: os.stat(os.path.join(small_prepared, n)).st_mtime_ns
+             for n in os.listdir(small_prepared)}
+    assert before == after
+
+
+def test_interrupted_run_never_reads_as_complete(small_corpus, tmp_path, monkeypatch):
+    out = str(tmp_path / "prep")
+    calls = []
+
+    def failing_write(*args, **kwargs):
+        if calls:
+            raise KeyboardInterrupt  # killed while writing the second split
+        calls.append(1)
+        return real_write(*args, **kwargs)
+
+    real_write = records._write_split
+    monkeypatch.setattr(records, "_write_split", failing_write)
+    with pytest.raises(KeyboardInterrupt):
+        records.prepare(out, dataset="files", files=small_corpus, vocab_size=600)
+    with pytest.raises(records.PreparedDataError, match="no complete prepared data"):
+        records.load_manifest(out)
+    monkeypatch.setattr(records, "_write_split", real_write)
+    manifest = records.prepare(out, dataset="files", files=small_corpus, vocab_size=600)
+    assert manifest["splits"]["dev"]["examples"] == 200
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+
+
+def test_truncated_shard_is_detected(small_prepared, tmp_path):
+    out = str(tmp_path / "copy")
+    copy_prepared(small_prepared, out)
+    shard = records.shard_paths(out, records.load_manifest(out), "train")[0]
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) // 2)
+    with pytest.raises(records.PreparedDataError, match="not the size"):
+        records.load_manifest(out)
+
+
+def test_vocabulary_change_is_detected(small_prepared, tmp_path):
+    manifest = records.load_manifest(small_prepared)
+    with pytest.raises(records.PreparedDataError, match="another vocabulary"):
+        records.load_manifest(small_prepared, vocab_sha256="0" * 64)
+    out = str(tmp_path / "copy")
+    copy_prepared(small_prepared, out)
+    with open(os.path.join(out, records.VOCAB), "ab") as f:
+        f.write(b"x")  # the vocabulary file no longer matches the records
+    with pytest.raises(records.PreparedDataError, match="differs from the vocabulary"):
+        records.load_manifest(out)
+    assert manifest["vocab"]["size"] == 600
+
+
+def test_changed_input_triggers_rebuild(small_corpus, tmp_path):
+    out = str(tmp_path / "prep")
+    files = {"train": str(tmp_path / "train.tsv")}
+    with open(small_corpus["train"], encoding="utf-8") as f:
+        lines = f.readlines()
+    (tmp_path / "train.tsv").write_text("".join(lines[:1000]), encoding="utf-8")
+    first = records.prepare(out, dataset="files", files=files, vocab_size=600)
+    (tmp_path / "train.tsv").write_text("".join(lines[:1200]), encoding="utf-8")
+    second = records.prepare(out, dataset="files", files=files, vocab_size=600)
+    assert (first["splits"]["train"]["examples"], second["splits"]["train"]["examples"]) == (
+        1000, 1200)
+    with open(os.path.join(out, records.MANIFEST)) as f:
+        assert json.load(f)["splits"]["train"]["examples"] == 1200

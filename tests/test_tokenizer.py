@@ -1,0 +1,54 @@
+import os
+
+import numpy as np
+import sentencepiece as spm
+import tensorflow as tf
+
+from tfnmt import corpus
+from tfnmt.records import VOCAB
+from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+
+
+def test_special_ids_are_reserved(small_prepared):
+    tokenizer = Tokenizer(os.path.join(small_prepared, VOCAB))
+    pieces = tokenizer.id_to_piece([PAD_ID, UNK_ID, BOS_ID, EOS_ID]).numpy().tolist()
+    assert pieces == [b"<pad>", b"<unk>", b"<s>", b"</s>"]
+    assert tokenizer.vocab_size == 600
+    ids = tokenizer.tokenize(["Das ist ein Haus."]).flat_values.numpy()
+    assert not np.isin(ids, [PAD_ID, BOS_ID, EOS_ID]).any()
+
+
+def test_round_trip_on_the_corpus(small_prepared):
+    path = os.path.join(small_prepared, VOCAB)
+    tokenizer = Tokenizer(path)
+    normalizer = spm.SentencePieceNormalizer(model_file=path)
+    dev = os.path.join(corpus.EMBEDDED_DIR, "dev.tsv.gz")
+    texts = [t for pair in corpus.read_tsv(dev, columns=3) for t in pair]
+    detokenized = tokenizer.detokenize(tokenizer.tokenize(texts)).numpy()
+    # The normaliser writes spaces as U+2581 and adds a leading one; detokenizing undoes both.
+    expected = [normalizer.normalize(t).replace("\u2581", " ").strip().encode("utf-8")
+                for t in texts]
+    mismatches = [(e, d) for e, d in zip(expected, detokenized) if e != d]
+    assert not mismatches, mismatches[:3]
+    # Normalisation is light: nearly every sentence comes back byte-identical.
+    identical = sum(d == t.encode("utf-8") for t, d in zip(texts, detokenized))
+    assert identical / len(texts) > 0.95
+
+
+def test_unknown_characters_and_bad_bytes_do_not_crash(small_prepared):
+    tokenizer = Tokenizer(os.path.join(small_prepared, VOCAB))
+    texts = tf.constant(["Grüße 😀 中文 ŋ", b"kaputt \xff\xfe bytes", ""])
+    ids = tokenizer.tokenize(texts)
+    assert UNK_ID not in ids.flat_values.numpy()  # byte fallback, not <unk>
+    out = tokenizer.detokenize(ids).numpy().tolist()
+    assert out[0] == "Grüße 😀 中文 ŋ".encode("utf-8")
+    assert out[1].startswith(b"kaputt") and out[1].endswith(b"bytes")
+    out[1].decode("utf-8")  # the result is valid UTF-8
+    assert out[2] == b""
+
+
+def test_detokenize_dense_stops_at_eos_and_ignores_padding(small_prepared):
+    tokenizer = Tokenizer(os.path.join(small_prepared, VOCAB))
+    ids = tokenizer.tokenize(["Guten Morgen.", "Ja."]).to_list()
+    dense = [ids[0] + [EOS_ID, 57, 58], ids[1] + [EOS_ID] + [PAD_ID] * (len(ids[0]) + 2 - len(ids[1]))]
+    assert tokenizer.detokenize(tf.constant(dense)).numpy().tolist() == [b"Guten Morgen.", b"Ja."]

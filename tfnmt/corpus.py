@@ -1,0 +1,139 @@
+"""Raw parallel text: the embedded corpus, TFDS translation datasets, or local files.
+
+Every reader yields (source, target) string pairs. Local files are checked line by line: invalid
+UTF-8, a missing tab, or files of different lengths raise `CorpusError` naming file and line.
+Pairs with an empty side are skipped and counted (documented behaviour: they carry no signal).
+"""
+import gzip
+import itertools
+import logging
+import os
+import socket
+
+EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "data", "de-en")
+EMBEDDED = "embedded"
+EMBEDDED_TFDS_NAME = "tfnmt_de_en"
+SPLITS = ("train", "dev", "test")
+
+
+class CorpusError(ValueError):
+    """Bad or missing input text, with the file and line when there is one."""
+
+
+def _open_text(path):
+    if not os.path.exists(path):
+        raise CorpusError(f"{path}: file not found")
+    # Bytes, decoded per line below, so an error can name the line.
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _decode(raw, path, number):
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as error:
+        raise CorpusError(f"{path}:{number}: invalid UTF-8 ({error.reason} at byte "
+                          f"{error.start})") from None
+
+
+def read_tsv(path, columns=2):
+    """(source, target) from a TSV whose first two columns are source and target."""
+    with _open_text(path) as lines:
+        for number, raw in enumerate(lines, 1):
+            fields = _decode(raw, path, number).split("\t")
+            if len(fields) < columns:
+                raise CorpusError(f"{path}:{number}: expected {columns} tab-separated columns, "
+                                  f"found {len(fields)}")
+            yield fields[0], fields[1]
+
+
+def read_aligned(source_path, target_path):
+    """(source, target) from two line-aligned files; a length mismatch is an error."""
+    with _open_text(source_path) as sources, _open_text(target_path) as targets:
+        for number, (src, tgt) in enumerate(itertools.zip_longest(sources, targets), 1):
+            if src is None or tgt is None:
+                shorter = source_path if src is None else target_path
+                raise CorpusError(f"{shorter}: ends at line {number - 1}, but "
+                                  f"{target_path if src is None else source_path} goes on: "
+                                  "the files are not line-aligned")
+            yield _decode(src, source_path, number), _decode(tgt, target_path, number)
+
+
+def read_files(paths):
+    """One TSV path, or [source_path, target_path]."""
+    if isinstance(paths, str):
+        paths = [p for p in paths.split(",") if p]
+    if len(paths) == 1:
+        return read_tsv(paths[0])
+    if len(paths) == 2:
+        return read_aligned(*paths)
+    raise CorpusError(f"expected one TSV file or two aligned files, got {paths}")
+
+
+def network_available(host="storage.googleapis.com", port=443, timeout=3.0):
+    """Whether a TFDS download could start at all (checked before tfds retries for minutes)."""
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def tfds_split_name(split):
+    return {"dev": "validation"}.get(split, split)
+
+
+def read_tfds(name, split, data_dir=None, download=True):
+    """(source, target) from a TFDS translation dataset, in its supervised_keys order
+    (e.g. `wmt14_translate/de-en` gives German -> English, `ted_hrlr_translate/pt_to_en`
+    Portuguese -> English). Not prepared and offline -> CorpusError at once."""
+    import tensorflow_datasets as tfds
+
+    import tfnmt.tfds_embedded  # noqa: F401  registers the embedded corpus' builder
+
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except Exception as error:  # tfds raises its own DatasetNotFoundError and friends
+        raise CorpusError(f"unknown dataset {name!r}: {error}".splitlines()[0]) from None
+    if not builder.is_prepared():
+        if not download:
+            raise CorpusError(f"dataset {name!r} is not prepared under {builder.data_dir}")
+        if not getattr(builder, "LOCAL", False) and not network_available():
+            raise CorpusError(
+                f"dataset {name!r} is not prepared under {builder.data_dir} and this machine "
+                "cannot reach the internet to download it. Prepare it where there is a network "
+                f"(`tfds build {name}`), copy the data directory here and pass --tfds_data_dir, "
+                "or use --dataset=embedded / --dataset=files.")
+        builder.download_and_prepare()
+    try:
+        dataset = builder.as_dataset(split=tfds_split_name(split), as_supervised=True,
+                                     shuffle_files=False)
+    except (KeyError, ValueError) as error:
+        raise CorpusError(f"dataset {name!r} has no {split!r} split "
+                          f"(it has {', '.join(builder.info.splits)}): {error}") from None
+    for source, target in dataset.as_numpy_iterator():
+        yield source.decode("utf-8", "replace"), target.decode("utf-8", "replace")
+
+
+def read_corpus(dataset, split, files=None, tfds_data_dir=None):
+    """Pairs of `split` ('train', 'dev', 'test') from `dataset`: 'embedded', 'files' (with
+    `files` = a TSV or 'source,target'), or a TFDS name. Skips and counts empty pairs."""
+    if split not in SPLITS:
+        raise CorpusError(f"split must be one of {SPLITS}, got {split!r}")
+    if dataset == EMBEDDED:
+        pairs = read_tfds(EMBEDDED_TFDS_NAME, split, tfds_data_dir)
+    elif dataset == "files":
+        if not files:
+            raise CorpusError(f"--dataset=files needs --{split}_files (a TSV or 'src,tgt')")
+        pairs = read_files(files)
+    else:
+        pairs = read_tfds(dataset, split, tfds_data_dir)
+    skipped = 0
+    for source, target in pairs:
+        source, target = source.strip(), target.strip()
+        if not source or not target:
+            skipped += 1
+            continue
+        yield source, target
+    if skipped:
+        logging.warning("%s/%s: skipped %d pairs with an empty side", dataset, split, skipped)

@@ -1,0 +1,115 @@
+"""The tf.data pipeline: TFRecord shards -> length-bucketed, token-budgeted, padded batches.
+
+As in the paper (§5.1), pairs of similar length are batched together and a batch holds about
+`batch_tokens` tokens: batch size x padded length of the longer side <= batch_tokens, with the
+padded length counting EOS (source) or BOS/EOS (target). Under tf.distribute the budget is per
+replica, and each input pipeline reads its own shard files (or every n-th record when there are
+fewer files than pipelines).
+"""
+import logging
+
+import tensorflow as tf
+
+from tfnmt import records
+from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+def bucket_boundaries(max_length, min_length=8, step=1.1):
+    """Geometric bucket edges min_length, x1.1, ... ending at max_length + 1 (exclusive)."""
+    boundaries = []
+    length = min_length
+    while length <= max_length:
+        boundaries.append(length)
+        length = max(length + 1, int(length * step))
+    return boundaries + [max_length + 1]
+
+
+def bucket_batch_sizes(boundaries, batch_tokens):
+    """Bucket i holds lengths < boundaries[i]; the last bucket_by_sequence_length bucket (lengths
+    >= the last edge) is empty after the max_length filter but needs a size too."""
+    longest = boundaries[-1] - 1
+    if batch_tokens < longest:
+        raise ValueError(f"batch_tokens={batch_tokens} cannot hold one pair of the maximum "
+                         f"length {longest}; raise batch_tokens or lower max_length")
+    sizes = [max(1, batch_tokens // (edge - 1)) for edge in boundaries]
+    return sizes + [sizes[-1]]
+
+
+_FEATURES = {"source": tf.io.RaggedFeature(tf.int64), "target": tf.io.RaggedFeature(tf.int64)}
+
+
+def _to_model_inputs(serialized):
+    example = tf.io.parse_single_example(serialized, _FEATURES)
+    source = tf.cast(example["source"], tf.int32)
+    target = tf.cast(example["target"], tf.int32)
+    eos, bos = tf.constant([EOS_ID]), tf.constant([BOS_ID])
+    return {"source": tf.concat([source, eos], 0),        # [S]   ... EOS
+            "target_in": tf.concat([bos, target], 0),     # [T]   BOS ...
+            "target_out": tf.concat([target, eos], 0)}    # [T]   ... EOS
+
+
+def _length(example):
+    return tf.maximum(tf.shape(example["source"])[0], tf.shape(example["target_in"])[0])
+
+
+def dropped_by_length(manifest, split, max_length):
+    """How many pairs of `split` are longer than max_length (from the manifest's histogram)."""
+    histogram = manifest["splits"][split]["length_histogram"]
+    return sum(count for length, count in histogram.items() if int(length) > max_length)
+
+
+def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=True, seed=None,
+                 repeat=False, shuffle_buffer=20000, input_context=None, vocab_sha256=None,
+                 boundaries=None):
+    """Batches of {"source" [B, S], "target_in" [B, T], "target_out" [B, T]} int32, PAD-padded."""
+    manifest = records.load_manifest(data_dir, vocab_sha256)
+    files = records.shard_paths(data_dir, manifest, split)
+    dropped = dropped_by_length(manifest, split, max_length)
+    if dropped:
+        logging.info("%s: dropping %d of %d pairs longer than max_length=%d", split, dropped,
+                     manifest["splits"][split]["examples"], max_length)
+
+    dataset = tf.data.Dataset.from_tensor_slices(files)
+    shard_records = False
+    if input_context and input_context.num_input_pipelines > 1:
+        if len(files) >= input_context.num_input_pipelines:
+            dataset = dataset.shard(input_context.num_input_pipelines,
+                                    input_context.input_pipeline_id)
+        else:
+            shard_records = True
+    if shuffle:
+        dataset = dataset.shuffle(len(files), seed=seed)
+    dataset = dataset.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
+                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if shard_records:
+        dataset = dataset.shard(input_context.num_input_pipelines,
+                                input_context.input_pipeline_id)
+    if shuffle:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+    if repeat:
+        dataset = dataset.repeat()
+    dataset = dataset.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE,
+                          deterministic=True)
+    dataset = dataset.filter(lambda example: _length(example) <= max_length)
+    boundaries = boundaries or bucket_boundaries(max_length)
+    dataset = dataset.bucket_by_sequence_length(
+        _length, boundaries, bucket_batch_sizes(boundaries, batch_tokens),
+        padded_shapes={"source": [None], "target_in": [None], "target_out": [None]},
+        padding_values=PAD_ID, drop_remainder=False)
+    options = tf.data.Options()
+    options.deterministic = seed is not None or not shuffle
+    # Sharding is done above by hand (per file, else per record); stop tf.distribute redoing it.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def padding_fraction(batches):
+    """Share of padded positions over both sides, and the number of batches seen."""
+    real = padded = count = 0
+    for batch in batches:
+        for key in ("source", "target_in"):
+            ids = batch[key]
+            real += int(tf.reduce_sum(tf.cast(tf.not_equal(ids, PAD_ID), tf.int64)))
+            padded += int(tf.size(ids))
+        count += 1
+    return 1.0 - real / max(padded, 1), count

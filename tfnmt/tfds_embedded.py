@@ -1,0 +1,39 @@
+"""The embedded corpus as a TFDS builder (`tfnmt_de_en`), so it loads like any TFDS dataset:
+
+    import tfnmt.tfds_embedded, tensorflow_datasets as tfds
+    ds = tfds.load("tfnmt_de_en", split="validation", as_supervised=True)
+
+It reads data/de-en/*.tsv.gz from this repository: preparing it downloads nothing.
+"""
+import os
+
+import tensorflow_datasets as tfds
+
+from tfnmt.corpus import EMBEDDED_DIR, read_tsv
+
+
+class TfnmtDeEn(tfds.core.GeneratorBasedBuilder):
+    """German->English: Schlachter 1951 / World English Bible verses and Ding example sentences."""
+
+    VERSION = tfds.core.Version("1.1.0")
+    RELEASE_NOTES = {"1.0.0": "Bible (Schlachter 1951 -> WEB) + Ding sentence pairs.",
+                     "1.1.0": "Keeps the order of data/de-en (no shuffling)."}
+    LOCAL = True  # nothing to download: tfnmt.corpus skips its network check
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.Translation(languages=("de", "en")),
+            supervised_keys=("de", "en"),
+            disable_shuffling=True,  # file order: dev/test read in the order of data/de-en
+            homepage="https://github.com/ (tfnmt, data/README.md)",
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        return {tfds_split: self._generate_examples(os.path.join(EMBEDDED_DIR, f"{split}.tsv.gz"))
+                for split, tfds_split in (("train", "train"), ("dev", "validation"),
+                                          ("test", "test"))}
+
+    def _generate_examples(self, path):
+        for index, (german, english) in enumerate(read_tsv(path, columns=3)):
+            yield index, {"de": german, "en": english}
