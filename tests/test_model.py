@@ -102,3 +102,18 @@ def test_paper_parameter_counts(name):
 def test_unknown_preset_is_refused():
     with pytest.raises(ValueError, match="unknown preset"):
         get_preset("huge")
+
+
+def test_cached_greedy_equals_uncached_greedy():
+    from tfnmt.decoding import greedy_decode, greedy_decode_uncached
+
+    model = Transformer(vocab_size=30, **TINY)
+    source = tf.constant(random_ids(np.random.default_rng(5), 3, 6, 30))
+    cached, scores = greedy_decode(model, source, max_length=9)
+    uncached = greedy_decode_uncached(model, source, max_length=9)
+    np.testing.assert_array_equal(cached, uncached)
+    compiled, compiled_scores = tf.function(
+        lambda s: greedy_decode(model, s, max_length=9))(source)
+    np.testing.assert_array_equal(compiled, cached)
+    np.testing.assert_allclose(compiled_scores, scores, rtol=1e-5)
+    assert np.all(scores.numpy() < 0)

@@ -24,3 +24,58 @@ def greedy_decode_uncached(model, source_ids, max_length, bos_id=BOS_ID, eos_id=
         if bool(tf.reduce_all(finished)):
             break
     return prefix[:, 1:]
+
+
+def default_max_length(source_ids, extra=50, pad_id=PAD_ID):
+    """Paper §6.1: maximum output length = input length + 50 (longest source in the batch)."""
+    lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, pad_id), tf.int32), axis=1)
+    return tf.reduce_max(lengths) + extra
+
+
+def _cache_invariants(cache):
+    """Self-attention caches grow along time (axis 2); memory caches keep their shape."""
+    def spec(path, tensor):
+        if path[1] == "self":
+            return tf.TensorShape([None, tensor.shape[1], None, tensor.shape[3]])
+        return tf.TensorShape([None] + tensor.shape[1:].as_list())
+
+    return [{part: {name: spec((i, part, name), t) for name, t in tensors.items()}
+             for part, tensors in layer.items()} for i, layer in enumerate(cache)]
+
+
+def greedy_decode(model, source_ids, max_length=None, bos_id=BOS_ID, eos_id=EOS_ID):
+    """Incremental greedy decoding: source_ids [B, S] -> (ids [B, L] without BOS, PAD after EOS;
+    log-probabilities [B] of the output, EOS included). Decoder self-attention keys/values are
+    cached per layer and the encoder's keys/values are projected once; each step runs the
+    decoder on one position. Stops when every sentence has produced EOS, or at `max_length`
+    (default: longest source + 50). Works eagerly and inside tf.function."""
+    source_ids = tf.convert_to_tensor(source_ids, tf.int32)
+    memory, source_padding = model.encode(source_ids, training=False)
+    batch = tf.shape(source_ids)[0]
+    if max_length is None:
+        max_length = default_max_length(source_ids)
+    cache = model.initial_cache(memory)
+    outputs = tf.TensorArray(tf.int32, size=0, dynamic_size=True)
+
+    def keep_going(step, tokens, finished, scores, cache, outputs):
+        return tf.logical_and(step < max_length, tf.logical_not(tf.reduce_all(finished)))
+
+    def one_step(step, tokens, finished, scores, cache, outputs):
+        logits, cache = model.decode_step(tokens[:, None], step, cache, source_padding)
+        log_probs = tf.nn.log_softmax(logits)  # [B, V]
+        next_tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
+        best = tf.reduce_max(log_probs, axis=-1)
+        scores += tf.where(finished, 0.0, best)
+        next_tokens = tf.where(finished, PAD_ID, next_tokens)
+        finished |= tf.equal(next_tokens, eos_id)
+        return step + 1, next_tokens, finished, scores, cache, outputs.write(step, next_tokens)
+
+    loop_vars = (tf.constant(0), tf.fill([batch], bos_id), tf.zeros([batch], tf.bool),
+                 tf.zeros([batch], tf.float32), cache, outputs)
+    invariants = (tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]),
+                  tf.TensorShape([None]), _cache_invariants(cache), tf.TensorShape(None))
+    _, _, _, scores, _, outputs = tf.while_loop(keep_going, one_step, loop_vars,
+                                                shape_invariants=invariants)
+    ids = tf.cond(outputs.size() > 0, lambda: tf.transpose(outputs.stack()),
+                  lambda: tf.zeros([batch, 0], tf.int32))
+    return ids, scores

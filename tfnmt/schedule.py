@@ -28,7 +28,8 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
 
 
-def paper_adam(d_model, warmup_steps=4000, scale=1.0, **kwargs):
+def paper_adam(d_model, warmup_steps=4000, scale=1.0, optimizer_class=keras.optimizers.Adam,
+               **kwargs):
     """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on the Noam schedule (§5.3)."""
-    return keras.optimizers.Adam(learning_rate=NoamSchedule(d_model, warmup_steps, scale),
-                                 beta_1=0.9, beta_2=0.98, epsilon=1e-9, **kwargs)
+    return optimizer_class(learning_rate=NoamSchedule(d_model, warmup_steps, scale),
+                           beta_1=0.9, beta_2=0.98, epsilon=1e-9, **kwargs)

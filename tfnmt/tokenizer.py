@@ -39,7 +39,12 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
 
 
 class Tokenizer:
-    """Strings <-> SentencePiece ids with tensorflow-text (usable inside tf.function/SavedModel)."""
+    """Strings <-> SentencePiece ids with tensorflow-text (usable inside tf.function/SavedModel).
+
+    Note: `tf.random.set_seed` (and so `keras.utils.set_random_seed`) clears TensorFlow's
+    eager kernel cache, which deletes the SentencePiece resource of every tokenizer made
+    before it. Seed first, then make tokenizers.
+    """
 
     def __init__(self, model_path):
         import tensorflow_text as tf_text

@@ -1,0 +1,65 @@
+"""Choosing a tf.distribute strategy, and the cluster role of this process."""
+import json
+import os
+
+import keras
+import tensorflow as tf
+
+
+def split_cpu(num_devices):
+    """Expose the CPU as `num_devices` logical devices (for mirrored training without GPUs, e.g.
+    tests). Must run before TensorFlow initialises its devices."""
+    if num_devices > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(num_devices)])
+
+
+def cluster_workers():
+    """Number of workers TF_CONFIG describes (1 without TF_CONFIG)."""
+    config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+    cluster = config.get("cluster", {})
+    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+
+
+def make_strategy(name="auto"):
+    """auto: multi_worker when TF_CONFIG names several workers, mirrored with several GPUs,
+    else one device. mirrored: all local GPUs, or all logical CPUs when there is no GPU.
+    multi_worker: MultiWorkerMirroredStrategy over the cluster in TF_CONFIG."""
+    gpus = tf.config.list_logical_devices("GPU")
+    if name == "auto":
+        name = ("multi_worker" if cluster_workers() > 1 else
+                "mirrored" if len(gpus) > 1 else "one_device")
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+    if name == "mirrored":
+        devices = [d.name for d in gpus] or [d.name for d in tf.config.list_logical_devices("CPU")]
+        return tf.distribute.MirroredStrategy(devices)
+    if name == "multi_worker":
+        if cluster_workers() < 1:
+            raise ValueError("--strategy=multi_worker needs TF_CONFIG describing the cluster")
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    raise ValueError(f"unknown strategy {name!r}")
+
+
+def task_role(strategy):
+    """(is_chief, task_id) of this process; a single process is the chief."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.cluster_spec().as_dict():
+        return True, 0
+    task_type, task_id = resolver.task_type, resolver.task_id or 0
+    return task_type == "chief" or (task_type == "worker" and task_id == 0
+                                    and "chief" not in resolver.cluster_spec().as_dict()), task_id
+
+
+@keras.saving.register_keras_serializable(package="tfnmt")
+class PreReducedAdam(keras.optimizers.Adam):
+    """Adam for gradients that the training loop has already summed across replicas.
+
+    Keras' TF optimizer all-reduces gradients inside apply_gradients. Our loop reduces them
+    itself (once), because it needs the global gradient norm for TensorBoard; reducing again
+    would multiply them by the replica count.
+    """
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        return list(grads_and_vars)

@@ -1,0 +1,245 @@
+"""One training run in a model_dir: settings, data, the loop, evaluation, averaging.
+
+model_dir layout:
+  settings.json      every setting of the run (export and evaluation read it)
+  spm.model          the shared vocabulary
+  data/              prepared TFRecords (unless --data_dir points elsewhere)
+  checkpoints/       ckpt-<step> written by tf.train.CheckpointManager
+  averaged/          the average of the last N checkpoints (--average_last)
+  train/, eval/      TensorBoard event files
+  workers/<id>/      non-chief workers' checkpoints under multi_worker
+"""
+import json
+import logging
+import os
+import shutil
+import time
+
+import keras
+import tensorflow as tf
+
+from tfnmt import data, records
+from tfnmt.corpus import read_corpus
+from tfnmt.distribute import PreReducedAdam, task_role
+from tfnmt.evaluation import Translator, corpus_scores, evaluate_loss
+from tfnmt.model import Transformer
+from tfnmt.schedule import paper_adam
+from tfnmt.summaries import write_attention_images
+from tfnmt.tokenizer import Tokenizer
+from tfnmt.training import (CheckpointKeeper, Trainer, average_checkpoints,
+                            latest_checkpoint_paths)
+
+SETTINGS = "settings.json"
+# Settings that a run in an existing model_dir must share with it (others may change).
+FIXED = {"model": None, "data": ("dataset", "files", "vocab_size", "vocab_type")}
+POLICIES = {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+class SettingsError(ValueError):
+    pass
+
+
+def load_settings(model_dir):
+    path = os.path.join(model_dir, SETTINGS)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def resolve_settings(requested, explicit, model_dir):
+    """Settings for this run: `requested` (from flags), where the flags not given explicitly
+    (`explicit`: set of "section.key") take the values saved in model_dir. An explicit value
+    that contradicts a fixed saved setting is an error, raised before any work."""
+    saved = load_settings(model_dir)
+    if saved is None:
+        return requested
+    resolved = json.loads(json.dumps(requested))
+    conflicts = []
+    for section, values in saved.items():
+        if not isinstance(values, dict):
+            continue
+        for key, value in values.items():
+            name = f"{section}.{key}"
+            fixed = section in FIXED and (FIXED[section] is None or key in FIXED[section])
+            if name not in explicit:
+                resolved.setdefault(section, {})[key] = value
+            elif fixed and resolved[section].get(key) != value:
+                conflicts.append(f"{key}={resolved[section].get(key)!r} (saved: {value!r})")
+    if conflicts:
+        raise SettingsError(f"{model_dir} holds a run with other settings: "
+                            f"{', '.join(conflicts)}. Use a new --model_dir, or drop these flags "
+                            "to continue the saved run.")
+    return resolved
+
+
+def _write_json(path, value):
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+def _wait_for_data(data_dir, timeout):
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return records.load_manifest(data_dir)
+        except records.PreparedDataError:
+            if time.time() > deadline:
+                raise
+            time.sleep(2)
+
+
+class Evaluator:
+    """Dev loss/perplexity, sacreBLEU/chrF of greedy translations, samples and attention."""
+
+    def __init__(self, model, tokenizer, settings, data_dir):
+        self.model = model
+        self.settings = settings
+        d = settings["data"]
+        self.data_dir = data_dir
+        self.pairs = list(read_corpus(d["dataset"], "dev", (d.get("files") or {}).get("dev"),
+                                      d.get("tfds_data_dir")))
+        limit = settings["train"].get("bleu_sentences") or len(self.pairs)
+        self.pairs = self.pairs[:limit]
+        self.translator = Translator(model, tokenizer, d["max_length"])
+        self.tokenizer = tokenizer
+
+    def __call__(self, step, writer=None):
+        t = self.settings["train"]
+        dev = data.make_dataset(self.data_dir, "dev", t["batch_tokens"],
+                                self.settings["data"]["max_length"], shuffle=False)
+        metrics = evaluate_loss(self.model, dev, t["label_smoothing"])
+        sources = [s for s, _ in self.pairs]
+        hypotheses = self.translator.translate(sources)
+        metrics.update(corpus_scores(hypotheses, [r for _, r in self.pairs]))
+        if writer is not None:
+            with writer.as_default():
+                for name, value in metrics.items():
+                    tf.summary.scalar(name, value, step=step)
+                samples = [f"**source** {s}  \n**reference** {r}  \n**translation** {h}"
+                           for (s, r), h in list(zip(self.pairs, hypotheses))[:4]]
+                tf.summary.text("samples", tf.constant(samples), step=step)
+                source_ids = self.translator.source_ids(sources[:1])
+                target = self.tokenizer.tokenize([self.pairs[0][1]])[:, :50].to_tensor()
+                target_in = tf.concat([tf.fill([1, 1], 2), target], axis=1)
+                write_attention_images(self.model, source_ids, target_in, step)
+            writer.flush()
+        return metrics
+
+
+def run(settings, strategy, log=print):
+    """Trains (or resumes) until settings["train"]["train_steps"]; returns the final metrics."""
+    model_dir = settings["model_dir"]
+    d, t = settings["data"], settings["train"]
+    is_chief, task_id = task_role(strategy)
+    # Seed before any tokenizer exists: tf.random.set_seed deletes their TF resources.
+    keras.utils.set_random_seed(t["seed"])
+    os.makedirs(model_dir, exist_ok=True)
+    data_dir = d.get("data_dir") or os.path.join(model_dir, "data")
+    if is_chief:
+        manifest = records.prepare(data_dir, d["dataset"], d.get("files"), d.get("tfds_data_dir"),
+                                   d["vocab_size"], d["vocab_type"])
+    else:
+        manifest = _wait_for_data(data_dir, t.get("data_wait_secs", 1800))
+    tokenizer = Tokenizer(os.path.join(data_dir, records.VOCAB))
+    saved = load_settings(model_dir)
+    if saved and saved.get("vocab_sha256") not in (None, tokenizer.sha256):
+        raise SettingsError(f"{model_dir} was trained with another vocabulary than {data_dir}")
+    settings["vocab_sha256"] = tokenizer.sha256
+    settings["model"]["vocab_size"] = tokenizer.vocab_size
+    if is_chief:
+        shutil.copyfile(tokenizer.model_path, os.path.join(model_dir, records.VOCAB))
+        _write_json(os.path.join(model_dir, SETTINGS), settings)
+    log(f"data: {manifest['splits']['train']['examples']:,d} training pairs, "
+        f"vocabulary {tokenizer.vocab_size:,d}, {strategy.num_replicas_in_sync} replica(s)")
+
+    keras.config.set_dtype_policy(POLICIES[t["mixed_precision"]])
+    with strategy.scope():
+        model = Transformer(**settings["model"])
+        model.build()
+        optimizer = paper_adam(model.d_model, t["warmup_steps"], t["lr_scale"], PreReducedAdam)
+        if t["mixed_precision"] == "fp16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
+    checkpoint_dir = (os.path.join(model_dir, "checkpoints") if is_chief
+                      else os.path.join(model_dir, "workers", str(task_id)))
+    keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
+                              t["keep_checkpoints"] if is_chief else 1)
+    restored = keeper.restore()
+    step = int(optimizer.iterations.numpy())
+    log(f"resumed from {restored} at step {step}" if restored else "starting from scratch")
+
+    def dataset_fn(context):
+        # A resumed run reshuffles with a new seed rather than replaying the first batches.
+        return data.make_dataset(data_dir, "train", t["batch_tokens"], d["max_length"],
+                                 shuffle=True, seed=t["seed"] + step, repeat=True,
+                                 input_context=context, vocab_sha256=tokenizer.sha256)
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    trainer = Trainer(model, optimizer, strategy, t["label_smoothing"], t["accum_steps"])
+    train_writer = tf.summary.create_file_writer(os.path.join(model_dir, "train")) \
+        if is_chief else tf.summary.create_noop_writer()
+    eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval")) \
+        if is_chief else None
+    evaluator = Evaluator(model, tokenizer, settings, data_dir)
+
+    window = {"loss": 0.0, "tokens": 0.0, "grad_norm": 0.0, "padding": 0.0, "steps": 0}
+    window_start = run_start = time.time()
+    first_step = step
+    metrics = {}
+    while step < t["train_steps"]:
+        out = {k: float(v) for k, v in trainer.train_step(iterator).items()}
+        step += 1
+        window["loss"] += out["loss"] * out["target_tokens"]
+        window["tokens"] += out["target_tokens"]
+        window["grad_norm"] += out["grad_norm"]
+        window["padding"] += out["padding_fraction"]
+        window["steps"] += 1
+        if step % t["log_every"] == 0 or step == t["train_steps"]:
+            elapsed = time.time() - window_start
+            speed = window["tokens"] / max(elapsed, 1e-9)
+            rate = (step - first_step) / max(time.time() - run_start, 1e-9)
+            eta = (t["train_steps"] - step) / max(rate, 1e-9)
+            lr = float(optimizer.learning_rate)
+            loss = window["loss"] / max(window["tokens"], 1.0)
+            log(f"step {step:6d}/{t['train_steps']} | loss {loss:.3f} | lr {lr:.2e} | "
+                f"{speed:,.0f} tgt tok/s | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+            with train_writer.as_default():
+                tf.summary.scalar("loss", loss, step=step)
+                tf.summary.scalar("learning_rate", lr, step=step)
+                tf.summary.scalar("grad_norm", window["grad_norm"] / window["steps"], step=step)
+                tf.summary.scalar("tokens_per_sec", speed, step=step)
+                tf.summary.scalar("padding_fraction", window["padding"] / window["steps"],
+                                  step=step)
+            window = dict.fromkeys(window, 0.0)
+            window_start = time.time()
+        if step % t["checkpoint_every"] == 0 or step == t["train_steps"]:
+            keeper.save(step)
+        if t["eval_every"] and (step % t["eval_every"] == 0) and step < t["train_steps"]:
+            eval_start = time.time()
+            metrics = evaluator(step, eval_writer)
+            log(_format_metrics(step, metrics))
+            # Training speed and ETA exclude evaluation time.
+            window_start += time.time() - eval_start
+            run_start += time.time() - eval_start
+    train_writer.flush()
+
+    final_name = "latest"
+    if t["average_last"] > 1 and is_chief:
+        paths = latest_checkpoint_paths(checkpoint_dir, t["average_last"])
+        if len(paths) > 1:
+            prefix = os.path.join(model_dir, "averaged", f"ckpt-{step}")
+            average_checkpoints(model, paths, prefix)
+            final_name = f"average of {len(paths)}"
+            log(f"averaged {len(paths)} checkpoints into {prefix}")
+    metrics = evaluator(step, eval_writer)
+    log(_format_metrics(step, metrics, final_name))
+    return metrics
+
+
+def _format_metrics(step, metrics, weights=None):
+    what = f" ({weights})" if weights else ""
+    return (f"eval step {step}{what}: dev loss {metrics['loss']:.3f} | ppl "
+            f"{metrics['perplexity']:.2f} | acc {metrics['accuracy']:.3f} | sacreBLEU "
+            f"{metrics['bleu']:.2f} | chrF {metrics['chrf']:.2f}")

@@ -1,0 +1,43 @@
+"""TensorBoard pictures: attention weights as heatmaps, heads side by side."""
+import numpy as np
+import tensorflow as tf
+
+
+def heads_side_by_side(weights, pixel=4, gap=2):
+    """weights [H, Tq, Tk] in [0, 1] -> one RGB image [Tq*p, H*(Tk*p+gap)-gap, 3] uint8, a
+    white-to-dark-blue heatmap per head, query positions down, key positions across."""
+    weights = np.asarray(weights, np.float32)
+    heads, rows, cols = weights.shape
+    # Each head scaled to its own maximum so that diffuse heads stay visible.
+    scaled = weights / np.maximum(weights.max(axis=(1, 2), keepdims=True), 1e-9)
+    tiles = []
+    for head in scaled:
+        big = np.kron(head, np.ones((pixel, pixel), np.float32))  # [Tq*p, Tk*p]
+        rgb = np.stack([1.0 - 0.9 * big, 1.0 - 0.7 * big, 1.0 - 0.3 * big], axis=-1)
+        tiles.append(rgb)
+        tiles.append(np.ones((rows * pixel, gap, 3), np.float32))
+    return (np.concatenate(tiles[:-1], axis=1) * 255).astype(np.uint8)
+
+
+def attention_weights(model, source_ids, target_in):
+    """{name: [H, Tq, Tk]} for every layer: encoder self, decoder self, decoder cross
+    attention of one sentence pair ([1, S] and [1, T] ids), teacher-forced."""
+    memory, padding, encoder = model.encode(source_ids, training=False,
+                                            return_attention_scores=True)
+    _, decoder = model.decode(target_in, memory, padding, training=False,
+                              return_attention_scores=True)
+    maps = {}
+    for i, w in enumerate(encoder):
+        maps[f"encoder_self/layer_{i}"] = w[0].numpy()
+    for i, w in enumerate(decoder):
+        maps[f"decoder_self/layer_{i}"] = w["self"][0].numpy()
+        maps[f"decoder_cross/layer_{i}"] = w["cross"][0].numpy()
+    return maps
+
+
+def write_attention_images(model, source_ids, target_in, step):
+    """Writes one image summary per layer and attention kind (call inside a summary writer)."""
+    for name, weights in attention_weights(model, source_ids, target_in).items():
+        image = heads_side_by_side(weights)[None]
+        tf.summary.image(f"attention/{name}", image, step=step,
+                         description="heads side by side; rows: queries, columns: keys")

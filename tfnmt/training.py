@@ -1,0 +1,124 @@
+"""The training loop: a tf.function over `strategy.run`, with gradient accumulation, loss
+normalised by the global number of target tokens, and checkpoints that survive a kill."""
+import glob
+import logging
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tfnmt.losses import masked_loss_sum
+from tfnmt.tokenizer import PAD_ID
+
+SUM = tf.distribute.ReduceOp.SUM
+
+
+class Trainer:
+    """One optimizer update per `train_step`, over `accum_steps` micro-batches per replica.
+
+    Every replica sums the smoothed loss over its real target tokens and divides by the number
+    of real target tokens in the *whole* global batch (all replicas, all micro-batches), so the
+    summed gradient is the gradient of the global per-token mean, whatever the replica count or
+    accumulation. Gradients are all-reduced here, once (see PreReducedAdam).
+    """
+
+    def __init__(self, model, optimizer, strategy, label_smoothing=0.1, accum_steps=1):
+        self.model = model
+        self.optimizer = optimizer
+        self.strategy = strategy
+        self.label_smoothing = label_smoothing
+        self.accum_steps = accum_steps
+        self.train_step = tf.function(self._train_step)
+
+    def replica_gradients(self, batches):
+        """(summed loss, real target tokens, padded positions, global-mean gradients) of this
+        replica's micro-batches; the gradients are already summed over replicas."""
+        context = tf.distribute.get_replica_context()
+        local_tokens = tf.add_n([tf.reduce_sum(tf.cast(tf.not_equal(b["target_out"], PAD_ID),
+                                                       tf.float32)) for b in batches])
+        global_tokens = tf.maximum(context.all_reduce(SUM, local_tokens), 1.0)
+        variables = self.model.trainable_variables
+        grads, loss_sum, padded = None, 0.0, 0.0
+        for batch in batches:
+            with tf.GradientTape() as tape:
+                logits = self.model((batch["source"], batch["target_in"]), training=True)
+                batch_loss, _ = masked_loss_sum(batch["target_out"], logits, self.label_smoothing)
+                scaled = self.optimizer.scale_loss(batch_loss / global_tokens)
+            step_grads = tape.gradient(scaled, variables)
+            grads = step_grads if grads is None else [a + b for a, b in zip(grads, step_grads)]
+            loss_sum += batch_loss
+            padded += tf.cast(tf.size(batch["source"]) + tf.size(batch["target_in"]), tf.float32)
+        grads = context.all_reduce(SUM, grads)
+        return loss_sum, local_tokens, padded, grads
+
+    def _replica_step(self, batches):
+        loss_sum, tokens, padded, grads = self.replica_gradients(batches)
+        # With fp16 loss scaling the gradients are scaled; the norm is reported unscaled.
+        scale = tf.cast(getattr(self.optimizer, "dynamic_scale", 1.0), tf.float32)
+        grad_norm = tf.linalg.global_norm(grads) / scale
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        source_tokens = tf.add_n([tf.reduce_sum(tf.cast(tf.not_equal(b["source"], PAD_ID),
+                                                        tf.float32)) for b in batches])
+        return {"loss_sum": loss_sum, "tokens": tokens, "padded": padded,
+                "real": tokens + source_tokens,  # target_in has as many real ids as target_out
+                "grad_norm": grad_norm}
+
+    def _train_step(self, iterator):
+        batches = [next(iterator) for _ in range(self.accum_steps)]
+        out = self.strategy.run(self._replica_step, args=(batches,))
+        totals = {k: self.strategy.reduce(SUM, out[k], axis=None)
+                  for k in ("loss_sum", "tokens", "padded", "real")}
+        return {"loss": totals["loss_sum"] / tf.maximum(totals["tokens"], 1.0),
+                "target_tokens": totals["tokens"],
+                "padding_fraction": 1.0 - totals["real"] / tf.maximum(totals["padded"], 1.0),
+                "grad_norm": self.strategy.reduce(tf.distribute.ReduceOp.MEAN, out["grad_norm"],
+                                                  axis=None)}
+
+
+class CheckpointKeeper:
+    """tf.train.CheckpointManager over model + optimizer, restoring the newest checkpoint that
+    reads back; a corrupt or half-written newest one is skipped with a warning."""
+
+    def __init__(self, directory, model, optimizer, keep=5):
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep,
+                                                  step_counter=optimizer.iterations,
+                                                  checkpoint_name="ckpt")
+
+    def restore(self):
+        """Restores the newest good checkpoint; returns its path, or None to start fresh."""
+        for path in reversed(self.manager.checkpoints):
+            try:
+                self.checkpoint.read(path).assert_existing_objects_matched()
+                return path
+            except (tf.errors.OpError, ValueError, AssertionError) as error:
+                logging.warning("checkpoint %s does not read back (%s); trying the previous one",
+                                path, str(error).splitlines()[0][:200])
+        if self.manager.checkpoints:
+            raise RuntimeError(f"no checkpoint in {self.manager.directory} reads back")
+        return None
+
+    def save(self, step):
+        return self.manager.save(checkpoint_number=step)
+
+
+def average_checkpoints(model, paths, output_prefix):
+    """Writes a checkpoint of `model` whose trainable weights are the mean of those in
+    `paths` (paper §6.1: the last 5 checkpoints for base, 20 for big). Returns its path."""
+    variables = model.trainable_variables
+    sums = [np.zeros(v.shape, np.float64) for v in variables]
+    for path in paths:
+        tf.train.Checkpoint(model=model).read(path).expect_partial()
+        for total, variable in zip(sums, variables):
+            total += variable.numpy()
+    for total, variable in zip(sums, variables):
+        variable.assign((total / len(paths)).astype(variable.dtype))
+    return tf.train.Checkpoint(model=model).write(output_prefix)
+
+
+def latest_checkpoint_paths(directory, count):
+    """The newest `count` checkpoint prefixes of a CheckpointManager directory, oldest first."""
+    state = tf.train.get_checkpoint_state(directory)
+    paths = list(state.all_model_checkpoint_paths) if state else []
+    paths = [p if os.path.isabs(p) else os.path.join(directory, p) for p in paths]
+    return [p for p in paths if glob.glob(p + ".index")][-count:]

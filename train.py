@@ -1,0 +1,144 @@
+"""Train a Transformer translation model (tfnmt).
+
+With no flags: the `small` preset on the embedded German->English corpus, sized to finish in
+about 20 minutes on a 2-core CPU, then dev sacreBLEU. Re-running the same command resumes from
+the newest checkpoint in --model_dir. Flags not given on the command line take the values
+saved in <model_dir>/settings.json when it exists.
+
+  python train.py
+  python train.py --model_dir=runs/base --preset=base --train_steps=100000 --batch_tokens=25000
+  python train.py --flagfile=my.flags
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from absl import app, flags, logging  # noqa: E402
+
+from tfnmt.presets import PRESETS  # noqa: E402
+
+FLAGS = flags.FLAGS
+# Where and what.
+flags.DEFINE_string("model_dir", "runs/small-de-en", "Directory for checkpoints, settings, "
+                    "vocabulary and TensorBoard logs; rerunning resumes from it.")
+flags.DEFINE_string("dataset", "embedded", "'embedded' (data/de-en, the default), 'files' "
+                    "(with --train_files etc.), or a TFDS translation dataset name such as "
+                    "wmt14_translate/de-en or ted_hrlr_translate/pt_to_en.")
+flags.DEFINE_string("train_files", None, "With --dataset=files: a TSV (source<TAB>target) or "
+                    "'source.txt,target.txt' of line-aligned files; .gz is read too.")
+flags.DEFINE_string("dev_files", None, "With --dataset=files: the dev set, as --train_files.")
+flags.DEFINE_string("test_files", None, "With --dataset=files: the test set, as --train_files.")
+flags.DEFINE_string("tfds_data_dir", None, "TFDS data directory (default ~/tensorflow_datasets).")
+flags.DEFINE_string("data_dir", None, "Where the vocabulary and TFRecords are prepared "
+                    "(default <model_dir>/data); reused when up to date.")
+flags.DEFINE_integer("vocab_size", 8000, "Shared SentencePiece vocabulary size (~32000 for WMT).")
+flags.DEFINE_enum("vocab_type", "unigram", ["unigram", "bpe"], "SentencePiece model type.")
+flags.DEFINE_integer("max_length", 256, "Longest pair kept, in subwords (incl. BOS/EOS); "
+                     "longer training pairs are dropped (counted in the log).")
+# Model.
+flags.DEFINE_enum("preset", "small", list(PRESETS), "Model size (tfnmt/presets.py).")
+flags.DEFINE_integer("num_layers", None, "Override: encoder and decoder layers.")
+flags.DEFINE_integer("d_model", None, "Override: model width.")
+flags.DEFINE_integer("num_heads", None, "Override: attention heads.")
+flags.DEFINE_integer("d_ff", None, "Override: feed-forward inner width.")
+flags.DEFINE_float("dropout", None, "Override: residual/embedding dropout.")
+flags.DEFINE_float("attention_dropout", None, "Override: dropout on attention weights.")
+flags.DEFINE_bool("norm_first", None, "Override: pre-norm layers instead of the paper's post-norm.")
+flags.DEFINE_enum("position", None, ["sinusoidal", "learned"], "Override: position encoding.")
+# Optimisation.
+flags.DEFINE_integer("batch_tokens", 4096, "Token budget per replica and micro-batch: "
+                     "batch size x padded length of the longer side.")
+flags.DEFINE_integer("accum_steps", 1, "Micro-batches accumulated per update (the paper's "
+                     "~25k-token batches on fewer devices).")
+flags.DEFINE_integer("train_steps", 1200, "Total optimizer updates (a resumed run stops here).")
+flags.DEFINE_integer("warmup_steps", 400, "Noam warm-up steps (paper: 4000 with 25k batches).")
+flags.DEFINE_float("lr_scale", 2.0, "Multiplier of the Noam learning rate.")
+flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing epsilon.")
+flags.DEFINE_enum("strategy", "auto", ["auto", "one_device", "mirrored", "multi_worker"],
+                  "tf.distribute strategy; multi_worker reads TF_CONFIG.")
+flags.DEFINE_integer("cpu_devices", 1, "Split the CPU into this many logical devices "
+                     "(for mirrored training without GPUs).")
+flags.DEFINE_enum("mixed_precision", "none", ["none", "bf16", "fp16"],
+                  "Compute dtype: bf16 (CPUs with AVX512-BF16/AMX, TPUs, Ampere+) or fp16 "
+                  "with loss scaling (GPUs).")
+flags.DEFINE_integer("seed", 1234, "Seed for initialisation and data order.")
+# Bookkeeping.
+flags.DEFINE_integer("log_every", 50, "Steps between progress lines and train summaries.")
+flags.DEFINE_integer("eval_every", 600, "Steps between dev evaluations (0: only at the end).")
+flags.DEFINE_integer("bleu_sentences", 0, "Dev sentences translated for BLEU (0: all).")
+flags.DEFINE_integer("checkpoint_every", 200, "Steps between checkpoints.")
+flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept.")
+flags.DEFINE_integer("average_last", 5, "Average the last N checkpoints at the end (paper: 5 "
+                     "for base, 20 for big; 0 or 1: no averaging).")
+
+MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_dropout",
+               "norm_first", "position")
+DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type", "max_length")
+TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "warmup_steps", "lr_scale",
+               "label_smoothing", "mixed_precision", "seed", "log_every", "eval_every",
+               "bleu_sentences", "checkpoint_every", "keep_checkpoints", "average_last")
+
+POSITIVE = ("vocab_size", "max_length", "batch_tokens", "accum_steps", "train_steps",
+            "warmup_steps", "log_every", "checkpoint_every", "keep_checkpoints", "cpu_devices")
+for _name in POSITIVE:
+    flags.register_validator(_name, lambda v: v is None or v > 0, f"--{_name} must be positive")
+for _name in ("eval_every", "bleu_sentences", "average_last"):
+    flags.register_validator(_name, lambda v: v >= 0, f"--{_name} must be >= 0")
+flags.register_validator("label_smoothing", lambda v: 0.0 <= v < 1.0,
+                         "--label_smoothing must be in [0, 1)")
+flags.register_validator("lr_scale", lambda v: v > 0, "--lr_scale must be positive")
+flags.register_validator("dropout", lambda v: v is None or 0.0 <= v < 1.0,
+                         "--dropout must be in [0, 1)")
+
+
+def requested_settings():
+    """Settings from the flags, and the set of those given explicitly."""
+    from tfnmt.presets import get_preset
+
+    model = get_preset(FLAGS.preset, **{k: FLAGS[k].value for k in MODEL_FLAGS})
+    model["max_length"] = FLAGS.max_length
+    settings = {
+        "model_dir": FLAGS.model_dir,
+        "preset": FLAGS.preset,
+        "model": model,
+        "data": {k: FLAGS[k].value for k in DATA_FLAGS},
+        "train": {k: FLAGS[k].value for k in TRAIN_FLAGS},
+    }
+    files = {s: FLAGS[f"{s}_files"].value for s in ("train", "dev", "test")
+             if FLAGS[f"{s}_files"].value}
+    settings["data"]["files"] = files or None
+    explicit = {f"train.{k}" for k in TRAIN_FLAGS if FLAGS[k].present}
+    explicit |= {f"data.{k}" for k in DATA_FLAGS if FLAGS[k].present}
+    explicit |= {f"data.files" for s in ("train", "dev", "test") if FLAGS[f"{s}_files"].present}
+    explicit |= {f"model.{k}" for k in MODEL_FLAGS if FLAGS[k].present}
+    if FLAGS["preset"].present:  # a preset sets every size
+        explicit |= {f"model.{k}" for k in model}
+    explicit.add("model.max_length") if FLAGS["max_length"].present else None
+    return settings, explicit
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.dataset == "files" and not FLAGS.train_files:
+        raise app.UsageError("--dataset=files needs --train_files (and --dev_files for BLEU)")
+    if FLAGS.dataset == "files" and not FLAGS.dev_files:
+        raise app.UsageError("--dataset=files needs --dev_files: evaluation reports dev BLEU")
+    from tfnmt import distribute, experiment
+
+    distribute.split_cpu(FLAGS.cpu_devices)
+    settings, explicit = requested_settings()
+    try:
+        settings = experiment.resolve_settings(settings, explicit, FLAGS.model_dir)
+    except experiment.SettingsError as error:
+        raise app.UsageError(str(error))
+    strategy = distribute.make_strategy(FLAGS.strategy)
+    metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
+    print(f"dev sacreBLEU {metrics['bleu']:.2f}  ({FLAGS.model_dir})")
+
+
+if __name__ == "__main__":
+    logging.set_verbosity(logging.WARNING)
+    sys.exit(app.run(main))
