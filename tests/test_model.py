@@ -117,3 +117,17 @@ def test_cached_greedy_equals_uncached_greedy():
     np.testing.assert_array_equal(compiled, cached)
     np.testing.assert_allclose(compiled_scores, scores, rtol=1e-5)
     assert np.all(scores.numpy() < 0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_tf_checkpoint_saves_and_restores_every_variable(tmp_path, norm_first):
+    model = Transformer(vocab_size=30, norm_first=norm_first, **TINY)
+    model.build()
+    path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+    saved = [n for n in tf.train.list_variables(path) if n[0].startswith("model/")]
+    assert len(saved) == len(model.weights)
+    fresh = Transformer(vocab_size=30, norm_first=norm_first, **TINY)
+    fresh.build()
+    tf.train.Checkpoint(model=fresh).read(path).assert_consumed()
+    for a, b in zip(model.weights, fresh.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())

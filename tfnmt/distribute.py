@@ -26,19 +26,22 @@ def make_strategy(name="auto"):
     """auto: multi_worker when TF_CONFIG names several workers, mirrored with several GPUs,
     else one device. mirrored: all local GPUs, or all logical CPUs when there is no GPU.
     multi_worker: MultiWorkerMirroredStrategy over the cluster in TF_CONFIG."""
-    gpus = tf.config.list_logical_devices("GPU")
+    # Physical devices only: listing logical ones starts the runtime, after which
+    # MultiWorkerMirroredStrategy can no longer configure its collective ops.
+    num_gpus = len(tf.config.list_physical_devices("GPU"))
     if name == "auto":
         name = ("multi_worker" if cluster_workers() > 1 else
-                "mirrored" if len(gpus) > 1 else "one_device")
-    if name == "one_device":
-        return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
-    if name == "mirrored":
-        devices = [d.name for d in gpus] or [d.name for d in tf.config.list_logical_devices("CPU")]
-        return tf.distribute.MirroredStrategy(devices)
+                "mirrored" if num_gpus > 1 else "one_device")
     if name == "multi_worker":
         if cluster_workers() < 1:
             raise ValueError("--strategy=multi_worker needs TF_CONFIG describing the cluster")
         return tf.distribute.MultiWorkerMirroredStrategy()
+    gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    if name == "one_device":
+        return tf.distribute.OneDeviceStrategy(gpus[0] if gpus else "/cpu:0")
+    if name == "mirrored":
+        return tf.distribute.MirroredStrategy(
+            gpus or [d.name for d in tf.config.list_logical_devices("CPU")])
     raise ValueError(f"unknown strategy {name!r}")
 
 

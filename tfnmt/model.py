@@ -92,6 +92,16 @@ class Transformer(keras.Model):
                 layer.build(shape)
         self.built = True
 
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        # Keras 3 turns list attributes into TensorFlow dependencies only for SavedModel export;
+        # without this, tf.train.Checkpoint would silently skip the encoder and decoder stacks.
+        children = super()._trackable_children(save_type, **kwargs)
+        if save_type == "checkpoint":
+            for name in ("encoder_layers", "decoder_layers"):
+                for index, layer in enumerate(getattr(self, name)):
+                    children[f"{name}_{index}"] = layer
+        return children
+
     def _embed(self, embedding, token_ids, training, start=0):
         x = self.positions(embedding(token_ids), start=start)
         return self.embedding_dropout(x, training=training)

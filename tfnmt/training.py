@@ -91,7 +91,7 @@ class CheckpointKeeper:
             try:
                 self.checkpoint.read(path).assert_existing_objects_matched()
                 return path
-            except (tf.errors.OpError, ValueError, AssertionError) as error:
+            except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as error:
                 logging.warning("checkpoint %s does not read back (%s); trying the previous one",
                                 path, str(error).splitlines()[0][:200])
         if self.manager.checkpoints:

@@ -1,0 +1,224 @@
+"""The training loop: distribution, accumulation, checkpoints, averaging, train.py itself."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfnmt import records
+from tfnmt.distribute import PreReducedAdam
+from tfnmt.model import Transformer
+from tfnmt.presets import get_preset
+from tfnmt.schedule import paper_adam
+from tfnmt.training import CheckpointKeeper, Trainer, average_checkpoints
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = get_preset("tiny", dropout=0.0)
+
+
+def python(*args, env=None, timeout=300, **kwargs):
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=environment, timeout=timeout,
+                          capture_output=True, text=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def train_data(small_corpus, tmp_path_factory):
+    """Prepared data shared by the train.py runs below (train.py finds it up to date)."""
+    out = str(tmp_path_factory.mktemp("train_data"))
+    records.prepare(out, dataset="files", files=small_corpus, vocab_size=600)
+    return out
+
+
+def train_flags(small_corpus, train_data, model_dir, **overrides):
+    flags = {"model_dir": model_dir, "dataset": "files", "train_files": small_corpus["train"],
+             "dev_files": small_corpus["dev"], "data_dir": train_data, "vocab_size": 600,
+             "preset": "tiny", "batch_tokens": 512, "max_length": 64, "train_steps": 12,
+             "warmup_steps": 5, "log_every": 4, "checkpoint_every": 4, "eval_every": 8,
+             "bleu_sentences": 8, "average_last": 3}
+    flags.update(overrides)
+    return ["train.py"] + [f"--{k}={v}" for k, v in flags.items()]
+
+
+def test_mirrored_two_devices_equal_one_device():
+    result = python("tests/distributed_check.py")
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = json.loads(result.stdout.strip().splitlines()[-1])
+    single, mirrored = runs["single"], runs["mirrored"]
+    assert (single["replicas"], mirrored["replicas"]) == (1, 2)
+    for key in ("loss", "target_tokens", "grad_norm", "padding_fraction"):
+        assert mirrored["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-5)
+    np.testing.assert_allclose(mirrored["grads"], single["grads"], atol=1e-6)
+
+
+def test_accumulating_micro_batches_equals_one_large_batch():
+    rng = np.random.default_rng(1)
+    target = rng.integers(4, 30, size=(4, 5)).astype("int32")
+    target[0, 1:] = 0  # micro-batches with different token counts
+    batch = {"source": rng.integers(4, 30, size=(4, 6)).astype("int32"),
+             "target_in": np.concatenate([np.full((4, 1), 2, "int32"), target[:, :-1]], 1),
+             "target_out": target}
+    halves = [{k: v[:2] for k, v in batch.items()}, {k: v[2:] for k, v in batch.items()}]
+    strategy = tf.distribute.get_strategy()
+    model = Transformer(vocab_size=30, **TINY)
+    model.build()
+    trainer = Trainer(model, paper_adam(64, 10, 1.0, PreReducedAdam), strategy, 0.1)
+    loss_1, tokens_1, _, grads_1 = strategy.run(trainer.replica_gradients, args=([batch],))
+    loss_2, tokens_2, _, grads_2 = strategy.run(trainer.replica_gradients, args=(halves,))
+    assert float(tokens_1) == float(tokens_2) == float((target != 0).sum())
+    assert float(loss_2) == pytest.approx(float(loss_1), rel=1e-5)
+    for a, b in zip(grads_1, grads_2):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_average_checkpoints_is_the_mean(tmp_path):
+    model = Transformer(vocab_size=30, **TINY)
+    model.build()
+    paths, snapshots = [], []
+    for i in range(3):
+        for variable in model.trainable_variables:
+            variable.assign(tf.random.normal(variable.shape))
+        snapshots.append([v.numpy() for v in model.trainable_variables])
+        paths.append(tf.train.Checkpoint(model=model).write(str(tmp_path / f"ckpt-{i}")))
+    averaged = average_checkpoints(model, paths, str(tmp_path / "averaged" / "ckpt-avg"))
+    fresh = Transformer(vocab_size=30, **TINY)
+    fresh.build()
+    tf.train.Checkpoint(model=fresh).read(averaged).expect_partial()
+    for i, variable in enumerate(fresh.trainable_variables):
+        np.testing.assert_allclose(variable.numpy(), np.mean([s[i] for s in snapshots], 0),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
+    model = Transformer(vocab_size=30, **TINY)
+    model.build()
+    optimizer = paper_adam(64, 10)
+    optimizer.build(model.trainable_variables)
+    keeper = CheckpointKeeper(str(tmp_path), model, optimizer, keep=3)
+    keeper.save(1)
+    good = [v.numpy() for v in model.trainable_variables]
+    for variable in model.trainable_variables:
+        variable.assign_add(tf.ones_like(variable))
+    latest = keeper.save(2)
+    with open(latest + ".data-00000-of-00001", "r+b") as f:
+        f.truncate(100)  # a half-written data file
+    assert keeper.restore().endswith("ckpt-1")
+    assert "does not read back" in caplog.text
+    np.testing.assert_allclose(model.trainable_variables[0].numpy(), good[0])
+
+
+def event_tags(directory):
+    tags = set()
+    for name in os.listdir(directory):
+        for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
+            tags |= {value.tag for value in event.summary.value}
+    return tags
+
+
+def test_train_py_end_to_end(small_corpus, train_data, tmp_path):
+    model_dir = str(tmp_path / "run")
+    result = python(*train_flags(small_corpus, train_data, model_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step     12/12 | loss" in result.stdout and "tgt tok/s | ETA" in result.stdout
+    assert "averaged 3 checkpoints" in result.stdout and "dev sacreBLEU" in result.stdout
+    settings = json.load(open(os.path.join(model_dir, "settings.json")))
+    assert settings["model"]["d_model"] == 64 and settings["data"]["vocab_size"] == 600
+    assert os.path.exists(os.path.join(model_dir, "spm.model"))
+    assert tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).endswith("ckpt-12")
+    assert event_tags(os.path.join(model_dir, "train")) >= {
+        "loss", "learning_rate", "grad_norm", "tokens_per_sec", "padding_fraction"}
+    eval_tags = event_tags(os.path.join(model_dir, "eval"))
+    assert eval_tags >= {"loss", "perplexity", "bleu", "chrf", "samples",
+                         "attention/encoder_self/layer_0", "attention/decoder_self/layer_1",
+                         "attention/decoder_cross/layer_1"}
+
+    # Incompatible settings in the same model_dir fail at once, before any training.
+    start = time.time()
+    clash = python(*train_flags(small_corpus, train_data, model_dir, preset="small"))
+    assert clash.returncode != 0 and "holds a run with other settings" in clash.stderr
+    assert "d_model=256 (saved: 64)" in clash.stderr
+    assert time.time() - start < 60
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--batch_tokens=-5", "--batch_tokens must be positive"),
+    ("--strategy=gpu_magic", "strategy"),
+    ("--label_smoothing=1.5", "label_smoothing must be in"),
+    ("--preset=huge", "preset"),
+])
+def test_bad_flags_fail_fast(flag, message, tmp_path):
+    result = python("train.py", f"--model_dir={tmp_path}", flag, timeout=60)
+    assert result.returncode != 0 and message in result.stderr
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(small_corpus, train_data, tmp_path):
+    model_dir = str(tmp_path / "run")
+    args = train_flags(small_corpus, train_data, model_dir, train_steps=200, checkpoint_every=5,
+                       log_every=50, eval_every=0, average_last=0)
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    process = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=environment,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint_dir = os.path.join(model_dir, "checkpoints")
+    deadline = time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        latest = tf.train.latest_checkpoint(checkpoint_dir) if os.path.isdir(checkpoint_dir) else None
+        if latest and int(latest.rsplit("-", 1)[1]) >= 10:
+            break
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    killed_at = int(tf.train.latest_checkpoint(checkpoint_dir).rsplit("-", 1)[1])
+    assert 10 <= killed_at < 200, "the run should be killed mid-way"
+
+    result = python(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resumed from {checkpoint_dir}/ckpt-{killed_at} at step {killed_at}" in result.stdout
+    assert "step    200/200" in result.stdout
+    assert tf.train.latest_checkpoint(checkpoint_dir).endswith("ckpt-200")
+
+
+def free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def test_two_workers_train_to_identical_weights(small_corpus, train_data, tmp_path):
+    model_dir = str(tmp_path / "run")
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    args = train_flags(small_corpus, train_data, model_dir, strategy="multi_worker",
+                       train_steps=6, checkpoint_every=3, eval_every=0, average_last=0,
+                       bleu_sentences=4)
+    processes = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(tf_config))
+        processes.append(subprocess.Popen([sys.executable, *args], cwd=ROOT, env=environment,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+    try:
+        outputs = [p.communicate(timeout=300) for p in processes]
+    finally:
+        for p in processes:
+            p.kill()
+    for p, (out, err) in zip(processes, outputs):
+        assert p.returncode == 0, err[-3000:]
+        assert "2 replica(s)" in out and "step      6/6" in out
+    chief = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints", "ckpt-6"))
+    worker = tf.train.load_checkpoint(os.path.join(model_dir, "workers", "1", "ckpt-6"))
+    # Every tensor: weights (stored under the optimizer's shorter object path) and Adam slots.
+    names = [n for n in chief.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    assert len(names) > 100 and sorted(names) == sorted(
+        n for n in worker.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH")
+    for name in names:
+        np.testing.assert_array_equal(chief.get_tensor(name), worker.get_tensor(name))
