@@ -1,23 +1,60 @@
-"""Export a trained tfnmt model as a TensorFlow Serving SavedModel.
+"""Export a trained tfnmt model as a versioned SavedModel for TensorFlow Serving.
 
-Not implemented yet (tracked in the decoding/export issue): running it prints this help and
-exits with status 2 rather than pretending to export.
+Writes <export_dir>/<version>/ whose `serving_default` signature takes raw sentences (string [B])
+and returns `translations` (string [B]) and `scores` (float32 [B]); `translate_n_best` returns
+[B, n_best] of each. Tokenization, beam search and detokenization run inside the graph, with
+core TensorFlow and tensorflow-text ops only. Loading it needs `import tensorflow_text` first.
+
+  python export.py --model_dir=runs/small-de-en                  # averaged weights if any
+  python export.py --model_dir=runs/small-de-en --checkpoint=latest --beam_size=5
 """
+import os
 import sys
 
-from absl import app, flags
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from absl import app, flags, logging  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", None, "Training directory to export from.")
-flags.DEFINE_string("export_dir", None, "Where versioned SavedModels are written.")
+flags.DEFINE_string("model_dir", "runs/small-de-en", "Training directory (settings.json, "
+                    "spm.model, checkpoints/, averaged/).")
+flags.DEFINE_string("checkpoint", "auto", "'auto' (the averaged checkpoint if there is one, "
+                    "else the latest), 'latest', 'averaged', or a checkpoint path prefix.")
+flags.DEFINE_string("export_dir", None, "Where versions are written (default <model_dir>/export).")
+flags.DEFINE_integer("version", None, "Version number (default: the next integer); an "
+                     "existing version is never overwritten.")
+flags.DEFINE_integer("beam_size", 4, "Beam size (paper: 4).")
+flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (paper: 0.6).")
+flags.DEFINE_integer("max_decode_length", 0, "Cap on output subwords (0: source length + 50).")
+flags.DEFINE_integer("n_best", 4, "Hypotheses returned by the translate_n_best signature.")
+flags.register_validator("beam_size", lambda v: v >= 1, "--beam_size must be >= 1")
+flags.register_validator("max_decode_length", lambda v: v >= 0, "--max_decode_length must be >= 0")
+flags.register_validator("alpha", lambda v: v >= 0, "--alpha must be >= 0")
 
 
 def main(argv):
-    del argv
-    print(FLAGS.main_module_help() if hasattr(FLAGS, "main_module_help") else __doc__)
-    print("\nexport.py is not implemented yet.", file=sys.stderr)
-    return 2
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not 1 <= FLAGS.n_best <= FLAGS.beam_size:
+        raise app.UsageError(f"--n_best must be in [1, --beam_size={FLAGS.beam_size}]")
+    from tfnmt import checkpoints
+    from tfnmt.serving import TranslationModule, export_saved_model
+
+    try:
+        model, proto, path = checkpoints.load_model(FLAGS.model_dir, FLAGS.checkpoint)
+    except checkpoints.ModelDirError as error:
+        raise app.UsageError(str(error))
+    module = TranslationModule(model, proto, FLAGS.beam_size, FLAGS.alpha,
+                               FLAGS.max_decode_length, FLAGS.n_best)
+    export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, "export")
+    try:
+        final = export_saved_model(module, export_dir, FLAGS.version)
+    except FileExistsError as error:
+        raise app.UsageError(str(error))
+    print(f"exported {path} to {final}")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    logging.set_verbosity(logging.WARNING)
+    sys.exit(app.run(main))

@@ -7,10 +7,9 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _seed():
-    tf.random.set_seed(0)
-    yield
+# Seeded once: tf.random.set_seed clears TensorFlow's eager kernel cache, which deletes the
+# SentencePiece resources of tokenizers that module-scoped fixtures hold.
+tf.random.set_seed(0)
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +45,30 @@ def embedded_prepared(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("prepared_embedded"))
     records.prepare(out, tfds_data_dir=str(tmp_path_factory.mktemp("tfds")))
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(small_prepared, tmp_path_factory):
+    """A model_dir as train.py leaves it (settings.json, spm.model, a checkpoint) holding an
+    untrained tiny model over the small corpus' 600-piece vocabulary."""
+    import json
+    import shutil
+
+    import keras
+
+    from tfnmt.model import Transformer
+    from tfnmt.presets import get_preset
+    from tfnmt.records import VOCAB
+
+    model_dir = tmp_path_factory.mktemp("tiny_model_dir")
+    settings = {"model": dict(get_preset("tiny", dropout=0.0), vocab_size=600, max_length=64)}
+    (model_dir / "settings.json").write_text(json.dumps(settings))
+    shutil.copyfile(os.path.join(small_prepared, VOCAB), model_dir / "spm.model")
+    keras.utils.set_random_seed(7)
+    model = Transformer(**settings["model"])
+    model.build()
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model),
+                                         str(model_dir / "checkpoints"), max_to_keep=1,
+                                         checkpoint_name="ckpt")
+    manager.save(checkpoint_number=1)
+    return str(model_dir)

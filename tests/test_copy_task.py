@@ -1,7 +1,8 @@
 import numpy as np
 
 from tfnmt.copy_task import copy_batch, train_copy_model
-from tfnmt.decoding import greedy_decode_uncached
+from tfnmt.beam_search import beam_search
+from tfnmt.decoding import greedy_decode, greedy_decode_uncached
 from tfnmt.tokenizer import EOS_ID
 
 
@@ -11,3 +12,9 @@ def test_tiny_model_learns_to_copy_unseen_inputs():
     output = greedy_decode_uncached(model, source, max_length=12).numpy()
     np.testing.assert_array_equal(output[:, :10], source)
     assert np.all(output[:, 10] == EOS_ID)
+    # The cached decoders agree: greedy, and beam search with the paper's k=4, alpha=0.6.
+    cached, _ = greedy_decode(model, source)
+    np.testing.assert_array_equal(cached[:, :11], output[:, :11])
+    beams, _ = beam_search(model, source, beam_size=4, alpha=0.6)
+    np.testing.assert_array_equal(beams[:, 0, :10], source)
+    assert np.all(beams.numpy()[:, 0, 10] == EOS_ID)

@@ -22,10 +22,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = get_preset("tiny", dropout=0.0)
 
 
-def python(*args, env=None, timeout=300, **kwargs):
+def python(script, *args, env=None, timeout=300, cwd=ROOT):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=environment, timeout=timeout,
-                          capture_output=True, text=True, **kwargs)
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd,
+                          env=environment, timeout=timeout, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +122,9 @@ def event_tags(directory):
 
 
 def test_train_py_end_to_end(small_corpus, train_data, tmp_path):
+    # A relative model_dir, as users type it (paths must not be joined twice).
+    result = python(*train_flags(small_corpus, train_data, "run"), cwd=str(tmp_path))
     model_dir = str(tmp_path / "run")
-    result = python(*train_flags(small_corpus, train_data, model_dir))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step     12/12 | loss" in result.stdout and "tgt tok/s | ETA" in result.stdout
     assert "averaged 3 checkpoints" in result.stdout and "dev sacreBLEU" in result.stdout
@@ -140,7 +141,8 @@ def test_train_py_end_to_end(small_corpus, train_data, tmp_path):
 
     # Incompatible settings in the same model_dir fail at once, before any training.
     start = time.time()
-    clash = python(*train_flags(small_corpus, train_data, model_dir, preset="small"))
+    clash = python(*train_flags(small_corpus, train_data, "run", preset="small"),
+                   cwd=str(tmp_path))
     assert clash.returncode != 0 and "holds a run with other settings" in clash.stderr
     assert "d_model=256 (saved: 64)" in clash.stderr
     assert time.time() - start < 60
@@ -155,6 +157,13 @@ def test_train_py_end_to_end(small_corpus, train_data, tmp_path):
 def test_bad_flags_fail_fast(flag, message, tmp_path):
     result = python("train.py", f"--model_dir={tmp_path}", flag, timeout=60)
     assert result.returncode != 0 and message in result.stderr
+
+
+def test_flagfile_is_read(tmp_path):
+    flagfile = tmp_path / "run.flags"
+    flagfile.write_text(f"--model_dir={tmp_path}\n--accum_steps=0\n")
+    result = python("train.py", f"--flagfile={flagfile}", timeout=60)
+    assert result.returncode != 0 and "--accum_steps must be positive" in result.stderr
 
 
 def test_killed_run_resumes_from_its_last_checkpoint(small_corpus, train_data, tmp_path):

@@ -66,3 +66,26 @@ class PreReducedAdam(keras.optimizers.Adam):
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return list(grads_and_vars)
+
+
+def cpu_has_bf16():
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_mixed_precision(name):
+    """'auto' -> 'bf16' on GPUs of compute capability >= 8.0 or on CPUs with native bf16,
+    'none' elsewhere; other names pass through."""
+    if name != "auto":
+        return name
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        capability = tf.config.experimental.get_device_details(gpus[0]).get(
+            "compute_capability", (0, 0))
+        return "bf16" if tuple(capability) >= (8, 0) else "none"
+    return "bf16" if cpu_has_bf16() else "none"

@@ -20,14 +20,13 @@ import tensorflow as tf
 
 from tfnmt import data, records
 from tfnmt.corpus import read_corpus
-from tfnmt.distribute import PreReducedAdam, task_role
+from tfnmt.distribute import PreReducedAdam, resolve_mixed_precision, task_role
 from tfnmt.evaluation import Translator, corpus_scores, evaluate_loss
 from tfnmt.model import Transformer
 from tfnmt.schedule import paper_adam
 from tfnmt.summaries import write_attention_images
 from tfnmt.tokenizer import Tokenizer
-from tfnmt.training import (CheckpointKeeper, Trainer, average_checkpoints,
-                            latest_checkpoint_paths)
+from tfnmt.training import CheckpointKeeper, Trainer, average_checkpoints
 
 SETTINGS = "settings.json"
 # Settings that a run in an existing model_dir must share with it (others may change).
@@ -152,14 +151,16 @@ def run(settings, strategy, log=print):
         shutil.copyfile(tokenizer.model_path, os.path.join(model_dir, records.VOCAB))
         _write_json(os.path.join(model_dir, SETTINGS), settings)
     log(f"data: {manifest['splits']['train']['examples']:,d} training pairs, "
-        f"vocabulary {tokenizer.vocab_size:,d}, {strategy.num_replicas_in_sync} replica(s)")
+        f"vocabulary {tokenizer.vocab_size:,d}, {strategy.num_replicas_in_sync} replica(s), "
+        f"precision {resolve_mixed_precision(t['mixed_precision'])}")
 
-    keras.config.set_dtype_policy(POLICIES[t["mixed_precision"]])
+    precision = resolve_mixed_precision(t["mixed_precision"])
+    keras.config.set_dtype_policy(POLICIES[precision])
     with strategy.scope():
         model = Transformer(**settings["model"])
         model.build()
         optimizer = paper_adam(model.d_model, t["warmup_steps"], t["lr_scale"], PreReducedAdam)
-        if t["mixed_precision"] == "fp16":
+        if precision == "fp16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
     checkpoint_dir = (os.path.join(model_dir, "checkpoints") if is_chief
@@ -227,7 +228,7 @@ def run(settings, strategy, log=print):
 
     final_name = "latest"
     if t["average_last"] > 1 and is_chief:
-        paths = latest_checkpoint_paths(checkpoint_dir, t["average_last"])
+        paths = keeper.manager.checkpoints[-t["average_last"]:]
         if len(paths) > 1:
             prefix = os.path.join(model_dir, "averaged", f"ckpt-{step}")
             average_checkpoints(model, paths, prefix)

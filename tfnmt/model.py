@@ -113,18 +113,26 @@ class Transformer(keras.Model):
             self.build()
         source_padding = tf.not_equal(source_ids, PAD_ID)
         x = self._embed(self.source_embedding, source_ids, training)
-        weights = []
-        for layer in self.encoder_layers:
-            x = layer(x, source_padding, training=training,
-                      return_attention_scores=return_attention_scores)
-            if return_attention_scores:
-                x, w = x
-                weights.append(w)
-        if self.encoder_norm is not None:
-            x = self.encoder_norm(x)
+        x, weights = self._run_stack(self.encoder_layers, self.encoder_norm, x,
+                                     (source_padding,), training, return_attention_scores)
         if return_attention_scores:
             return x, source_padding, weights
         return x, source_padding
+
+    @staticmethod
+    def _run_stack(layers, final_norm, x, layer_args, training, return_attention_scores):
+        """x through each layer (and the pre-norm final LayerNorm); returns x and the list of
+        per-layer attention weights (empty unless asked for)."""
+        weights = []
+        for layer in layers:
+            x = layer(x, *layer_args, training=training,
+                      return_attention_scores=return_attention_scores)
+            if return_attention_scores:
+                x, layer_weights = x
+                weights.append(layer_weights)
+        if final_norm is not None:
+            x = final_norm(x)
+        return x, weights
 
     def _logits(self, x):
         if self.output_projection is not None:
@@ -141,15 +149,9 @@ class Transformer(keras.Model):
         self_mask = causal_mask(length)  # [1, T, T]; padded targets are masked in the loss
         memory_mask = source_padding[:, None, :]  # [B, 1, S]
         x = self._embed(self.target_embedding, target_ids, training)
-        weights = []
-        for layer in self.decoder_layers:
-            x = layer(x, memory, self_mask, memory_mask, training=training,
-                      return_attention_scores=return_attention_scores)
-            if return_attention_scores:
-                x, w = x
-                weights.append(w)
-        if self.decoder_norm is not None:
-            x = self.decoder_norm(x)
+        x, weights = self._run_stack(self.decoder_layers, self.decoder_norm, x,
+                                     (memory, self_mask, memory_mask), training,
+                                     return_attention_scores)
         logits = self._logits(x)
         return (logits, weights) if return_attention_scores else logits
 

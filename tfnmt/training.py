@@ -1,8 +1,6 @@
 """The training loop: a tf.function over `strategy.run`, with gradient accumulation, loss
 normalised by the global number of target tokens, and checkpoints that survive a kill."""
-import glob
 import logging
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -114,11 +112,3 @@ def average_checkpoints(model, paths, output_prefix):
     for total, variable in zip(sums, variables):
         variable.assign((total / len(paths)).astype(variable.dtype))
     return tf.train.Checkpoint(model=model).write(output_prefix)
-
-
-def latest_checkpoint_paths(directory, count):
-    """The newest `count` checkpoint prefixes of a CheckpointManager directory, oldest first."""
-    state = tf.train.get_checkpoint_state(directory)
-    paths = list(state.all_model_checkpoint_paths) if state else []
-    paths = [p if os.path.isabs(p) else os.path.join(directory, p) for p in paths]
-    return [p for p in paths if glob.glob(p + ".index")][-count:]

@@ -1,0 +1,90 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import random_ids
+from tfnmt.beam_search import beam_search, length_penalty
+from tfnmt.decoding import greedy_decode
+from tfnmt.model import Transformer
+from tfnmt.presets import get_preset
+from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+VOCAB = 6  # two symbols besides the specials: EOS is likely, so hypotheses end at varied steps
+
+
+@pytest.fixture(scope="module")
+def model():
+    tf.random.set_seed(3)
+    model = Transformer(vocab_size=VOCAB, **get_preset("tiny", dropout=0.0))
+    model.build()
+    return model
+
+
+@pytest.fixture(scope="module")
+def source():
+    ids = random_ids(np.random.default_rng(0), 3, 5, VOCAB)
+    ids[1, 3:] = PAD_ID
+    return tf.constant(ids)
+
+
+def teacher_forced_log_prob(model, source, output):
+    """Sum of log-probabilities of `output` (up to and including EOS) by full recomputation."""
+    output = [t for t in output.tolist()]
+    length = output.index(EOS_ID) + 1 if EOS_ID in output else len(output)
+    tokens = output[:length]
+    target_in = tf.constant([[BOS_ID] + tokens[:-1]])
+    memory, padding = model.encode(source[None])
+    log_probs = tf.nn.log_softmax(model.decode(target_in, memory, padding))[0].numpy()
+    return sum(log_probs[i, t] for i, t in enumerate(tokens)), length
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_scores_equal_teacher_forced_log_probs_with_length_penalty(model, source, alpha):
+    ids, scores = beam_search(model, source, beam_size=4, alpha=alpha, max_length=8, n_best=4)
+    assert ids.shape[:2] == (3, 4)
+    lengths = {teacher_forced_log_prob(model, source[b], ids[b, n].numpy())[1]
+               for b in range(3) for n in range(4)}
+    ended = [EOS_ID in row for row in ids.numpy().reshape(12, -1).tolist()]
+    assert any(ended) and not all(ended) and len(lengths) >= 2  # finished and cut-off ones
+    for b in range(3):
+        for n in range(4):
+            log_prob, length = teacher_forced_log_prob(model, source[b], ids[b, n].numpy())
+            expected = log_prob / float(length_penalty(length, alpha))
+            assert float(scores[b, n]) == pytest.approx(expected, rel=1e-4, abs=1e-4)
+
+
+def test_n_best_is_sorted_and_distinct(model, source):
+    ids, scores = beam_search(model, source, beam_size=4, alpha=0.6, max_length=8, n_best=4)
+    scores = scores.numpy()
+    assert np.all(np.diff(scores, axis=1) <= 1e-6)
+    for b in range(3):
+        hypotheses = {tuple(t for t in row if t != PAD_ID) for row in ids[b].numpy().tolist()}
+        assert len(hypotheses) == 4
+
+
+def test_beam_of_one_is_greedy(model, source):
+    greedy, greedy_scores = greedy_decode(model, source, max_length=8)
+    beam, beam_scores = beam_search(model, source, beam_size=1, alpha=0.0, max_length=8)
+    width = greedy.shape[1]
+    np.testing.assert_array_equal(beam[:, 0, :width], greedy)
+    assert np.all(beam.numpy()[:, 0, width:] == PAD_ID)
+    np.testing.assert_allclose(beam_scores[:, 0], greedy_scores, rtol=1e-5)
+
+
+def test_larger_beam_never_scores_worse(model, source):
+    _, narrow = beam_search(model, source, beam_size=1, alpha=0.6, max_length=8)
+    _, wide = beam_search(model, source, beam_size=6, alpha=0.6, max_length=8)
+    assert np.all(wide.numpy()[:, 0] >= narrow.numpy()[:, 0] - 1e-5)
+
+
+def test_compiled_equals_eager(model, source):
+    eager_ids, eager_scores = beam_search(model, source, beam_size=3, max_length=8, n_best=2)
+    compiled = tf.function(lambda s: beam_search(model, s, beam_size=3, max_length=8, n_best=2))
+    ids, scores = compiled(source)
+    np.testing.assert_array_equal(ids, eager_ids)
+    np.testing.assert_allclose(scores, eager_scores, rtol=1e-5)
+
+
+def test_bad_n_best_is_refused(model, source):
+    with pytest.raises(ValueError, match="n_best"):
+        beam_search(model, source, beam_size=2, n_best=3)

@@ -1,0 +1,161 @@
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+from tfnmt import checkpoints
+from tfnmt.serving import TranslationModule, export_saved_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SENTENCES = ["Das ist ein Haus.", "Er sprach zu ihnen.", "", "Guten Morgen!"]
+
+# tensorflow-text ops that stock TF Serving links (its ops_lib), as used by the export.
+TF_TEXT_OPS = {"SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceDetokenizeOp",
+               "SentencepieceVocabSizeOp", "SentencepieceIdToStringOp",
+               "SentencepieceStringToIdOp", "SentencepieceTokenizeWithOffsetsOp"}
+FORBIDDEN = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
+
+
+@pytest.fixture(scope="module")
+def module(tiny_model_dir):
+    model, proto, _ = checkpoints.load_model(tiny_model_dir)
+    return TranslationModule(model, proto, beam_size=3, alpha=0.6, n_best=2)
+
+
+@pytest.fixture(scope="module")
+def exported(module, tmp_path_factory):
+    return export_saved_model(module, str(tmp_path_factory.mktemp("export")))
+
+
+def graph_ops(export_path):
+    proto = saved_model_pb2.SavedModel()
+    with open(os.path.join(export_path, "saved_model.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    ops = set()
+    for meta_graph in proto.meta_graphs:
+        ops |= {node.op for node in meta_graph.graph_def.node}
+        for function in meta_graph.graph_def.library.function:
+            ops |= {node.op for node in function.node_def}
+    return ops
+
+
+def test_only_core_and_tf_text_ops(exported):
+    core = set(dir(tf.raw_ops))
+    ops = graph_ops(exported)
+    unknown = {op for op in ops if op not in core and op not in TF_TEXT_OPS}
+    assert not unknown, f"ops stock TF Serving may lack: {unknown}"
+    assert not ops & FORBIDDEN
+    assert {"SentencepieceTokenizeOp", "SentencepieceDetokenizeOp"} <= ops
+    assert ops & {"While", "StatelessWhile"}  # the beam search is a graph loop
+
+
+def test_versions_are_new_directories_never_overwritten(module, exported, tmp_path):
+    export_dir = os.path.dirname(exported)
+    assert os.path.basename(exported) == "1"
+    assert export_saved_model(module, export_dir).endswith(os.sep + "2")
+    with pytest.raises(FileExistsError):
+        export_saved_model(module, export_dir, version=1)
+    assert sorted(os.listdir(export_dir)) == ["1", "2"]  # no temporary left behind
+
+
+def test_no_optimizer_slots_in_the_export(exported, module):
+    variables = [v for v in tf.train.list_variables(os.path.join(exported, "variables",
+                                                                 "variables"))
+                 if v[0] != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    assert len(variables) == len(module.model.weights)
+    assert not [name for name, _ in variables if "optimizer" in name]
+
+
+def test_fresh_process_with_only_tf_and_tf_text_gives_the_same_translations(exported, module):
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "export_client.py"),
+                             exported], input=json.dumps(SENTENCES), capture_output=True,
+                            text=True, timeout=300,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert loaded["tfnmt_imported"] is False
+    expected = module.serve(tf.constant(SENTENCES))
+    assert loaded["translations"] == [t.decode() for t in expected["translations"].numpy()]
+    np.testing.assert_allclose(loaded["scores"], expected["scores"].numpy(), rtol=1e-5)
+    n_best = module.serve_n_best(tf.constant(SENTENCES))["translations"].numpy()
+    assert loaded["n_best"] == [[t.decode() for t in row] for row in n_best]
+    assert loaded["translations"][2] == "" and len(loaded["n_best"][0]) == 2
+
+
+def test_saved_model_cli_lists_the_signatures(exported):
+    cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+    result = subprocess.run([cli, "show", "--dir", exported, "--all"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for text in ("signature_def['serving_default']", "signature_def['translate_n_best']",
+                 "inputs['sentences']", "outputs['translations']", "outputs['scores']"):
+        assert text in result.stdout
+
+
+@pytest.fixture(scope="module")
+def serving_fn(exported):
+    import tensorflow_text  # noqa: F401
+
+    return tf.saved_model.load(exported).signatures["serving_default"]
+
+
+def test_bad_input_has_defined_results(serving_fn):
+    empty_batch = serving_fn(sentences=tf.constant([], tf.string))
+    assert empty_batch["translations"].shape == (0,) and empty_batch["scores"].shape == (0,)
+    huge = " ".join(["Haus"] * 5000)  # far beyond max_length: truncated, not a crash
+    out = serving_fn(sentences=tf.constant(["", "   ", huge, b"kaputt \xff\xfe"]))
+    translations = out["translations"].numpy().tolist()
+    assert translations[:2] == [b"", b""] and out["scores"].numpy()[:2].tolist() == [0.0, 0.0]
+    for text in translations[2:]:
+        text.decode("utf-8")  # valid UTF-8 whatever came in
+    assert np.all(np.isfinite(out["scores"].numpy()))
+
+
+def test_concurrent_calls_give_correct_results(serving_fn):
+    sentences = [[f"Satz Nummer {i}.", "Das Haus ist rot."] for i in range(6)]
+    expected = [serving_fn(sentences=tf.constant(s))["translations"].numpy().tolist()
+                for s in sentences]
+    results = [None] * len(sentences)
+
+    def worker(i):
+        for _ in range(3):
+            results[i] = serving_fn(sentences=tf.constant(sentences[i]))[
+                "translations"].numpy().tolist()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(sentences))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert results == expected
+
+
+def test_grpc_predict_request_matches_the_signature(exported):
+    """The request a tensorflow-serving-api client sends for our signature: its input names,
+    dtype and the output keys agree with the SavedModel's serving_default."""
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "tfnmt"
+    request.model_spec.signature_name = "serving_default"
+    request.inputs["sentences"].CopyFrom(tf.make_tensor_proto(["Das ist ein Haus."]))
+    request.output_filter.extend(["translations", "scores"])
+
+    proto = saved_model_pb2.SavedModel()
+    with open(os.path.join(exported, "saved_model.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    signature = proto.meta_graphs[0].signature_def[request.model_spec.signature_name]
+    assert set(request.inputs) == set(signature.inputs)
+    for name, tensor in request.inputs.items():
+        assert tensor.dtype == signature.inputs[name].dtype == tf.string.as_datatype_enum
+    assert set(request.output_filter) == set(signature.outputs)
+    assert signature.outputs["scores"].dtype == tf.float32.as_datatype_enum
+    # The tensor round-trips as the signature expects: a rank-1 string batch.
+    assert tf.make_ndarray(request.inputs["sentences"]).tolist() == [b"Das ist ein Haus."]
+    assert [d.size for d in signature.inputs["sentences"].tensor_shape.dim] == [-1]
