@@ -43,9 +43,11 @@ def _cache_invariants(cache):
              for part, tensors in layer.items()} for i, layer in enumerate(cache)]
 
 
-def greedy_decode(model, source_ids, max_length=None, bos_id=BOS_ID, eos_id=EOS_ID):
+def greedy_decode(model, source_ids, max_length=None, bos_id=BOS_ID, eos_id=EOS_ID,
+                  return_attention=False):
     """Incremental greedy decoding: source_ids [B, S] -> (ids [B, L] without BOS, PAD after EOS;
-    log-probabilities [B] of the output, EOS included). Decoder self-attention keys/values are
+    log-probabilities [B] of the output, EOS included; with return_attention, the last
+    decoder layer's cross-attention averaged over heads [B, L, S]). Decoder self-attention keys/values are
     cached per layer and the encoder's keys/values are projected once; each step runs the
     decoder on one position. Stops when every sentence has produced EOS, or at `max_length`
     (default: longest source + 50). Works eagerly and inside tf.function."""
@@ -56,26 +58,38 @@ def greedy_decode(model, source_ids, max_length=None, bos_id=BOS_ID, eos_id=EOS_
         max_length = default_max_length(source_ids)
     cache = model.initial_cache(memory)
     outputs = tf.TensorArray(tf.int32, size=0, dynamic_size=True)
+    attention = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
 
-    def keep_going(step, tokens, finished, scores, cache, outputs):
+    def keep_going(step, tokens, finished, scores, cache, outputs, attention):
         return tf.logical_and(step < max_length, tf.logical_not(tf.reduce_all(finished)))
 
-    def one_step(step, tokens, finished, scores, cache, outputs):
-        logits, cache = model.decode_step(tokens[:, None], step, cache, source_padding)
+    def one_step(step, tokens, finished, scores, cache, outputs, attention):
+        result = model.decode_step(tokens[:, None], step, cache, source_padding,
+                                   return_attention=return_attention)
+        logits, cache = result[:2]
+        if return_attention:
+            attention = attention.write(step, result[2])
         log_probs = tf.nn.log_softmax(logits)  # [B, V]
         next_tokens = tf.argmax(log_probs, axis=-1, output_type=tf.int32)
         best = tf.reduce_max(log_probs, axis=-1)
         scores += tf.where(finished, 0.0, best)
         next_tokens = tf.where(finished, PAD_ID, next_tokens)
         finished |= tf.equal(next_tokens, eos_id)
-        return step + 1, next_tokens, finished, scores, cache, outputs.write(step, next_tokens)
+        return (step + 1, next_tokens, finished, scores, cache, outputs.write(step, next_tokens),
+                attention)
 
     loop_vars = (tf.constant(0), tf.fill([batch], bos_id), tf.zeros([batch], tf.bool),
-                 tf.zeros([batch], tf.float32), cache, outputs)
+                 tf.zeros([batch], tf.float32), cache, outputs, attention)
     invariants = (tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]),
-                  tf.TensorShape([None]), _cache_invariants(cache), tf.TensorShape(None))
-    _, _, _, scores, _, outputs = tf.while_loop(keep_going, one_step, loop_vars,
-                                                shape_invariants=invariants)
+                  tf.TensorShape([None]), _cache_invariants(cache), tf.TensorShape(None),
+                  tf.TensorShape(None))
+    _, _, _, scores, _, outputs, attention = tf.while_loop(keep_going, one_step, loop_vars,
+                                                           shape_invariants=invariants)
     ids = tf.cond(outputs.size() > 0, lambda: tf.transpose(outputs.stack()),
                   lambda: tf.zeros([batch, 0], tf.int32))
+    if return_attention:
+        weights = tf.cond(attention.size() > 0,
+                          lambda: tf.transpose(attention.stack(), [1, 0, 2]),
+                          lambda: tf.zeros([batch, 0, tf.shape(source_ids)[1]]))
+        return ids, scores, weights
     return ids, scores

@@ -165,19 +165,26 @@ class Transformer(keras.Model):
         return [{"self": {"key": empty, "value": empty}, "memory": layer.memory_cache(memory)}
                 for layer in self.decoder_layers]
 
-    def decode_step(self, token_ids, step, cache, source_padding):
-        """One incremental step: token_ids [B, 1] at position `step` -> logits [B, V], new cache.
-        Attends to the cached prefix only, so no earlier position is recomputed."""
+    def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
+        """One incremental step: token_ids [B, 1] at position `step` -> logits [B, V], new cache
+        (and, with return_attention, the last layer's cross-attention averaged over heads
+        [B, S]). Attends to the cached prefix only, so no earlier position is recomputed."""
         memory_mask = source_padding[:, None, :]  # [B, 1, S]
         x = self._embed(self.target_embedding, token_ids, training=False, start=step)
         new_cache = []
-        for layer, layer_cache in zip(self.decoder_layers, cache):
+        last = len(self.decoder_layers) - 1
+        for index, (layer, layer_cache) in enumerate(zip(self.decoder_layers, cache)):
             # The single query may attend to every cached position: no causal mask needed.
-            x, layer_cache = layer(x, None, None, memory_mask, cache=layer_cache, training=False)
+            out = layer(x, None, None, memory_mask, cache=layer_cache, training=False,
+                        return_attention_scores=return_attention and index == last)
+            x, layer_cache = out[:2]
             new_cache.append(layer_cache)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        return self._logits(x)[:, 0], new_cache
+        logits = self._logits(x)[:, 0]
+        if return_attention:
+            return logits, new_cache, tf.reduce_mean(out[2]["cross"][:, :, 0], axis=1)
+        return logits, new_cache
 
     def call(self, inputs, training=None):
         """inputs = (source_ids [B, S], target_input_ids [B, T]) -> logits [B, T, V]."""
