@@ -159,3 +159,44 @@ def test_grpc_predict_request_matches_the_signature(exported):
     # The tensor round-trips as the signature expects: a rank-1 string batch.
     assert tf.make_ndarray(request.inputs["sentences"]).tolist() == [b"Das ist ein Haus."]
     assert [d.size for d in signature.inputs["sentences"].tensor_shape.dim] == [-1]
+
+
+def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus, tmp_path):
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+
+    def run(*args, stdin=""):
+        result = subprocess.run([sys.executable, *args], cwd=ROOT, input=stdin, text=True,
+                                capture_output=True, timeout=300, env=environment)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    # From the export, stdin -> stdout, one line out per line in (empty stays empty).
+    out = run("translate.py", f"--export={os.path.dirname(exported)}",
+              stdin="Das ist ein Haus.\n\nGuten Morgen!\n")
+    assert len(out.splitlines()) == 3 and out.splitlines()[1] == ""
+    # From the checkpoint, file -> file, with attention plots of the first sentence.
+    source = tmp_path / "in.de"
+    source.write_text("Er sprach zu ihnen.\nJa.\n", encoding="utf-8")
+    plots = tmp_path / "plots"
+    run("translate.py", f"--model_dir={tiny_model_dir}", f"--input={source}",
+        f"--output={tmp_path / 'out.en'}", "--beam_size=2", f"--plot_attention={plots}")
+    assert len((tmp_path / "out.en").read_text(encoding="utf-8").splitlines()) == 2
+    names = sorted(os.listdir(plots))
+    assert names == sorted(f"{kind}_layer_{i}.png" for kind in
+                           ("encoder_self", "decoder_self", "decoder_cross") for i in (0, 1))
+    image = tf.io.decode_png(tf.io.read_file(str(plots / "encoder_self_layer_0.png")))
+    height, width, channels = image.shape  # 4 square S x S heads, 2-pixel gaps between them
+    assert channels == 3 and width == 4 * (height + 2) - 2
+    # evaluate.py on the dev split named by the model_dir's settings.
+    import json as json_module
+    settings_path = os.path.join(tiny_model_dir, "settings.json")
+    settings = json_module.load(open(settings_path))
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for name in os.listdir(tiny_model_dir):
+        if name != "settings.json":
+            os.symlink(os.path.join(tiny_model_dir, name), model_dir / name)
+    settings["data"] = {"dataset": "files", "files": small_corpus}
+    (model_dir / "settings.json").write_text(json_module.dumps(settings))
+    out = run("evaluate.py", f"--model_dir={model_dir}", "--split=dev", "--beam_size=1")
+    assert "dev: 200 sentences | sacreBLEU" in out and "chrF" in out

@@ -150,11 +150,10 @@ def run(settings, strategy, log=print):
     if is_chief:
         shutil.copyfile(tokenizer.model_path, os.path.join(model_dir, records.VOCAB))
         _write_json(os.path.join(model_dir, SETTINGS), settings)
+    precision = resolve_mixed_precision(t["mixed_precision"])
     log(f"data: {manifest['splits']['train']['examples']:,d} training pairs, "
         f"vocabulary {tokenizer.vocab_size:,d}, {strategy.num_replicas_in_sync} replica(s), "
-        f"precision {resolve_mixed_precision(t['mixed_precision'])}")
-
-    precision = resolve_mixed_precision(t["mixed_precision"])
+        f"precision {precision}")
     keras.config.set_dtype_policy(POLICIES[precision])
     with strategy.scope():
         model = Transformer(**settings["model"])
@@ -188,7 +187,6 @@ def run(settings, strategy, log=print):
     window = {"loss": 0.0, "tokens": 0.0, "grad_norm": 0.0, "padding": 0.0, "steps": 0}
     window_start = run_start = time.time()
     first_step = step
-    metrics = {}
     while step < t["train_steps"]:
         out = {k: float(v) for k, v in trainer.train_step(iterator).items()}
         step += 1
