@@ -33,7 +33,7 @@ def main(argv):
         raise app.UsageError(f"{FLAGS.model_dir} holds no trained model (no settings.json)")
     from tfnmt import serving
     from tfnmt.corpus import read_corpus
-    from tfnmt.evaluation import corpus_scores
+    from tfnmt.evaluation import corpus_scores, translate_lines
 
     with open(settings_path) as f:
         data = json.load(f)["data"]
@@ -41,7 +41,7 @@ def main(argv):
                              (data.get("files") or {}).get(FLAGS.split), data.get("tfds_data_dir")))
     translate = serving.load_translate_fn(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
                                           FLAGS.alpha, FLAGS.checkpoint)
-    hypotheses = serving.translate_lines(translate, [s for s, _ in pairs], FLAGS.batch_size)
+    hypotheses = translate_lines(translate, [s for s, _ in pairs], FLAGS.batch_size)
     scores = corpus_scores(hypotheses, [t for _, t in pairs])
     if FLAGS.output:
         with open(FLAGS.output, "w", encoding="utf-8") as f:

@@ -67,6 +67,7 @@ def main(argv):
         raise app.UsageError(f"--input {FLAGS.input}: file not found")
     from tfnmt import serving
     from tfnmt.checkpoints import ModelDirError
+    from tfnmt.evaluation import translate_lines
 
     lines = read_lines(FLAGS.input)
     try:
@@ -74,7 +75,7 @@ def main(argv):
                                               FLAGS.alpha, FLAGS.checkpoint)
     except (ModelDirError, FileNotFoundError, OSError) as error:
         raise app.UsageError(str(error))
-    translations = serving.translate_lines(translate, lines, FLAGS.batch_size)
+    translations = translate_lines(translate, lines, FLAGS.batch_size)
     text = "".join(t + "\n" for t in translations)
     if FLAGS.output == "-":
         sys.stdout.write(text)

@@ -29,6 +29,7 @@ def main(argv):
 
     from tfnmt import serving
     from tfnmt.corpus import read_corpus
+    from tfnmt.evaluation import translate_lines
     from tfnmt.tokenizer import Tokenizer
 
     with open(os.path.join(FLAGS.model_dir, "settings.json")) as f:
@@ -38,9 +39,9 @@ def main(argv):
                                          data.get("tfds_data_dir"))]
     sources = sources[:FLAGS.limit] if FLAGS.limit else sources
     translate = serving.load_translate_fn(export=FLAGS.export)
-    serving.translate_lines(translate, sources[:FLAGS.batch_size], FLAGS.batch_size)  # warm-up
+    translate_lines(translate, sources[:FLAGS.batch_size], FLAGS.batch_size)  # warm-up
     start = time.perf_counter()
-    outputs = serving.translate_lines(translate, sources, FLAGS.batch_size)
+    outputs = translate_lines(translate, sources, FLAGS.batch_size)
     elapsed = time.perf_counter() - start
     tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, "spm.model"))
     pieces = int(tf.reduce_sum(tokenizer.tokenize(outputs).row_lengths()))

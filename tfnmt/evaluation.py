@@ -8,6 +8,20 @@ import tensorflow as tf
 
 from tfnmt.decoding import greedy_decode
 from tfnmt.losses import masked_accuracy_sum, masked_loss_sum
+from tfnmt.tokenizer import to_source_ids
+
+
+def translate_lines(translate_batch, lines, batch_size=32):
+    """Translates a list of str with `translate_batch` (str [B] -> (str [B] tensor, scores)) in
+    batches of similar length; returns str in input order."""
+    order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+    results = [""] * len(lines)
+    for start in range(0, len(order), batch_size):
+        index = order[start:start + batch_size]
+        translations, _ = translate_batch([lines[i] for i in index])
+        for i, text in zip(index, translations.numpy()):
+            results[i] = text.decode("utf-8")
+    return results
 
 
 def evaluate_loss(model, dataset, label_smoothing=0.1):
@@ -31,7 +45,8 @@ def evaluate_loss(model, dataset, label_smoothing=0.1):
 
 
 class Translator:
-    """Batched translation of raw strings with a model and its tokenizer (greedy, cached)."""
+    """Batched greedy translation of raw strings with a model and its tokenizer (evaluation
+    during training; the exported translator is tfnmt.serving.TranslationModule)."""
 
     def __init__(self, model, tokenizer, max_source_length=None, batch_size=64):
         self.model = model
@@ -42,24 +57,16 @@ class Translator:
                                    reduce_retracing=True)
 
     def source_ids(self, sentences):
-        """Tokenized, EOS-terminated, truncated to max_source_length: [B, S] int32."""
-        from tfnmt.tokenizer import EOS_ID
+        """Tokenized, truncated, EOS-terminated, padded: [B, S] int32."""
+        return to_source_ids(self.tokenizer.tokenize(sentences), self.max_source_length)
 
-        ids = self.tokenizer.tokenize(sentences)[:, : self.max_source_length - 1]
-        eos = tf.fill([ids.nrows(), 1], EOS_ID)
-        return tf.concat([ids, tf.RaggedTensor.from_tensor(eos)], axis=1).to_tensor()
+    def translate_batch(self, sentences):
+        ids, scores = self._decode(self.source_ids(sentences))
+        return self.tokenizer.detokenize(ids), scores
 
     def translate(self, sentences):
-        """List of str -> list of str, in order. Batches sentences of similar length."""
-        sentences = list(sentences)
-        order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
-        results = [""] * len(sentences)
-        for start in range(0, len(order), self.batch_size):
-            index = order[start:start + self.batch_size]
-            ids, _ = self._decode(self.source_ids([sentences[i] for i in index]))
-            for i, text in zip(index, self.tokenizer.detokenize(ids).numpy()):
-                results[i] = text.decode("utf-8")
-        return results
+        """List of str -> list of str, in order, batching sentences of similar length."""
+        return translate_lines(self.translate_batch, list(sentences), self.batch_size)
 
 
 def corpus_scores(hypotheses, references):

@@ -15,7 +15,7 @@ import re
 import tensorflow as tf
 
 from tfnmt.beam_search import beam_search
-from tfnmt.tokenizer import EOS_ID, PAD_ID
+from tfnmt.tokenizer import PAD_ID, strip_output, to_source_ids
 
 SIGNATURE_INPUT = "sentences"
 
@@ -37,9 +37,7 @@ class TranslationModule(tf.Module):
     def source_ids(self, sentences):
         """string [B] -> ids [B, S] int32: tokenized, truncated, EOS-terminated, padded."""
         sentences = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace")
-        ids = self.tokenizer.tokenize(sentences)[:, : self.max_source_length - 1]
-        eos = tf.RaggedTensor.from_tensor(tf.fill([ids.nrows(), 1], EOS_ID))
-        return tf.concat([tf.cast(ids, tf.int32), eos], axis=1).to_tensor(PAD_ID)
+        return to_source_ids(self.tokenizer.tokenize(sentences), self.max_source_length)
 
     def _decode_length(self, source_ids):
         lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)
@@ -57,9 +55,7 @@ class TranslationModule(tf.Module):
         ids, scores = beam_search(self.model, source_ids, self.beam_size, self.alpha,
                                   self._decode_length(source_ids), n_best)  # [B, N, L]
         batch, length = tf.shape(ids)[0], tf.shape(ids)[2]
-        flat = tf.reshape(ids, [batch * n_best, length])
-        keep = tf.equal(tf.cumsum(tf.cast(tf.equal(flat, EOS_ID), tf.int32), axis=1), 0)
-        text = self.tokenizer.detokenize(tf.ragged.boolean_mask(flat, keep & (flat != PAD_ID)))
+        text = self.tokenizer.detokenize(strip_output(tf.reshape(ids, [batch * n_best, length])))
         text = tf.reshape(text, [batch, n_best])
         empty = tf.equal(tf.strings.strip(sentences), "")[:, None]  # [B, 1]
         return tf.where(empty, "", text), tf.where(empty, 0.0, scores)
@@ -128,15 +124,3 @@ def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=0.6, check
         out = module.serve(tf.constant(sentences, tf.string))
         return out["translations"], out["scores"]
     return translate
-
-
-def translate_lines(translate, lines, batch_size=32):
-    """Translates a list of str in batches of similar length; returns str in input order."""
-    order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
-    results = [""] * len(lines)
-    for start in range(0, len(order), batch_size):
-        index = order[start:start + batch_size]
-        translations, _ = translate([lines[i] for i in index])
-        for i, text in zip(index, translations.numpy()):
-            results[i] = text.decode("utf-8")
-    return results

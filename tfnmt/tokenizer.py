@@ -38,6 +38,21 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
     return model_path
 
 
+def to_source_ids(token_ids, max_length):
+    """Ragged subword ids [B, None] -> model source ids [B, S] int32: at most max_length - 1
+    subwords (the rest is cut), then EOS, padded with PAD."""
+    token_ids = tf.cast(token_ids[:, : max_length - 1], tf.int32)
+    eos = tf.RaggedTensor.from_tensor(tf.fill([token_ids.nrows(), 1], EOS_ID))
+    return tf.concat([token_ids, eos], axis=1).to_tensor(PAD_ID)
+
+
+def strip_output(ids):
+    """Decoder output ids [B, T] -> ragged [B, None]: cut at the first EOS, PAD removed."""
+    ids = tf.convert_to_tensor(ids, tf.int32)
+    before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32), axis=1), 0)
+    return tf.ragged.boolean_mask(ids, before_eos & tf.not_equal(ids, PAD_ID))
+
+
 class Tokenizer:
     """Strings <-> SentencePiece ids with tensorflow-text (usable inside tf.function/SavedModel).
 
@@ -65,9 +80,7 @@ class Tokenizer:
     def detokenize(self, ids):
         """ids [B, T] (dense, padded; or ragged) -> strings [B]. Stops at the first EOS."""
         if not isinstance(ids, tf.RaggedTensor):
-            ids = tf.convert_to_tensor(ids, tf.int32)
-            before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32), axis=1), 0)
-            ids = tf.ragged.boolean_mask(ids, before_eos & tf.not_equal(ids, PAD_ID))
+            ids = strip_output(ids)
         return self._sp.detokenize(ids)
 
     def id_to_piece(self, ids):
