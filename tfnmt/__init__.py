@@ -1,13 +1,26 @@
 """tfnmt: the Transformer of "Attention Is All You Need" for TensorFlow/Keras 3.
 
 Modules by role:
-  layers/      one Keras layer per file (embeddings, attention, FFN, encoder/decoder layers)
-  model.py     the encoder-decoder Transformer (encode / decode / call)
-  presets.py   tiny / small / base / big configurations
-  schedule.py  Noam learning-rate schedule and the paper's Adam
-  losses.py    label-smoothed, padding-masked cross-entropy and token accuracy
-  decoding.py  greedy decoding
-  copy_task.py the Annotated Transformer's synthetic copy task
+  layers/         one Keras layer per file (embeddings, attention, FFN, encoder/decoder layers)
+  model.py        the encoder-decoder Transformer (encode / decode / decode_step / call)
+  presets.py      tiny / small / base / big configurations
+  schedule.py     Noam learning-rate schedule and the paper's Adam
+  losses.py       label-smoothed, padding-masked cross-entropy and token accuracy
+  corpus.py       raw parallel text: embedded corpus, TFDS datasets, local files
+  tfds_embedded.py  the embedded corpus as a local TFDS builder
+  tokenizer.py    joint SentencePiece vocabulary, applied with tensorflow-text
+  records.py      TFRecord shards + manifest
+  data.py         the length-bucketed, token-budget tf.data pipeline
+  distribute.py   strategies, cluster roles, mixed precision
+  training.py     the custom training loop, checkpoints, averaging
+  experiment.py   one run in a model_dir (settings, loop, evaluation)
+  evaluation.py   loss/perplexity, batched translation, sacreBLEU/chrF
+  summaries.py    attention heatmaps
+  decoding.py     greedy decoding (cached and uncached)
+  beam_search.py  batched beam search with length penalty
+  checkpoints.py  loading a trained model from a model_dir
+  serving.py      the in-graph translator and versioned SavedModel export
+  copy_task.py    the Annotated Transformer's synthetic copy task
 """
 import os
 
