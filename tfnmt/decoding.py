@@ -34,22 +34,24 @@ def default_max_length(source_ids, extra=50, pad_id=PAD_ID):
 
 def _cache_invariants(cache):
     """Self-attention caches grow along time (axis 2); memory caches keep their shape."""
-    def spec(path, tensor):
-        if path[1] == "self":
-            return tf.TensorShape([None, tensor.shape[1], None, tensor.shape[3]])
-        return tf.TensorShape([None] + tensor.shape[1:].as_list())
+    def growing(t):
+        return tf.TensorShape([None, t.shape[1], None, t.shape[3]])
 
-    return [{part: {name: spec((i, part, name), t) for name, t in tensors.items()}
-             for part, tensors in layer.items()} for i, layer in enumerate(cache)]
+    def fixed(t):
+        return tf.TensorShape([None] + t.shape[1:].as_list())
+
+    return [{"self": {name: growing(t) for name, t in layer["self"].items()},
+             "memory": {name: fixed(t) for name, t in layer["memory"].items()}}
+            for layer in cache]
 
 
 def greedy_decode(model, source_ids, max_length=None, bos_id=BOS_ID, eos_id=EOS_ID,
                   return_attention=False):
     """Incremental greedy decoding: source_ids [B, S] -> (ids [B, L] without BOS, PAD after EOS;
     log-probabilities [B] of the output, EOS included; with return_attention, the last
-    decoder layer's cross-attention averaged over heads [B, L, S]). Decoder self-attention keys/values are
-    cached per layer and the encoder's keys/values are projected once; each step runs the
-    decoder on one position. Stops when every sentence has produced EOS, or at `max_length`
+    decoder layer's cross-attention averaged over heads [B, L, S]). Decoder self-attention
+    keys/values are cached per layer and the encoder's keys/values are projected once; each
+    step runs the decoder on one position. Stops when every sentence has produced EOS, or at `max_length`
     (default: longest source + 50). Works eagerly and inside tf.function."""
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory, source_padding = model.encode(source_ids, training=False)
