@@ -64,6 +64,11 @@ flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16", "fp16"],
                   "Compute dtype of matmuls (weights, softmax, LayerNorm and loss stay "
                   "float32): auto = bf16 on CPUs with AVX512-BF16/AMX and GPUs of compute "
                   "capability >= 8.0, else none (float32); fp16 uses dynamic loss scaling.")
+flags.DEFINE_bool("shape_stable", True, "Pad each batch to its length bucket's upper edge, so "
+                  "every bucket has one shape (kernels are set up once per bucket, and memory "
+                  "stays flat); false pads to the batch's longest pair.")
+flags.DEFINE_bool("jit_compile", False, "XLA-compile the replica's train step (on this project's "
+                  "2-core CPU it ran at 0.55x the default; see bench/README.md).")
 flags.DEFINE_integer("seed", 1234, "Seed for initialisation and data order.")
 # Bookkeeping.
 flags.DEFINE_integer("log_every", 50, "Steps between progress lines and train summaries.")
@@ -79,7 +84,7 @@ MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attenti
                "norm_first", "position")
 DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type", "max_length")
 TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "warmup_steps", "lr_scale",
-               "label_smoothing", "mixed_precision", "seed", "log_every", "eval_every",
+               "label_smoothing", "mixed_precision", "shape_stable", "jit_compile", "seed", "log_every", "eval_every",
                "bleu_sentences", "checkpoint_every", "keep_checkpoints", "average_last")
 
 POSITIVE = ("vocab_size", "max_length", "batch_tokens", "accum_steps", "train_steps",

@@ -93,3 +93,21 @@ def test_padding_fraction_on_the_embedded_train_split(embedded_prepared):
     fraction, batches = data.padding_fraction(dataset)
     print(f"padding fraction {fraction:.3f} over {batches} batches")
     assert fraction < 0.10
+
+
+def test_shape_stable_batches_have_one_shape_per_bucket(small_prepared):
+    boundaries = data.bucket_boundaries(64)
+    dataset = data.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64, seed=0,
+                                shape_stable=True)
+    plain = data.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64, seed=0)
+    shapes = collections.defaultdict(set)
+    for batch in dataset:
+        length = batch["source"].shape[1]
+        # Both sides padded to a bucket's last length (edge - 1), whatever the pairs inside.
+        assert batch["target_in"].shape[1] == length == batch["target_out"].shape[1]
+        assert length + 1 in boundaries or length < boundaries[0]
+        shapes[length].add(batch["source"].shape[0])
+    # One batch size per bucket, except the epoch's last (partial) batch of each bucket.
+    assert all(len(sizes) <= 2 for sizes in shapes.values())
+    # The same pairs as without shape stability (only the padding differs).
+    assert pairs_of(dataset) == pairs_of(plain)

@@ -69,3 +69,28 @@ def test_accuracy_ignores_padding():
     logits[0, 0, 2] = logits[0, 1, 4] = logits[0, 2, 1] = 1.0
     correct, tokens = masked_accuracy_sum(tf.constant([[2, 3, 0]]), tf.constant(logits))
     assert (float(correct), float(tokens)) == (1.0, 2.0)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_closed_form_gradient_matches_autodiff_of_the_formula(epsilon):
+    rng = np.random.default_rng(3)
+    logits = tf.constant(rng.normal(size=(2, 6, 13)) * 4, tf.float32)
+    labels = tf.constant(rng.integers(0, 13, size=(2, 6)), tf.int32)  # includes padding (0)
+    per_token_scale = tf.constant(rng.uniform(0.5, 2.0, size=(2, 6)), tf.float32)
+
+    def reference(logits):
+        log_probs = tf.nn.log_softmax(logits)
+        target = tf.one_hot(labels, 13, on_value=1.0 - epsilon, off_value=epsilon / 11)
+        target *= tf.one_hot(0, 13, on_value=0.0, off_value=1.0)  # no mass on padding
+        weights = tf.cast(labels != 0, tf.float32)
+        return -tf.reduce_sum(target * log_probs, -1) * weights
+
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(logits)
+        ours = label_smoothed_cross_entropy(labels, logits, epsilon)[0]
+        theirs = reference(logits)
+        ours_total = tf.reduce_sum(ours * per_token_scale)
+        theirs_total = tf.reduce_sum(theirs * per_token_scale)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    np.testing.assert_allclose(tape.gradient(ours_total, logits),
+                               tape.gradient(theirs_total, logits), atol=1e-6)

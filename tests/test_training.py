@@ -126,7 +126,7 @@ def test_train_py_end_to_end(small_corpus, train_data, tmp_path):
     result = python(*train_flags(small_corpus, train_data, "run"), cwd=str(tmp_path))
     model_dir = str(tmp_path / "run")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "step     12/12 | loss" in result.stdout and "tgt tok/s | ETA" in result.stdout
+    assert "step     12/12 | loss" in result.stdout and "tgt tok/s | RSS " in result.stdout
     assert "averaged 3 checkpoints" in result.stdout and "dev sacreBLEU" in result.stdout
     settings = json.load(open(os.path.join(model_dir, "settings.json")))
     assert settings["model"]["d_model"] == 64 and settings["data"]["vocab_size"] == 600

@@ -60,8 +60,13 @@ def dropped_by_length(manifest, split, max_length):
 
 def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=True, seed=None,
                  repeat=False, shuffle_buffer=20000, input_context=None, vocab_sha256=None,
-                 boundaries=None):
-    """Batches of {"source" [B, S], "target_in" [B, T], "target_out" [B, T]} int32, PAD-padded."""
+                 boundaries=None, shape_stable=False):
+    """Batches of {"source" [B, S], "target_in" [B, T], "target_out" [B, T]} int32, PAD-padded.
+
+    With `shape_stable`, both sides of a batch are padded to its bucket's upper edge, so a
+    bucket always gives the same [B, L] shapes: per-shape work (oneDNN primitives, XLA
+    programs) is then done once per bucket rather than once per batch.
+    """
     manifest = records.load_manifest(data_dir, vocab_sha256)
     files = records.shard_paths(data_dir, manifest, split)
     dropped = dropped_by_length(manifest, split, max_length)
@@ -95,7 +100,7 @@ def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=Tru
     dataset = dataset.bucket_by_sequence_length(
         _length, boundaries, bucket_batch_sizes(boundaries, batch_tokens),
         padded_shapes={"source": [None], "target_in": [None], "target_out": [None]},
-        padding_values=PAD_ID, drop_remainder=False)
+        padding_values=PAD_ID, pad_to_bucket_boundary=shape_stable, drop_remainder=False)
     options = tf.data.Options()
     options.deterministic = seed is not None or not shuffle
     # Sharding is done above by hand (per file, else per record); stop tf.distribute redoing it.

@@ -24,7 +24,7 @@ from tfnmt.distribute import PreReducedAdam, resolve_mixed_precision, task_role
 from tfnmt.evaluation import Translator, corpus_scores, evaluate_loss
 from tfnmt.model import Transformer
 from tfnmt.schedule import paper_adam
-from tfnmt.summaries import write_attention_images
+from tfnmt.summaries import rss_bytes, write_attention_images
 from tfnmt.tokenizer import Tokenizer
 from tfnmt.training import CheckpointKeeper, Trainer, average_checkpoints
 
@@ -174,10 +174,12 @@ def run(settings, strategy, log=print):
         # A resumed run reshuffles with a new seed rather than replaying the first batches.
         return data.make_dataset(data_dir, "train", t["batch_tokens"], d["max_length"],
                                  shuffle=True, seed=t["seed"] + step, repeat=True,
-                                 input_context=context, vocab_sha256=tokenizer.sha256)
+                                 input_context=context, vocab_sha256=tokenizer.sha256,
+                                 shape_stable=t.get("shape_stable", True))
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-    trainer = Trainer(model, optimizer, strategy, t["label_smoothing"], t["accum_steps"])
+    trainer = Trainer(model, optimizer, strategy, t["label_smoothing"], t["accum_steps"],
+                      t.get("jit_compile", False))
     train_writer = tf.summary.create_file_writer(os.path.join(model_dir, "train")) \
         if is_chief else tf.summary.create_noop_writer()
     eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval")) \
@@ -203,12 +205,13 @@ def run(settings, strategy, log=print):
             lr = float(optimizer.learning_rate)
             loss = window["loss"] / max(window["tokens"], 1.0)
             log(f"step {step:6d}/{t['train_steps']} | loss {loss:.3f} | lr {lr:.2e} | "
-                f"{speed:,.0f} tgt tok/s | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+                f"{speed:,.0f} tgt tok/s | RSS {rss_bytes() / 2 ** 30:.2f} GiB | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
             with train_writer.as_default():
                 tf.summary.scalar("loss", loss, step=step)
                 tf.summary.scalar("learning_rate", lr, step=step)
                 tf.summary.scalar("grad_norm", window["grad_norm"] / window["steps"], step=step)
                 tf.summary.scalar("tokens_per_sec", speed, step=step)
+                tf.summary.scalar("rss_gib", rss_bytes() / 2 ** 30, step=step)
                 tf.summary.scalar("padding_fraction", window["padding"] / window["steps"],
                                   step=step)
             window = dict.fromkeys(window, 0.0)

@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from tfnmt.layers import (PositionalEncoding, TokenEmbedding, TransformerDecoderLayer,
                           TransformerEncoderLayer)
+from tfnmt.layers.linear import linear
 from tfnmt.tokenizer import PAD_ID
 
 
@@ -136,7 +137,8 @@ class Transformer(keras.Model):
 
     def _logits(self, x):
         if self.output_projection is not None:
-            logits = self.output_projection(x)
+            # Its kernel through `linear` (one 2-D GEMM) rather than Dense's batched matmul.
+            logits = linear(x, self.output_projection.kernel)
         else:
             logits = self.target_embedding.logits(x)
         return tf.cast(logits, tf.float32)  # [B, T, V]; the loss and softmax work in float32

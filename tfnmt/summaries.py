@@ -1,4 +1,4 @@
-"""TensorBoard pictures: attention weights as heatmaps, heads side by side."""
+"""TensorBoard pictures (attention weights as heatmaps, heads side by side) and the RSS gauge."""
 import numpy as np
 import tensorflow as tf
 
@@ -41,3 +41,15 @@ def write_attention_images(model, source_ids, target_in, step):
         image = heads_side_by_side(weights)[None]
         tf.summary.image(f"attention/{name}", image, step=step,
                          description="heads side by side; rows: queries, columns: keys")
+
+
+def rss_bytes():
+    """Resident set size of this process (0 where /proc is not available)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

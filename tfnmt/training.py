@@ -20,12 +20,16 @@ class Trainer:
     accumulation. Gradients are all-reduced here, once (see PreReducedAdam).
     """
 
-    def __init__(self, model, optimizer, strategy, label_smoothing=0.1, accum_steps=1):
+    def __init__(self, model, optimizer, strategy, label_smoothing=0.1, accum_steps=1,
+                 jit_compile=False):
         self.model = model
         self.optimizer = optimizer
         self.strategy = strategy
         self.label_smoothing = label_smoothing
         self.accum_steps = accum_steps
+        # XLA can compile the replica's work (not the iterator reads around it).
+        self.replica_step = tf.function(self._replica_step, jit_compile=True) \
+            if jit_compile else self._replica_step
         self.train_step = tf.function(self._train_step)
 
     def replica_gradients(self, batches):
@@ -63,7 +67,7 @@ class Trainer:
 
     def _train_step(self, iterator):
         batches = [next(iterator) for _ in range(self.accum_steps)]
-        out = self.strategy.run(self._replica_step, args=(batches,))
+        out = self.strategy.run(self.replica_step, args=(batches,))
         totals = {k: self.strategy.reduce(SUM, out[k], axis=None)
                   for k in ("loss_sum", "tokens", "padded", "real")}
         return {"loss": totals["loss_sum"] / tf.maximum(totals["tokens"], 1.0),

@@ -2,6 +2,8 @@
 import keras
 import tensorflow as tf
 
+from tfnmt.layers.linear import linear
+
 
 @keras.saving.register_keras_serializable(package="tfnmt")
 class MultiHeadAttention(keras.layers.Layer):
@@ -45,7 +47,7 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _project(self, x, kernel, bias):
         # [B, T, D] -> [B, H, T, Dh]
-        y = tf.matmul(x, tf.cast(kernel, x.dtype)) + tf.cast(bias, x.dtype)
+        y = linear(x, kernel, bias)
         batch, length = tf.shape(x)[0], tf.shape(x)[1]
         y = tf.reshape(y, [batch, length, self.num_heads, self.head_dim])
         return tf.transpose(y, [0, 2, 1, 3])
@@ -83,8 +85,7 @@ class MultiHeadAttention(keras.layers.Layer):
         attended = tf.transpose(attended, [0, 2, 1, 3])  # [B, Tq, H, Dh]
         batch, length = tf.shape(attended)[0], tf.shape(attended)[1]
         attended = tf.reshape(attended, [batch, length, self.d_model])
-        output = tf.matmul(attended, tf.cast(self.output_kernel, attended.dtype))
-        output = output + tf.cast(self.output_bias, output.dtype)  # [B, Tq, D]
+        output = linear(attended, self.output_kernel, self.output_bias)  # [B, Tq, D]
 
         result = (output,)
         if cache is not None:

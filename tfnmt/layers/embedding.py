@@ -4,6 +4,8 @@ import math
 import keras
 import tensorflow as tf
 
+from tfnmt.layers.linear import linear
+
 
 @keras.saving.register_keras_serializable(package="tfnmt")
 class TokenEmbedding(keras.layers.Layer):
@@ -36,7 +38,7 @@ class TokenEmbedding(keras.layers.Layer):
         """Pre-softmax projection with the (transposed) embedding matrix: [B, T, D] -> [B, T, V]."""
         if not self.built:
             self.build()
-        return tf.matmul(hidden, tf.cast(self.embeddings, hidden.dtype), transpose_b=True)
+        return linear(hidden, self.embeddings, transpose_kernel=True)
 
     def get_config(self):
         config = super().get_config()

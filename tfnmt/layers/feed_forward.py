@@ -2,6 +2,8 @@
 import keras
 import tensorflow as tf
 
+from tfnmt.layers.linear import linear
+
 ACTIVATIONS = {"relu": tf.nn.relu, "gelu": tf.nn.gelu}
 
 
@@ -33,9 +35,9 @@ class FeedForward(keras.layers.Layer):
 
     def call(self, x, training=None):
         # x: [B, T, D] -> [B, T, F] -> [B, T, D]
-        h = tf.matmul(x, tf.cast(self.inner_kernel, x.dtype)) + tf.cast(self.inner_bias, x.dtype)
+        h = linear(x, self.inner_kernel, self.inner_bias)
         h = self.dropout(ACTIVATIONS[self.activation](h), training=training)
-        return tf.matmul(h, tf.cast(self.output_kernel, h.dtype)) + tf.cast(self.output_bias, h.dtype)
+        return linear(h, self.output_kernel, self.output_bias)
 
     def get_config(self):
         config = super().get_config()

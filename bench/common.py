@@ -1,0 +1,77 @@
+"""Helpers shared by the benchmarks: the matmul ceiling, model FLOPs, RSS, prepared data."""
+import os
+import resource
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+from tfnmt.summaries import rss_bytes  # noqa: E402,F401  (re-exported for the benchmarks)
+
+
+def matmul_ceiling(dtype, size=2048, repeats=8, windows=5):
+    """Best sustained GFLOP/s of one [size, size] x [size, size] matmul chain in `dtype`
+    (median over `windows` timings of `repeats` dependent matmuls), on this process' threads."""
+    a = tf.random.normal([size, size], dtype=tf.float32)
+    a = tf.cast(a / size ** 0.5, dtype)
+    b = tf.cast(tf.eye(size) + tf.random.normal([size, size]) * 1e-3, dtype)
+
+    @tf.function
+    def chain(x):
+        for _ in range(repeats):
+            x = tf.matmul(x, b)
+        return tf.reduce_sum(tf.cast(x[:1, :1], tf.float32))
+
+    chain(a).numpy()  # trace and warm up
+    rates = []
+    for _ in range(windows):
+        start = time.perf_counter()
+        chain(a).numpy()
+        rates.append(2 * size ** 3 * repeats / (time.perf_counter() - start) / 1e9)
+    return statistics.median(rates)
+
+
+def forward_flops(source_lengths, target_lengths, settings):
+    """Matmul FLOPs of one forward pass over pairs of these real (unpadded) lengths.
+
+    Per encoder layer and source position: Q/K/V/O projections 4·2d², FFN 2·2·d·d_ff, attention
+    scores and sums 2·2·S·d. Per decoder layer and target position: self Q/K/V/O 4·2d², cross
+    Q/O 2·2d², FFN, self attention 2·2·T·d, cross attention 2·2·S·d; cross K/V 2·2d² per source
+    position. Output projection 2·d·V per target position. Element-wise work is not counted.
+    """
+    d, d_ff = settings["d_model"], settings["d_ff"]
+    vocab = settings["target_vocab_size"]
+    n_enc, n_dec = settings["num_encoder_layers"], settings["num_decoder_layers"]
+    total = 0
+    for s, t in zip(source_lengths, target_lengths):
+        enc = s * (8 * d * d + 4 * d * d_ff) + 4 * s * s * d
+        dec = t * (8 * d * d + 4 * d * d + 4 * d * d_ff) + 4 * d * d * s + 4 * t * t * d \
+            + 4 * t * s * d
+        total += n_enc * enc + n_dec * dec + 2 * d * vocab * t
+    return total
+
+
+def peak_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def prepared_data(data_dir):
+    """Prepares the embedded corpus into `data_dir` (once; later runs reuse it)."""
+    from tfnmt import records
+
+    return records.prepare(data_dir, "embedded", None, None, 8000, "unigram")
+
+
+def cpu_description():
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), "unknown CPU")
+    except OSError:
+        model = "unknown CPU"
+    return f"{model}, {os.cpu_count()} cores"

@@ -1,0 +1,129 @@
+"""Training speed against this machine's matmul ceiling, in one run.
+
+Prints, as one JSON line: the fp32 and bf16 matmul ceilings measured in this process, then
+target tokens/s and model-FLOP utilisation of the real training step (tfnmt.training.Trainer
+over the real tf.data pipeline on the embedded corpus) as the median of several windows after
+warm-up, plus the RSS after each window and the peak RSS.
+
+  python bench/train.py                                   # small preset, bf16 where native
+  python bench/train.py --preset=base --steps=60 --window=10
+  python bench/train.py --mixed_precision=none --shape_stable=false   # a before/after pair
+
+Model FLOPs count the matmuls of forward + backward (3x forward) on the *real* (unpadded)
+tokens of each batch (bench/common.py:forward_flops); utilisation divides them by the bf16
+(or fp32 for --mixed_precision=none) ceiling.
+"""
+import json
+import statistics
+import time
+
+from common import (cpu_description, forward_flops, matmul_ceiling, peak_rss_bytes,
+                    prepared_data, rss_bytes)
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("data_dir", "runs/bench-data", "Prepared embedded corpus (made if missing).")
+flags.DEFINE_string("preset", "small", "Model preset.")
+flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16"], "As train.py.")
+flags.DEFINE_integer("batch_tokens", 4096, "Token budget per batch, as train.py.")
+flags.DEFINE_integer("steps", 200, "Timed steps after warm-up.")
+flags.DEFINE_integer("warmup", 40, "Untimed steps first (tracing, per-shape kernels).")
+flags.DEFINE_integer("window", 20, "Steps per timing window; the median window is reported.")
+flags.DEFINE_bool("shape_stable", True, "Pad batches to their bucket boundary (train.py's "
+                  "--shape_stable).")
+flags.DEFINE_bool("jit_compile", False, "XLA-compile the train step.")
+flags.DEFINE_bool("ceiling", True, "Measure the matmul ceilings first.")
+flags.DEFINE_string("profile_dir", None, "Also write a tf.profiler trace of 5 steps after the "
+                    "timed ones here (open with TensorBoard's Profile tab).")
+
+
+def main(argv):
+    del argv
+    import keras
+    import tensorflow as tf
+
+    from tfnmt import data
+    from tfnmt.distribute import PreReducedAdam, make_strategy, resolve_mixed_precision
+    from tfnmt.experiment import POLICIES
+    from tfnmt.model import Transformer
+    from tfnmt.presets import get_preset
+    from tfnmt.schedule import paper_adam
+    from tfnmt.tokenizer import PAD_ID
+    from tfnmt.training import Trainer
+
+    result = {"machine": cpu_description(), "tensorflow": tf.__version__,
+              "preset": FLAGS.preset, "batch_tokens": FLAGS.batch_tokens,
+              "shape_stable": FLAGS.shape_stable, "jit_compile": FLAGS.jit_compile}
+    if FLAGS.ceiling:
+        result["ceiling_gflops"] = {"fp32": round(matmul_ceiling(tf.float32), 1),
+                                    "bf16": round(matmul_ceiling(tf.bfloat16), 1)}
+    manifest = prepared_data(FLAGS.data_dir)
+    precision = resolve_mixed_precision(FLAGS.mixed_precision)
+    result["precision"] = precision
+    keras.utils.set_random_seed(1)
+    keras.config.set_dtype_policy(POLICIES[precision])
+    strategy = make_strategy("one_device")
+    settings = dict(get_preset(FLAGS.preset), vocab_size=manifest["settings"]["vocab_size"])
+    with strategy.scope():
+        model = Transformer(**settings)
+        model.build()
+        optimizer = paper_adam(model.d_model, 4000, 1.0, PreReducedAdam)
+        optimizer.build(model.trainable_variables)
+    settings = model.settings
+
+    def dataset():
+        return data.make_dataset(FLAGS.data_dir, "train", FLAGS.batch_tokens, shuffle=True,
+                                 seed=7, repeat=True, shape_stable=FLAGS.shape_stable)
+
+    total_steps = FLAGS.warmup + FLAGS.steps
+    # The same deterministic batches, read once in Python to count their real lengths.
+    step_flops = []
+    for batch in dataset().take(total_steps):
+        source_lengths = tf.reduce_sum(tf.cast(batch["source"] != PAD_ID, tf.int64), 1)
+        target_lengths = tf.reduce_sum(tf.cast(batch["target_in"] != PAD_ID, tf.int64), 1)
+        step_flops.append(3 * forward_flops(source_lengths.numpy(), target_lengths.numpy(),
+                                            settings))
+    iterator = iter(strategy.experimental_distribute_dataset(dataset()))
+    trainer = Trainer(model, optimizer, strategy, jit_compile=FLAGS.jit_compile)
+
+    start = time.perf_counter()
+    for _ in range(FLAGS.warmup):
+        trainer.train_step(iterator)["loss"].numpy()
+    result["warmup_seconds"] = round(time.perf_counter() - start, 1)
+    windows, rss = [], []
+    step = FLAGS.warmup
+    while step < total_steps:
+        count = min(FLAGS.window, total_steps - step)
+        tokens = 0.0
+        start = time.perf_counter()
+        for _ in range(count):
+            tokens += float(trainer.train_step(iterator)["target_tokens"])
+        elapsed = time.perf_counter() - start
+        flops = sum(step_flops[step:step + count])
+        windows.append((tokens / elapsed, flops / elapsed / 1e9))
+        rss.append(round(rss_bytes() / 2 ** 30, 2))
+        step += count
+    if FLAGS.profile_dir:
+        tf.profiler.experimental.start(FLAGS.profile_dir)
+        for _ in range(5):
+            trainer.train_step(iterator)["loss"].numpy()
+        tf.profiler.experimental.stop()
+    tokens_per_s = statistics.median(w[0] for w in windows)
+    gflops = statistics.median(w[1] for w in windows)
+    ceiling_key = "fp32" if precision == "none" else "bf16"
+    result.update({
+        "target_tokens_per_s": round(tokens_per_s),
+        "window_tokens_per_s": [round(w[0]) for w in windows],
+        "model_gflops_per_s": round(gflops, 1),
+        "model_gflop_per_step": round(statistics.mean(step_flops) / 1e9, 2),
+        "rss_gib_per_window": rss,
+        "peak_rss_gib": round(peak_rss_bytes() / 2 ** 30, 2)})
+    if FLAGS.ceiling:
+        result["utilisation_of_ceiling"] = round(gflops / result["ceiling_gflops"][ceiling_key], 3)
+        result["utilisation_ceiling"] = ceiling_key
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,41 @@
+import numpy as np
+import tensorflow as tf
+
+from tfnmt.layers.linear import linear
+
+
+def test_matches_batched_matmul_and_its_gradients():
+    x = tf.random.normal([3, 5, 8])
+    kernel = tf.random.normal([8, 6])
+    bias = tf.random.normal([6])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([x, kernel, bias])
+        ours = linear(x, kernel, bias)
+        theirs = tf.matmul(x, kernel) + bias
+        ours_sum, theirs_sum = tf.reduce_sum(ours ** 2), tf.reduce_sum(theirs ** 2)
+    assert ours.shape == (3, 5, 6)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    for ours_grad, theirs_grad in zip(tape.gradient(ours_sum, [x, kernel, bias]),
+                                      tape.gradient(theirs_sum, [x, kernel, bias])):
+        np.testing.assert_allclose(ours_grad, theirs_grad, rtol=1e-5, atol=1e-4)
+
+
+def test_transposed_kernel_and_compute_dtype():
+    x = tf.cast(tf.random.normal([2, 4]), tf.bfloat16)
+    embeddings = tf.random.normal([7, 4])  # [V, D], as the tied softmax uses it
+    out = linear(x, embeddings, transpose_kernel=True)
+    assert out.dtype == tf.bfloat16 and out.shape == (2, 7)
+    np.testing.assert_allclose(tf.cast(out, tf.float32),
+                               tf.cast(x, tf.float32) @ tf.transpose(tf.cast(
+                                   tf.cast(embeddings, tf.bfloat16), tf.float32)), rtol=2e-2,
+                               atol=2e-2)
+
+
+def test_unknown_leading_dimensions_keep_static_width():
+    @tf.function(input_signature=[tf.TensorSpec([None, None, 8])])
+    def project(x):
+        y = linear(x, tf.ones([8, 3]))
+        assert y.shape.as_list() == [None, None, 3]
+        return y
+
+    assert project(tf.ones([2, 5, 8])).shape == (2, 5, 3)
