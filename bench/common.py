@@ -14,25 +14,27 @@ import tensorflow as tf  # noqa: E402
 from tfnmt.summaries import rss_bytes  # noqa: E402,F401  (re-exported for the benchmarks)
 
 
-def matmul_ceiling(dtype, size=2048, repeats=8, windows=5):
-    """Best sustained GFLOP/s of one [size, size] x [size, size] matmul chain in `dtype`
-    (median over `windows` timings of `repeats` dependent matmuls), on this process' threads."""
-    a = tf.random.normal([size, size], dtype=tf.float32)
-    a = tf.cast(a / size ** 0.5, dtype)
-    b = tf.cast(tf.eye(size) + tf.random.normal([size, size]) * 1e-3, dtype)
+def matmul_ceiling(dtype, shape=(2048, 2048, 2048), repeats=8, windows=5):
+    """Sustained GFLOP/s of [m, k] x [k, n] matmuls in `dtype` (median over `windows` timings of
+    `repeats` independent products per call), on this process' threads. The default square
+    shape gives the machine's ceiling; a model's own shapes give the best its GEMMs can do."""
+    m, k, n = shape
+    a = tf.cast(tf.random.normal([repeats, m, k]), dtype)
+    b = tf.cast(tf.random.normal([k, n]) / k ** 0.5, dtype)
 
     @tf.function
-    def chain(x):
-        for _ in range(repeats):
-            x = tf.matmul(x, b)
-        return tf.reduce_sum(tf.cast(x[:1, :1], tf.float32))
+    def products(a):
+        total = tf.constant(0.0)
+        for i in range(repeats):
+            total += tf.cast(tf.matmul(a[i], b)[0, 0], tf.float32)
+        return total
 
-    chain(a).numpy()  # trace and warm up
+    products(a).numpy()  # trace and warm up
     rates = []
     for _ in range(windows):
         start = time.perf_counter()
-        chain(a).numpy()
-        rates.append(2 * size ** 3 * repeats / (time.perf_counter() - start) / 1e9)
+        products(a).numpy()
+        rates.append(2 * m * k * n * repeats / (time.perf_counter() - start) / 1e9)
     return statistics.median(rates)
 
 

@@ -1,33 +1,49 @@
-"""Decoding speed of an exported SavedModel on a split: sentences/s and target tokens/s.
+"""Decoding speed from exported SavedModels, as TF Serving would run them, in one run.
 
-Target tokens are SentencePiece pieces of the outputs (as OpenNMT-tf counts them). Sentences
-are batched by length (as translate.py does); one batch is decoded first as warm-up.
+Exports the training directory's checkpoint twice (beam 4 and greedy = beam 1) with export.py
+into a scratch directory, loads each SavedModel the way a server does (tensorflow +
+tensorflow_text only) and times its serving_default signature on a split at each batch size:
+sentences/s and target tokens/s, where target tokens are SentencePiece pieces of the outputs
+(as OpenNMT-tf counts them). Sentences are batched by length, as translate.py does; one batch
+is decoded first as warm-up. Also prints the RSS with the exports loaded, and checks the
+exported beam search against the plain eager one (same checkpoint, no tf.function) on the
+first --check sentences. Prints one JSON line.
 
-  python bench/decode.py --export=runs/small-de-en/export/1 --batch_size=32
+  python bench/decode.py                       # after `python train.py` (runs/small-de-en)
+  python bench/decode.py --batch_sizes=32 --limit=256
 """
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from common import ROOT, cpu_description, peak_rss_bytes, rss_bytes
 
 from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("export", None, "SavedModel version directory (or export_dir).", required=True)
-flags.DEFINE_string("model_dir", "runs/small-de-en", "Training dir: dataset and spm.model.")
+flags.DEFINE_string("model_dir", "runs/small-de-en", "Training directory to export and time.")
 flags.DEFINE_enum("split", "test", ["dev", "test"], "Split to decode.")
-flags.DEFINE_integer("batch_size", 32, "Sentences per call.")
+flags.DEFINE_list("batch_sizes", ["32", "1"], "Sentences per call, each timed.")
 flags.DEFINE_integer("limit", 0, "Decode only the first N sentences (0: all).")
+flags.DEFINE_integer("batch1_limit", 300, "Sentences decoded at batch size 1 (0: all).")
+flags.DEFINE_integer("check", 64, "Sentences compared with eager beam search (0: skip).")
+
+
+def export(model_dir, export_dir, beam_size):
+    subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), f"--model_dir={model_dir}",
+                    f"--export_dir={export_dir}", f"--beam_size={beam_size}", "--n_best=1"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return os.path.join(export_dir, "1")
 
 
 def main(argv):
     del argv
     import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the SentencePiece ops, as a server has them)
 
-    from tfnmt import serving
     from tfnmt.corpus import read_corpus
     from tfnmt.evaluation import translate_lines
     from tfnmt.tokenizer import Tokenizer
@@ -38,17 +54,59 @@ def main(argv):
                                          (data.get("files") or {}).get(FLAGS.split),
                                          data.get("tfds_data_dir"))]
     sources = sources[:FLAGS.limit] if FLAGS.limit else sources
-    translate = serving.load_translate_fn(export=FLAGS.export)
-    translate_lines(translate, sources[:FLAGS.batch_size], FLAGS.batch_size)  # warm-up
-    start = time.perf_counter()
-    outputs = translate_lines(translate, sources, FLAGS.batch_size)
-    elapsed = time.perf_counter() - start
     tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, "spm.model"))
-    pieces = int(tf.reduce_sum(tokenizer.tokenize(outputs).row_lengths()))
-    print(json.dumps({"export": FLAGS.export, "batch_size": FLAGS.batch_size,
-                      "sentences": len(sources), "seconds": round(elapsed, 2),
-                      "sentences_per_s": round(len(sources) / elapsed, 2),
-                      "target_tokens_per_s": round(pieces / elapsed, 1)}))
+    result = {"machine": cpu_description(), "model_dir": FLAGS.model_dir, "split": FLAGS.split,
+              "rss_gib_before_loading": round(rss_bytes() / 2 ** 30, 2)}
+    scratch = tempfile.mkdtemp(prefix="tfnmt-bench-")
+    translate_beam4 = None
+    for name, beam_size in (("beam4", 4), ("greedy", 1)):
+        signature = tf.saved_model.load(export(FLAGS.model_dir, os.path.join(scratch, name),
+                                               beam_size)).signatures["serving_default"]
+
+        def translate(sentences):
+            out = signature(sentences=tf.constant(sentences, tf.string))
+            return out["translations"], out["scores"]
+
+        for batch_size in map(int, FLAGS.batch_sizes):
+            lines = sources[:FLAGS.batch1_limit] if batch_size == 1 and FLAGS.batch1_limit \
+                else sources
+            translate_lines(translate, lines[:batch_size], batch_size)  # warm-up
+            start = time.perf_counter()
+            outputs = translate_lines(translate, lines, batch_size)
+            elapsed = time.perf_counter() - start
+            pieces = int(tf.reduce_sum(tokenizer.tokenize(outputs).row_lengths()))
+            result[f"{name}_batch{batch_size}"] = {
+                "sentences": len(lines), "seconds": round(elapsed, 1),
+                "sentences_per_s": round(len(lines) / elapsed, 2),
+                "target_tokens_per_s": round(pieces / elapsed, 1)}
+        if name == "beam4":
+            translate_beam4 = translate
+    result["rss_gib_exports_loaded"] = round(rss_bytes() / 2 ** 30, 2)
+    result["peak_rss_gib"] = round(peak_rss_bytes() / 2 ** 30, 2)
+    if FLAGS.check:
+        result["same_as_eager_beam_search"] = same_as_eager(sources[:FLAGS.check],
+                                                            translate_beam4)
+    print(json.dumps(result))
+
+
+def same_as_eager(sources, translate_exported):
+    """Share of `sources` whose exported translation equals eager beam search's (batch 32)."""
+    import tensorflow as tf
+
+    from tfnmt.checkpoints import load_model
+    from tfnmt.evaluation import translate_lines
+    from tfnmt.serving import TranslationModule
+
+    model, proto, _ = load_model(FLAGS.model_dir)
+    module = TranslationModule(model, proto, beam_size=4, n_best=1)
+
+    def eager(sentences):  # translate_batch itself, not the tf.function around it
+        translations, scores = module.translate_batch(tf.constant(sentences, tf.string), 1)
+        return translations[:, 0], scores[:, 0]
+
+    plain = translate_lines(eager, sources, 32)
+    exported = translate_lines(translate_exported, sources, 32)
+    return round(sum(a == b for a, b in zip(plain, exported)) / max(len(sources), 1), 4)
 
 
 if __name__ == "__main__":

@@ -105,7 +105,10 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
         new_alive_attn = _gather_beams(top_attn, keep)
         source_beam = _gather_beams(top_beam, keep)  # which old beam each new one extends
         flat_index = tf.reshape(source_beam + tf.range(batch)[:, None] * k, [-1])
-        cache = tf.nest.map_structure(lambda t: tf.gather(t, flat_index), cache)
+        # Only the self-attention keys/values follow their beams: the encoder's are the same
+        # for every beam of a sentence, so reordering them would copy them for nothing.
+        cache = [{"self": tf.nest.map_structure(lambda t: tf.gather(t, flat_index), c["self"]),
+                  "memory": c["memory"]} for c in cache]
         new_last_tokens = tf.reshape(new_alive_seq[:, :, -1], [-1])
 
         # Finished: the k best of those finished before and those ending now.

@@ -29,7 +29,7 @@ def _smoothed_xent(labels, logits, epsilon, pad_id):
     Autodiff of log_softmax + gather would make several passes over the [B, T, V] logits and
     scatter the label gradient with UnsortedSegmentSum (a fifth of a CPU training step before
     this); the gradient is just softmax(z) - q, with q the smoothed target, written in one
-    dense expression and two sparse corrections (label and pad columns).
+    dense expression and one sparse correction (the label and pad columns).
     """
     vocab_size = tf.shape(logits)[-1]
     off_value = epsilon / (tf.cast(vocab_size, tf.float32) - 2.0)  # q of every other token
@@ -48,13 +48,13 @@ def _smoothed_xent(labels, logits, epsilon, pad_id):
             probs = tf.exp(logits - log_normaliser[..., None])  # [B, T, V]
             flat = tf.reshape(probs - off_value, [-1, vocab_size])  # p - q off the two columns
             rows = tf.range(tf.shape(flat)[0])
-            label_index = tf.stack([rows, tf.reshape(labels, [-1])], axis=1)
-            pad_index = tf.stack([rows, tf.fill(tf.shape(rows), pad_id)], axis=1)
-            # q(label) = 1 - eps and q(pad) = 0 instead of off_value (labels at padding
-            # positions get both; their upstream weight is 0).
-            flat = tf.tensor_scatter_nd_add(flat, label_index,
-                                            tf.fill(tf.shape(rows), off_value - 1.0 + epsilon))
-            flat = tf.tensor_scatter_nd_add(flat, pad_index, tf.fill(tf.shape(rows), off_value))
+            # q(label) = 1 - eps and q(pad) = 0 instead of off_value, as one scatter (labels at
+            # padding positions get both corrections; their upstream weight is 0).
+            index = tf.concat([tf.stack([rows, tf.reshape(labels, [-1])], axis=1),
+                               tf.stack([rows, tf.fill(tf.shape(rows), pad_id)], axis=1)], 0)
+            correction = tf.concat([tf.fill(tf.shape(rows), off_value - 1.0 + epsilon),
+                                    tf.fill(tf.shape(rows), off_value)], 0)
+            flat = tf.tensor_scatter_nd_add(flat, index, correction)
             return tf.reshape(flat, tf.shape(logits)) * upstream[..., None]
 
         return loss, grad

@@ -1,0 +1,49 @@
+"""Input pipeline speed and padding: examples/s and batches/s of tfnmt.data.make_dataset over
+the prepared embedded corpus (one epoch after a warm-up), and the share of padded positions,
+with and without shape-stable (bucket-edge) padding. Prints one JSON line.
+
+  python bench/pipeline.py
+"""
+import json
+import time
+
+from common import cpu_description, prepared_data
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("data_dir", "runs/bench-data", "Prepared embedded corpus (made if missing).")
+flags.DEFINE_integer("batch_tokens", 4096, "Token budget per batch.")
+
+
+def main(argv):
+    del argv
+    import tensorflow as tf
+
+    from tfnmt import data
+
+    prepared_data(FLAGS.data_dir)
+    result = {"machine": cpu_description(), "batch_tokens": FLAGS.batch_tokens}
+    for shape_stable in (False, True):
+        def epoch():
+            return data.make_dataset(FLAGS.data_dir, "train", FLAGS.batch_tokens, seed=0,
+                                     shape_stable=shape_stable)
+
+        for _ in epoch().take(20):  # warm-up: file handles, autotuning
+            pass
+        examples = batches = 0
+        start = time.perf_counter()
+        for batch in epoch():
+            examples += int(tf.shape(batch["source"])[0])
+            batches += 1
+        elapsed = time.perf_counter() - start
+        fraction, _ = data.padding_fraction(epoch())
+        key = "shape_stable" if shape_stable else "pad_to_longest"
+        result[key] = {"examples_per_s": round(examples / elapsed),
+                       "batches_per_s": round(batches / elapsed, 1),
+                       "batches": batches, "padding_fraction": round(fraction, 4)}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    app.run(main)
