@@ -1,16 +1,18 @@
 """Decoding speed from exported SavedModels, as TF Serving would run them, in one run.
 
-Exports the training directory's checkpoint twice (beam 4 and greedy = beam 1) with export.py
-into a scratch directory, loads each SavedModel the way a server does (tensorflow +
+Exports the training directory's checkpoint with export.py into a scratch directory, three
+ways: beam 4 and greedy (beam 1) in float32 (the default export), and beam 4 with
+--compute_dtype=bfloat16. Loads each SavedModel the way a server does (tensorflow +
 tensorflow_text only) and times its serving_default signature on a split at each batch size:
 sentences/s and target tokens/s, where target tokens are SentencePiece pieces of the outputs
-(as OpenNMT-tf counts them). Sentences are batched by length, as translate.py does; one batch
-is decoded first as warm-up. Also prints the RSS with the exports loaded, and checks the
-exported beam search against the plain eager one (same checkpoint, no tf.function) on the
-first --check sentences. Prints one JSON line.
+(as OpenNMT-tf counts them), plus the sacreBLEU of the full split's translations. Sentences
+are batched by length, as translate.py does; one batch is decoded first as warm-up. Also
+prints the RSS with the exports loaded, and checks each exported beam search against the
+plain eager one (same checkpoint and dtype, no tf.function) on the first --check sentences.
+Prints one JSON line.
 
   python bench/decode.py                       # after `python train.py` (runs/small-de-en)
-  python bench/decode.py --batch_sizes=32 --limit=256
+  python bench/decode.py --batch_sizes=32 --limit=256 --compute_dtypes=float32
 """
 import json
 import os
@@ -29,13 +31,15 @@ flags.DEFINE_enum("split", "test", ["dev", "test"], "Split to decode.")
 flags.DEFINE_list("batch_sizes", ["32", "1"], "Sentences per call, each timed.")
 flags.DEFINE_integer("limit", 0, "Decode only the first N sentences (0: all).")
 flags.DEFINE_integer("batch1_limit", 300, "Sentences decoded at batch size 1 (0: all).")
+flags.DEFINE_list("compute_dtypes", ["float32", "bfloat16"], "Exports timed: float32 (beam 4 "
+                  "and greedy) and bfloat16 (beam 4; only worth it with native bf16).")
 flags.DEFINE_integer("check", 64, "Sentences compared with eager beam search (0: skip).")
 
 
-def export(model_dir, export_dir, beam_size):
+def export(model_dir, export_dir, beam_size, compute_dtype):
     subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), f"--model_dir={model_dir}",
-                    f"--export_dir={export_dir}", f"--beam_size={beam_size}", "--n_best=1"],
-                   check=True, stdout=subprocess.DEVNULL)
+                    f"--export_dir={export_dir}", f"--beam_size={beam_size}", "--n_best=1",
+                    f"--compute_dtype={compute_dtype}"], check=True, stdout=subprocess.DEVNULL)
     return os.path.join(export_dir, "1")
 
 
@@ -45,25 +49,29 @@ def main(argv):
     import tensorflow_text  # noqa: F401  (the SentencePiece ops, as a server has them)
 
     from tfnmt.corpus import read_corpus
-    from tfnmt.evaluation import translate_lines
+    from tfnmt.evaluation import corpus_scores, translate_lines
     from tfnmt.tokenizer import Tokenizer
 
     with open(os.path.join(FLAGS.model_dir, "settings.json")) as f:
         data = json.load(f)["data"]
-    sources = [s for s, _ in read_corpus(data["dataset"], FLAGS.split,
-                                         (data.get("files") or {}).get(FLAGS.split),
-                                         data.get("tfds_data_dir"))]
-    sources = sources[:FLAGS.limit] if FLAGS.limit else sources
+    pairs = list(read_corpus(data["dataset"], FLAGS.split,
+                             (data.get("files") or {}).get(FLAGS.split), data.get("tfds_data_dir")))
+    pairs = pairs[:FLAGS.limit] if FLAGS.limit else pairs
+    sources, references = [s for s, _ in pairs], [r for _, r in pairs]
     tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, "spm.model"))
     result = {"machine": cpu_description(), "model_dir": FLAGS.model_dir, "split": FLAGS.split,
               "rss_gib_before_loading": round(rss_bytes() / 2 ** 30, 2)}
     scratch = tempfile.mkdtemp(prefix="tfnmt-bench-")
-    translate_beam4 = None
-    for name, beam_size in (("beam4", 4), ("greedy", 1)):
+    beam_translators = {}  # compute dtype -> the export's translate function
+    for name, beam_size, compute_dtype in (("beam4", 4, "float32"), ("greedy", 1, "float32"),
+                                           ("beam4_bf16", 4, "bfloat16")):
+        if compute_dtype not in FLAGS.compute_dtypes:
+            continue
         signature = tf.saved_model.load(export(FLAGS.model_dir, os.path.join(scratch, name),
-                                               beam_size)).signatures["serving_default"]
+                                               beam_size, compute_dtype)
+                                        ).signatures["serving_default"]
 
-        def translate(sentences):
+        def translate(sentences, signature=signature):  # bound now, not at call time
             out = signature(sentences=tf.constant(sentences, tf.string))
             return out["translations"], out["scores"]
 
@@ -79,17 +87,21 @@ def main(argv):
                 "sentences": len(lines), "seconds": round(elapsed, 1),
                 "sentences_per_s": round(len(lines) / elapsed, 2),
                 "target_tokens_per_s": round(pieces / elapsed, 1)}
-        if name == "beam4":
-            translate_beam4 = translate
+            if len(lines) == len(sources):
+                result[f"{name}_batch{batch_size}"]["sacrebleu"] = round(
+                    corpus_scores(outputs, references)["bleu"], 2)
+        if beam_size == 4:
+            beam_translators[compute_dtype] = translate
     result["rss_gib_exports_loaded"] = round(rss_bytes() / 2 ** 30, 2)
     result["peak_rss_gib"] = round(peak_rss_bytes() / 2 ** 30, 2)
     if FLAGS.check:
-        result["same_as_eager_beam_search"] = same_as_eager(sources[:FLAGS.check],
-                                                            translate_beam4)
+        for compute_dtype, translate in beam_translators.items():
+            result[f"same_as_eager_beam_search_{compute_dtype}"] = same_as_eager(
+                sources[:FLAGS.check], translate, compute_dtype)
     print(json.dumps(result))
 
 
-def same_as_eager(sources, translate_exported):
+def same_as_eager(sources, translate_exported, compute_dtype):
     """Share of `sources` whose exported translation equals eager beam search's (batch 32)."""
     import tensorflow as tf
 
@@ -97,7 +109,7 @@ def same_as_eager(sources, translate_exported):
     from tfnmt.evaluation import translate_lines
     from tfnmt.serving import TranslationModule
 
-    model, proto, _ = load_model(FLAGS.model_dir)
+    model, proto, _ = load_model(FLAGS.model_dir, compute_dtype=compute_dtype)
     module = TranslationModule(model, proto, beam_size=4, n_best=1)
 
     def eager(sentences):  # translate_batch itself, not the tf.function around it

@@ -200,3 +200,26 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
     (model_dir / "settings.json").write_text(json_module.dumps(settings))
     out = run("evaluate.py", f"--model_dir={model_dir}", "--split=dev", "--beam_size=1")
     assert "dev: 200 sentences | sacreBLEU" in out and "chrF" in out
+
+
+def test_bfloat16_export_matches_its_in_process_module(tiny_model_dir, tmp_path):
+    model, proto, _ = checkpoints.load_model(tiny_model_dir, compute_dtype="bfloat16")
+    module = TranslationModule(model, proto, beam_size=3, alpha=0.6, n_best=2)
+    assert model.weights[0].dtype == "float32"  # variables stay float32
+    path = export_saved_model(module, str(tmp_path / "export"))
+    ops = graph_ops(path)
+    assert not {op for op in ops if op not in set(dir(tf.raw_ops)) and op not in TF_TEXT_OPS}
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "export_client.py"),
+                             path], input=json.dumps(SENTENCES), capture_output=True, text=True,
+                            timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    expected = module.serve(tf.constant(SENTENCES))
+    assert loaded["translations"] == [t.decode() for t in expected["translations"].numpy()]
+    # Scores are float32 log-probabilities of bf16 logits: close to, not equal to, float32's.
+    float32_module = TranslationModule(checkpoints.load_model(tiny_model_dir)[0], proto,
+                                       beam_size=3, alpha=0.6, n_best=2)
+    float32_scores = float32_module.serve(tf.constant(SENTENCES))["scores"].numpy()
+    np.testing.assert_allclose(loaded["scores"], float32_scores, atol=0.5)
+    with pytest.raises(ValueError, match="compute_dtype"):
+        checkpoints.load_model(tiny_model_dir, compute_dtype="float16")

@@ -36,7 +36,11 @@ def _smoothed_xent(labels, logits, epsilon, pad_id):
 
     @tf.custom_gradient
     def xent(logits):
-        log_normaliser = tf.reduce_logsumexp(logits, axis=-1)  # [B, T]
+        # logsumexp by hand, keeping exp(z - max) for the gradient (no second exp pass).
+        row_max = tf.stop_gradient(tf.reduce_max(logits, axis=-1, keepdims=True))  # [B, T, 1]
+        shifted_exp = tf.exp(logits - row_max)  # [B, T, V]
+        normaliser = tf.reduce_sum(shifted_exp, axis=-1)  # [B, T]
+        log_normaliser = tf.math.log(normaliser) + row_max[..., 0]
         label_logit = tf.gather(logits, labels, batch_dims=2)  # [B, T]
         loss = (1.0 - epsilon) * (log_normaliser - label_logit)
         if epsilon:
@@ -45,7 +49,7 @@ def _smoothed_xent(labels, logits, epsilon, pad_id):
                                  * log_normaliser)
 
         def grad(upstream):  # upstream [B, T]
-            probs = tf.exp(logits - log_normaliser[..., None])  # [B, T, V]
+            probs = shifted_exp * (1.0 / normaliser)[..., None]  # softmax [B, T, V]
             flat = tf.reshape(probs - off_value, [-1, vocab_size])  # p - q off the two columns
             rows = tf.range(tf.shape(flat)[0])
             # q(label) = 1 - eps and q(pad) = 0 instead of off_value, as one scatter (labels at

@@ -65,7 +65,7 @@ class Transformer(keras.Model):
                                                         dtype=policy, name="output_projection")
         self.positions = PositionalEncoding(d_model, position, max_length, dtype=policy,
                                             name="positions")
-        self.embedding_dropout = keras.layers.Dropout(dropout)
+        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy)
 
         layer_args = dict(d_model=d_model, num_heads=num_heads, d_ff=d_ff, dropout=dropout,
                           attention_dropout=attention_dropout, ffn_dropout=ffn_dropout,

@@ -33,7 +33,7 @@ class TransformerEncoderLayer(keras.layers.Layer):
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="self_attention_norm")
         self.feed_forward_norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="feed_forward_norm")
-        self.dropout = keras.layers.Dropout(self.dropout_rate)
+        self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
 
     def build(self, input_shape=None):
         shape = (None, None, self.d_model)

@@ -21,7 +21,7 @@ class FeedForward(keras.layers.Layer):
         self.activation = activation
         self.inner_dropout = float(inner_dropout)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.dropout = keras.layers.Dropout(self.inner_dropout)
+        self.dropout = keras.layers.Dropout(self.inner_dropout, dtype=self.dtype_policy)
 
     def build(self, input_shape=None):
         self.inner_kernel = self.add_weight(name="inner_kernel", shape=(self.d_model, self.d_ff),
