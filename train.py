@@ -84,7 +84,8 @@ MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attenti
                "norm_first", "position")
 DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type", "max_length")
 TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "warmup_steps", "lr_scale",
-               "label_smoothing", "mixed_precision", "shape_stable", "jit_compile", "seed", "log_every", "eval_every",
+               "label_smoothing", "mixed_precision", "shape_stable", "jit_compile", "seed",
+               "log_every", "eval_every",
                "bleu_sentences", "checkpoint_every", "keep_checkpoints", "average_last")
 
 POSITIVE = ("vocab_size", "max_length", "batch_tokens", "accum_steps", "train_steps",

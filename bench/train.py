@@ -11,7 +11,8 @@ warm-up, plus the RSS after each window and the peak RSS.
 
 Model FLOPs count the matmuls of forward + backward (3x forward) on the *real* (unpadded)
 tokens of each batch (bench/common.py:forward_flops); utilisation divides them by the bf16
-(or fp32 for --mixed_precision=none) ceiling.
+(or fp32 for --mixed_precision=none) ceiling, and also by the rate of the model's own
+feed-forward GEMM shape (`model_gemm_gflops`), the best its matmuls could do here.
 """
 import json
 import statistics

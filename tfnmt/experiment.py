@@ -205,7 +205,8 @@ def run(settings, strategy, log=print):
             lr = float(optimizer.learning_rate)
             loss = window["loss"] / max(window["tokens"], 1.0)
             log(f"step {step:6d}/{t['train_steps']} | loss {loss:.3f} | lr {lr:.2e} | "
-                f"{speed:,.0f} tgt tok/s | RSS {rss_bytes() / 2 ** 30:.2f} GiB | ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+                f"{speed:,.0f} tgt tok/s | RSS {rss_bytes() / 2 ** 30:.2f} GiB | "
+                f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
             with train_writer.as_default():
                 tf.summary.scalar("loss", loss, step=step)
                 tf.summary.scalar("learning_rate", lr, step=step)

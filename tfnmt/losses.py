@@ -27,9 +27,9 @@ def _smoothed_xent(labels, logits, epsilon, pad_id):
     """Smoothed cross-entropy [B, T] of logits [B, T, V] (float32).
 
     Autodiff of log_softmax + gather would make several passes over the [B, T, V] logits and
-    scatter the label gradient with UnsortedSegmentSum (about a sixth of a CPU training
-    step's op time before this); the gradient is just softmax(z) - q, with q the smoothed target, written in one
-    dense expression and one sparse correction (the label and pad columns).
+    scatter the label gradient with UnsortedSegmentSum (about a sixth of a CPU training step's
+    op time before this); the gradient is just softmax(z) - q, with q the smoothed target,
+    written as one dense expression and one sparse correction (the label and pad columns).
     """
     vocab_size = tf.shape(logits)[-1]
     off_value = epsilon / (tf.cast(vocab_size, tf.float32) - 2.0)  # q of every other token
