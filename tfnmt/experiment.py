@@ -204,15 +204,16 @@ def run(settings, strategy, log=print):
             eta = (t["train_steps"] - step) / max(rate, 1e-9)
             lr = float(optimizer.learning_rate)
             loss = window["loss"] / max(window["tokens"], 1.0)
+            rss_gib = rss_bytes() / 2 ** 30
             log(f"step {step:6d}/{t['train_steps']} | loss {loss:.3f} | lr {lr:.2e} | "
-                f"{speed:,.0f} tgt tok/s | RSS {rss_bytes() / 2 ** 30:.2f} GiB | "
+                f"{speed:,.0f} tgt tok/s | RSS {rss_gib:.2f} GiB | "
                 f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
             with train_writer.as_default():
                 tf.summary.scalar("loss", loss, step=step)
                 tf.summary.scalar("learning_rate", lr, step=step)
                 tf.summary.scalar("grad_norm", window["grad_norm"] / window["steps"], step=step)
                 tf.summary.scalar("tokens_per_sec", speed, step=step)
-                tf.summary.scalar("rss_gib", rss_bytes() / 2 ** 30, step=step)
+                tf.summary.scalar("rss_gib", rss_gib, step=step)
                 tf.summary.scalar("padding_fraction", window["padding"] / window["steps"],
                                   step=step)
             window = dict.fromkeys(window, 0.0)

@@ -32,12 +32,13 @@ def _smoothed_xent(labels, logits, epsilon, pad_id):
     written as one dense expression and one sparse correction (the label and pad columns).
     """
     vocab_size = tf.shape(logits)[-1]
-    off_value = epsilon / (tf.cast(vocab_size, tf.float32) - 2.0)  # q of every other token
+    others_count = tf.cast(vocab_size, tf.float32) - 2.0  # tokens other than label and pad
+    off_value = epsilon / others_count  # q of each of them
 
     @tf.custom_gradient
     def xent(logits):
         # logsumexp by hand, keeping exp(z - max) for the gradient (no second exp pass).
-        row_max = tf.stop_gradient(tf.reduce_max(logits, axis=-1, keepdims=True))  # [B, T, 1]
+        row_max = tf.reduce_max(logits, axis=-1, keepdims=True)  # [B, T, 1]
         shifted_exp = tf.exp(logits - row_max)  # [B, T, V]
         normaliser = tf.reduce_sum(shifted_exp, axis=-1)  # [B, T]
         log_normaliser = tf.math.log(normaliser) + row_max[..., 0]
@@ -45,8 +46,7 @@ def _smoothed_xent(labels, logits, epsilon, pad_id):
         loss = (1.0 - epsilon) * (log_normaliser - label_logit)
         if epsilon:
             others = tf.reduce_sum(logits, axis=-1) - label_logit - logits[..., pad_id]
-            loss -= off_value * (others - (tf.cast(vocab_size, tf.float32) - 2.0)
-                                 * log_normaliser)
+            loss -= off_value * (others - others_count * log_normaliser)
 
         def grad(upstream):  # upstream [B, T]
             probs = shifted_exp * (1.0 / normaliser)[..., None]  # softmax [B, T, V]
