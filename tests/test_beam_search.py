@@ -114,3 +114,44 @@ def test_attention_weights_follow_the_hypotheses(model, source):
                                                     return_attention=True)
     assert greedy_attention.shape == (3, greedy_ids.shape[1], source.shape[1])
     np.testing.assert_allclose(tf.reduce_sum(greedy_attention, -1), 1.0, atol=1e-5)
+
+
+class EndsAtSourceLength:
+    """The model, with EOS forbidden before an output as long as its source and all but
+    forced there: the sentences of a batch end at different steps."""
+
+    def __init__(self, model):
+        self.model, self.settings = model, model.settings
+        self.encode, self.initial_cache = model.encode, model.initial_cache
+
+    def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
+        logits, cache = self.model.decode_step(token_ids, step, cache, source_padding)
+        lengths = tf.reduce_sum(tf.cast(source_padding, tf.int32), axis=1)  # a row per sentence
+        lengths = tf.repeat(lengths, tf.shape(logits)[0] // tf.shape(lengths)[0])  # per beam
+        bonus = tf.where(step + 1 >= lengths, 20.0, -20.0)
+        return logits + bonus[:, None] * tf.one_hot(EOS_ID, VOCAB), cache
+
+
+def test_each_sentence_gets_what_it_gets_alone(model):
+    # Sentences leave the batch when their search ends (beam) or they produce EOS (greedy); the
+    # others go on. Each must get exactly what it gets in a batch of its own.
+    lengths = [4, 2, 6, 3, 5, 1]
+    source = random_ids(np.random.default_rng(7), 6, 6, VOCAB)
+    for row, length in enumerate(lengths):
+        source[row, length:] = PAD_ID
+    source, model = tf.constant(source), EndsAtSourceLength(model)
+    ids, scores = beam_search(model, source, beam_size=3, alpha=0.6, max_length=12, n_best=3)
+    greedy, greedy_scores = greedy_decode(model, source, max_length=12)
+    np.testing.assert_array_equal(np.argmax(ids.numpy()[:, 0] == EOS_ID, axis=1) + 1, lengths)
+    np.testing.assert_array_equal(np.argmax(greedy.numpy() == EOS_ID, axis=1) + 1, lengths)
+    for i in range(len(lengths)):
+        alone, alone_scores = beam_search(model, source[i:i + 1], beam_size=3, alpha=0.6,
+                                          max_length=12, n_best=3)
+        length = alone.shape[2]
+        np.testing.assert_array_equal(ids[i, :, :length], alone[0])
+        assert np.all(ids.numpy()[i, :, length:] == PAD_ID)
+        np.testing.assert_allclose(scores[i], alone_scores[0], rtol=1e-5)
+        alone, alone_scores = greedy_decode(model, source[i:i + 1], max_length=12)
+        np.testing.assert_array_equal(greedy[i, :alone.shape[1]], alone[0])
+        assert np.all(greedy.numpy()[i, alone.shape[1]:] == PAD_ID)
+        np.testing.assert_allclose(greedy_scores[i], alone_scores[0], rtol=1e-5)

@@ -170,7 +170,9 @@ class Transformer(keras.Model):
     def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
         """One incremental step: token_ids [B, 1] at position `step` -> logits [B, V], new cache
         (and, with return_attention, the last layer's cross-attention averaged over heads
-        [B, S]). Attends to the cached prefix only, so no earlier position is recomputed."""
+        [B, S]). Attends to the cached prefix only, so no earlier position is recomputed.
+        The memory cache and source_padding [Bs, S] may hold one row per group of B / Bs
+        consecutive token rows (the beams of a sentence)."""
         memory_mask = source_padding[:, None, :]  # [B, 1, S]
         x = self._embed(self.target_embedding, token_ids, training=False, start=step)
         new_cache = []
