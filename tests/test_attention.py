@@ -43,7 +43,7 @@ def test_static_cache_shared_by_groups_of_queries(query_length):
     # A cache row per sentence, queried by its 3 beams: same as repeating the cache per beam.
     layer = MultiHeadAttention(num_heads=2, d_model=8)
     query, memory = tf.random.normal([2 * 3, query_length, 8]), tf.random.normal([2, 5, 8])
-    mask = np.ones((2, 1, 5), bool)
+    mask = np.ones((2, 1, 5), bool)  # per sentence
     mask[1, :, 2:] = False
     shared = layer.project_key_value(memory)
     repeated = tf.nest.map_structure(lambda t: tf.repeat(t, 3, axis=0), shared)

@@ -19,7 +19,7 @@ class MultiHeadAttention(keras.layers.Layer):
     with `project_key_value`). A static cache may hold one row per group of G consecutive query
     rows (B = Bc * G; e.g. the G beams of a sentence share its encoder keys/values): each
     group's queries then attend to their row as one [G * Tq, Tk] product, and the mask is
-    per cache row ([Bc, 1 or Tq, Tk]). With `return_attention_scores=True` the weights
+    per cache row: [Bc, 1, Tk], or [Bc, Tq, Tk] when G = 1. With `return_attention_scores=True` the weights
     [B, H, Tq, Tk] are appended to the returned tuple.
     """
 
@@ -66,21 +66,13 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def call(self, query, value=None, attention_mask=None, cache=None, static_kv=False,
              training=None, return_attention_scores=False):
-        q = self._project(query, self.query_kernel, self.query_bias)  # [B, H, Tq, Dh]
-        batch, length = tf.shape(q)[0], tf.shape(q)[2]
-        group = 1  # query rows per key/value row
+        query_shape = tf.shape(query)  # [B, Tq, D]
         if static_kv:
             k, v = cache["key"], cache["value"]  # [Bc, H, Tk, Dh], B = Bc * G
-            group = batch // tf.shape(k)[0]
-            # [Bc * G, H, Tq, Dh] -> [Bc, H, G * Tq, Dh]
-            q = tf.reshape(q, [-1, group, self.num_heads, length, self.head_dim])
-            q = tf.reshape(tf.transpose(q, [0, 2, 1, 3, 4]),
-                           [-1, self.num_heads, group * length, self.head_dim])
-            if attention_mask is not None:  # [Bc, 1 or Tq, Tk] -> [Bc, G * Tq, Tk]
-                attention_mask = tf.broadcast_to(attention_mask,
-                                                 [tf.shape(k)[0], length, tf.shape(k)[2]])
-                attention_mask = tf.tile(attention_mask, [1, group, 1])
-        else:
+            # G query rows per cache row: attend as Bc rows of G * Tq queries (a free reshape).
+            query = tf.reshape(query, [tf.shape(k)[0], -1, self.d_model])  # [Bc, G * Tq, D]
+        q = self._project(query, self.query_kernel, self.query_bias)  # [B, H, Tq, Dh]
+        if not static_kv:
             step_kv = self.project_key_value(value)
             k, v = step_kv["key"], step_kv["value"]
             if cache is not None:
@@ -94,19 +86,19 @@ class MultiHeadAttention(keras.layers.Layer):
         if attention_mask is not None:
             mask = tf.cast(attention_mask, tf.bool)[:, None]  # [B, 1, Tq, Tk]
             logits = tf.where(mask, logits, tf.constant(-1e9, tf.float32))
-        weights = tf.nn.softmax(logits, axis=-1)  # [Bc, H, G * Tq, Tk]
+        weights = tf.nn.softmax(logits, axis=-1)
         attended = tf.matmul(self.dropout(tf.cast(weights, v.dtype), training=training), v)
-        if static_kv:  # ungroup: [Bc, H, G * Tq, .] -> [B, H, Tq, .]
-            def ungroup(x):
-                x = tf.reshape(x, [-1, self.num_heads, group, length, tf.shape(x)[-1]])
-                return tf.reshape(tf.transpose(x, [0, 2, 1, 3, 4]),
-                                  [batch, self.num_heads, length, tf.shape(x)[-1]])
-            attended = ungroup(attended)
-            if return_attention_scores:
-                weights = ungroup(weights)
         attended = tf.transpose(attended, [0, 2, 1, 3])  # [B, Tq, H, Dh]
+        batch, length = tf.shape(attended)[0], tf.shape(attended)[1]
         attended = tf.reshape(attended, [batch, length, self.d_model])
         output = linear(attended, self.output_kernel, self.output_bias)  # [B, Tq, D]
+        if static_kv:  # [Bc, G * Tq, .] -> [B, Tq, .]
+            output = tf.reshape(output, query_shape)
+            if return_attention_scores:  # [Bc, H, G * Tq, Tk] -> [B, H, Tq, Tk]
+                weights = tf.reshape(weights, [batch, self.num_heads, -1, query_shape[1],
+                                               tf.shape(k)[2]])
+                weights = tf.reshape(tf.transpose(weights, [0, 2, 1, 3, 4]),
+                                     [query_shape[0], self.num_heads, query_shape[1], -1])
 
         result = (output,)
         if cache is not None:
