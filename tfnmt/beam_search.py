@@ -18,12 +18,6 @@ def length_penalty(length, alpha):
     return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
 
-def _merge_beams(x):
-    """[B, K, ...] -> [B*K, ...]"""
-    shape = tf.shape(x)
-    return tf.reshape(x, tf.concat([[shape[0] * shape[1]], shape[2:]], 0))
-
-
 def _split_beams(x, beam_size):
     """[B*K, ...] -> [B, K, ...]"""
     shape = tf.shape(x)
@@ -31,7 +25,7 @@ def _split_beams(x, beam_size):
 
 
 def _gather_beams(x, indices):
-    """x [B, K, ...] (or a nest of [B*K, ...] cache tensors), indices [B, K'] -> [B, K', ...]"""
+    """x [B, K, ...], indices [B, K'] -> [B, K', ...]"""
     return tf.gather(x, indices, batch_dims=1)
 
 
@@ -58,21 +52,24 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
     memory, source_padding = model.encode(source_ids, training=False)
     initial_cache = model.initial_cache(memory)
     vocab_size = model.settings["target_vocab_size"]
-    # Attention rows follow their hypotheses; without return_attention they are [.., 0] wide.
-    attention_width = tf.shape(source_ids)[1] if return_attention else 0
 
-    # The sentences still searched (A of them): their index in the batch, hypotheses, source
-    # padding and encoder keys/values, all [A, ...] (a sentence's k beams query its encoder
-    # keys/values together). Only beam 0 is live at first, so the first step does not pick k
-    # copies.
+    # A hypothesis's tracks: its ids [.., t] and, with return_attention, its attention rows
+    # [.., t, S]. Sentences still searched (A of them) carry their index in the batch,
+    # hypotheses, source padding and encoder keys/values, all [A, ...] (a sentence's k beams
+    # query its encoder keys/values together). Only beam 0 is live at first, so the first step
+    # does not pick k copies.
+    def no_tracks(rows):
+        tracks = {"ids": tf.zeros([rows, k, 0], tf.int32)}
+        if return_attention:
+            tracks["attention"] = tf.zeros([rows, k, 0, tf.shape(source_ids)[1]])
+        return tracks
+
     sentences = {
         "index": tf.range(batch),  # [A]
-        "alive_seq": tf.zeros([batch, k, 0], tf.int32),  # [A, K, t]
+        "alive": no_tracks(batch),
         "alive_log_probs": tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)]), [batch, 1]),
-        "alive_attn": tf.zeros([batch, k, 0, attention_width]),  # [A, K, t, W]
-        "finished_seq": tf.zeros([batch, k, 0], tf.int32),  # [A, K, t]
+        "finished": no_tracks(batch),
         "finished_scores": tf.fill([batch, k], NEG_INF),  # [A, K]
-        "finished_attn": tf.zeros([batch, k, 0, attention_width]),
         "source_padding": source_padding,  # [A, S]
         "memory": [c["memory"] for c in initial_cache],  # per layer {key, value} [A, H, S, Dh]
     }
@@ -80,23 +77,26 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
     self_cache = [tf.nest.map_structure(lambda t: tf.repeat(t, k, axis=0), c["self"])
                   for c in initial_cache]
     last_tokens = tf.fill([batch * k], BOS_ID)  # [A*K]
-    # The k finished hypotheses of the sentences that left, [B, K, ...] (rows of the others
-    # are filled when they leave or at the end).
-    results = {"seq": tf.zeros([batch, k, 0], tf.int32), "scores": tf.fill([batch, k], NEG_INF),
-               "attn": tf.zeros([batch, k, 0, attention_width])}
+    # The k finished hypotheses of the sentences that left, [B, K, ...] (the others' rows are
+    # filled when they leave, or at the end).
+    results = {"tracks": no_tracks(batch), "scores": tf.fill([batch, k], NEG_INF)}
 
-    def pad_time(seq, length):
-        padding = [[0, 0], [0, 0], [0, length - tf.shape(seq)[2]]] + [[0, 0]] * (seq.shape.rank - 3)
-        return tf.pad(seq, padding, constant_values=PAD_ID if seq.dtype == tf.int32 else 0)
+    def pad_time(tracks, length):
+        def pad(t):
+            padding = [[0, 0], [0, 0], [0, length - tf.shape(t)[2]]] + [[0, 0]] * (t.shape.rank - 3)
+            return tf.pad(t, padding, constant_values=PAD_ID if t.dtype == tf.int32 else 0)
+        return tf.nest.map_structure(pad, tracks)
+
+    def gather_beams(tracks, beams):
+        return tf.nest.map_structure(lambda t: _gather_beams(t, beams), tracks)
 
     def store(results, sentences, length):
         """results with the rows of `sentences` replaced by their finished hypotheses."""
-        index = sentences["index"]
-        return {"seq": replace_rows(pad_time(results["seq"], length), index,
-                                    sentences["finished_seq"]),
-                "scores": replace_rows(results["scores"], index, sentences["finished_scores"]),
-                "attn": replace_rows(pad_time(results["attn"], length), index,
-                                     sentences["finished_attn"])}
+        return {"tracks": tf.nest.map_structure(
+                    lambda full, rows: replace_rows(full, sentences["index"], rows),
+                    pad_time(results["tracks"], length), sentences["finished"]),
+                "scores": replace_rows(results["scores"], sentences["index"],
+                                       sentences["finished_scores"])}
 
     def not_done(step, sentences, *_):
         return tf.logical_and(step < max_length, tf.size(sentences["index"]) > 0)
@@ -107,8 +107,6 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
         result = model.decode_step(last_tokens[:, None], step, cache,
                                    sentences["source_padding"], return_attention=return_attention)
         logits, cache = result[:2]
-        step_attn = (_split_beams(result[2], k) if return_attention
-                     else tf.zeros([active_count, k, 0]))  # [A, K, S]
         log_probs = _split_beams(tf.nn.log_softmax(logits), k)  # [A, K, V]
         candidates = sentences["alive_log_probs"][:, :, None] + log_probs  # [A, K, V]
         flat = tf.reshape(candidates, [active_count, k * vocab_size])
@@ -116,10 +114,11 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
         top_log_probs, top_index = tf.math.top_k(flat, k=2 * k)  # [A, 2K]
         top_beam = top_index // vocab_size
         top_token = top_index % vocab_size
-        top_seq = tf.concat([_gather_beams(sentences["alive_seq"], top_beam),
-                             top_token[:, :, None]], axis=2)
-        top_attn = tf.concat([_gather_beams(sentences["alive_attn"], top_beam),
-                              _gather_beams(step_attn, top_beam)[:, :, None]], axis=2)
+        step_tracks = {"ids": top_token}  # [A, 2K, ...]: this step's entry of each candidate
+        if return_attention:
+            step_tracks["attention"] = _gather_beams(_split_beams(result[2], k), top_beam)
+        top = tf.nest.map_structure(lambda t, new: tf.concat([t, new[:, :, None]], axis=2),
+                                    gather_beams(sentences["alive"], top_beam), step_tracks)
         ends = tf.equal(top_token, EOS_ID)
 
         # Continue with the k best that did not end.
@@ -131,16 +130,13 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
         length = step + 1
         ended_scores = top_log_probs / length_penalty(length, alpha)
         ended_scores += tf.cast(tf.logical_not(ends), tf.float32) * NEG_INF
-        all_seq = tf.concat([pad_time(sentences["finished_seq"], length), top_seq], axis=1)
         all_scores = tf.concat([sentences["finished_scores"], ended_scores], axis=1)
-        all_attn = tf.concat([pad_time(sentences["finished_attn"], length), top_attn], axis=1)
         finished_scores, best = tf.math.top_k(all_scores, k=k)  # [A, K]
-        sentences = dict(sentences, alive_seq=_gather_beams(top_seq, keep),
-                         alive_log_probs=continue_scores,
-                         alive_attn=_gather_beams(top_attn, keep),
-                         finished_seq=_gather_beams(all_seq, best),
-                         finished_scores=finished_scores,
-                         finished_attn=_gather_beams(all_attn, best))
+        all_finished = tf.nest.map_structure(lambda old, new: tf.concat([old, new], axis=1),
+                                             pad_time(sentences["finished"], length), top)
+        sentences = dict(sentences, alive=gather_beams(top, keep), alive_log_probs=continue_scores,
+                         finished=gather_beams(all_finished, best),
+                         finished_scores=finished_scores)
 
         # A sentence stays while its best alive hypothesis, under the largest length penalty
         # it can still reach, beats its k-th finished one (log-probs only fall from here).
@@ -160,19 +156,22 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
 
         results, sentences = tf.cond(tf.reduce_all(staying), lambda: (results, sentences),
                                      some_leave)
-        last_tokens = tf.reshape(sentences["alive_seq"][:, :, -1], [-1])
+        last_tokens = tf.reshape(sentences["alive"]["ids"][:, :, -1], [-1])
         return step + 1, sentences, self_cache, last_tokens, results
 
-    attn_shape = tf.TensorShape([None, k, None, None])
-    seq_shape, scores_shape = tf.TensorShape([None, k, None]), tf.TensorShape([None, k])
+    def track_shapes(tracks):  # time (axis 2) grows; so may the batch
+        return tf.nest.map_structure(lambda t: tf.TensorShape([None, k, None] + t.shape[3:]),
+                                     tracks)
+
+    scores_shape = tf.TensorShape([None, k])
     invariants = (
         tf.TensorShape([]),
-        {"index": tf.TensorShape([None]), "alive_seq": seq_shape, "alive_log_probs": scores_shape,
-         "alive_attn": attn_shape, "finished_seq": seq_shape, "finished_scores": scores_shape,
-         "finished_attn": attn_shape, "source_padding": tf.TensorShape([None, None]),
+        {"index": tf.TensorShape([None]), "alive": track_shapes(sentences["alive"]),
+         "alive_log_probs": scores_shape, "finished": track_shapes(sentences["finished"]),
+         "finished_scores": scores_shape, "source_padding": tf.TensorShape([None, None]),
          "memory": [c["memory"] for c in _cache_invariants(initial_cache)]},
         [c["self"] for c in _cache_invariants(initial_cache)], tf.TensorShape([None]),
-        {"seq": seq_shape, "scores": scores_shape, "attn": attn_shape})
+        {"tracks": track_shapes(results["tracks"]), "scores": scores_shape})
     step, sentences, _, _, results = tf.while_loop(
         not_done, step_fn, (tf.constant(0), sentences, self_cache, last_tokens, results),
         shape_invariants=invariants)
@@ -183,12 +182,12 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
                             sentences["alive_log_probs"] / length_penalty(step, alpha), NEG_INF)
     all_scores = tf.concat([sentences["finished_scores"], alive_scores], axis=1)  # [A, 2K]
     finished_scores, best = tf.math.top_k(all_scores, k=k)
-    completed = dict(sentences, finished_scores=finished_scores, finished_seq=_gather_beams(
-        tf.concat([pad_time(sentences["finished_seq"], step), sentences["alive_seq"]], 1), best),
-        finished_attn=_gather_beams(tf.concat([pad_time(sentences["finished_attn"], step),
-                                               sentences["alive_attn"]], 1), best))
-    results = store(results, completed, step)  # [B, K, ...], each sentence's best first
+    completed = tf.nest.map_structure(lambda old, alive: tf.concat([old, alive], axis=1),
+                                      pad_time(sentences["finished"], step), sentences["alive"])
+    results = store(results, dict(sentences, finished=gather_beams(completed, best),
+                                  finished_scores=finished_scores), step)
+    # [B, K, ...], each sentence's best first
+    ids, scores = results["tracks"]["ids"][:, :n_best], results["scores"][:, :n_best]
     if return_attention:
-        return results["seq"][:, :n_best], results["scores"][:, :n_best], \
-            results["attn"][:, :n_best]
-    return results["seq"][:, :n_best], results["scores"][:, :n_best]
+        return ids, scores, results["tracks"]["attention"][:, :n_best]
+    return ids, scores

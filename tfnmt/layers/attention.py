@@ -18,8 +18,8 @@ class MultiHeadAttention(keras.layers.Layer):
     appended to it (self-attention), or it is used as is (`static_kv`, the encoder memory made once
     with `project_key_value`). A static cache may hold one row per group of G consecutive query
     rows (B = Bc * G; e.g. the G beams of a sentence share its encoder keys/values): each
-    group's queries then attend to their row as one [G * Tq, Tk] product, and the mask is
-    per cache row: [Bc, 1, Tk], or [Bc, Tq, Tk] when G = 1. With `return_attention_scores=True` the weights
+    group's queries then attend to their row (broadcast, not copied), and the mask is per
+    cache row ([Bc, 1 or Tq, Tk]). With `return_attention_scores=True` the weights
     [B, H, Tq, Tk] are appended to the returned tuple.
     """
 
@@ -66,13 +66,14 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def call(self, query, value=None, attention_mask=None, cache=None, static_kv=False,
              training=None, return_attention_scores=False):
-        query_shape = tf.shape(query)  # [B, Tq, D]
+        q = self._project(query, self.query_kernel, self.query_bias)  # [B, H, Tq, Dh]
+        batch, length = tf.shape(q)[0], tf.shape(q)[2]
         if static_kv:
             k, v = cache["key"], cache["value"]  # [Bc, H, Tk, Dh], B = Bc * G
-            # G query rows per cache row: attend as Bc rows of G * Tq queries (a free reshape).
-            query = tf.reshape(query, [tf.shape(k)[0], -1, self.d_model])  # [Bc, G * Tq, D]
-        q = self._project(query, self.query_kernel, self.query_bias)  # [B, H, Tq, Dh]
-        if not static_kv:
+            # G query rows per cache row: broadcast the cache over them (a view, not a copy).
+            q = tf.reshape(q, [tf.shape(k)[0], -1, self.num_heads, length, self.head_dim])
+            k, v = k[:, None], v[:, None]  # q [Bc, G, H, Tq, Dh]; k, v [Bc, 1, H, Tk, Dh]
+        else:
             step_kv = self.project_key_value(value)
             k, v = step_kv["key"], step_kv["value"]
             if cache is not None:
@@ -80,25 +81,22 @@ class MultiHeadAttention(keras.layers.Layer):
                 v = tf.concat([cache["value"], v], axis=2)
                 cache = {"key": k, "value": v}
         q = q * tf.cast(self.head_dim ** -0.5, q.dtype)
-        logits = tf.matmul(q, k, transpose_b=True)  # [B, H, Tq, Tk]
+        logits = tf.matmul(q, k, transpose_b=True)  # [B, H, Tq, Tk] ([Bc, G, H, Tq, Tk])
         # Softmax in float32: stable under bf16/fp16 compute and exact masking.
         logits = tf.cast(logits, tf.float32)
         if attention_mask is not None:
             mask = tf.cast(attention_mask, tf.bool)[:, None]  # [B, 1, Tq, Tk]
+            if static_kv:
+                mask = mask[:, None]  # [Bc, 1, 1, Tq, Tk]
             logits = tf.where(mask, logits, tf.constant(-1e9, tf.float32))
         weights = tf.nn.softmax(logits, axis=-1)
         attended = tf.matmul(self.dropout(tf.cast(weights, v.dtype), training=training), v)
+        if static_kv:  # [Bc, G, H, Tq, .] -> [B, H, Tq, .]
+            attended = tf.reshape(attended, [batch, self.num_heads, length, self.head_dim])
+            weights = tf.reshape(weights, [batch, self.num_heads, length, tf.shape(k)[3]])
         attended = tf.transpose(attended, [0, 2, 1, 3])  # [B, Tq, H, Dh]
-        batch, length = tf.shape(attended)[0], tf.shape(attended)[1]
         attended = tf.reshape(attended, [batch, length, self.d_model])
         output = linear(attended, self.output_kernel, self.output_bias)  # [B, Tq, D]
-        if static_kv:  # [Bc, G * Tq, .] -> [B, Tq, .]
-            output = tf.reshape(output, query_shape)
-            if return_attention_scores:  # [Bc, H, G * Tq, Tk] -> [B, H, Tq, Tk]
-                weights = tf.reshape(weights, [batch, self.num_heads, -1, query_shape[1],
-                                               tf.shape(k)[2]])
-                weights = tf.reshape(tf.transpose(weights, [0, 2, 1, 3, 4]),
-                                     [query_shape[0], self.num_heads, query_shape[1], -1])
 
         result = (output,)
         if cache is not None:
