@@ -93,7 +93,8 @@ class MultiHeadAttention(keras.layers.Layer):
         attended = tf.matmul(self.dropout(tf.cast(weights, v.dtype), training=training), v)
         if static_kv:  # [Bc, G, H, Tq, .] -> [B, H, Tq, .]
             attended = tf.reshape(attended, [batch, self.num_heads, length, self.head_dim])
-            weights = tf.reshape(weights, [batch, self.num_heads, length, tf.shape(k)[3]])
+            if return_attention_scores:
+                weights = tf.reshape(weights, [batch, self.num_heads, length, -1])
         attended = tf.transpose(attended, [0, 2, 1, 3])  # [B, Tq, H, Dh]
         attended = tf.reshape(attended, [batch, length, self.d_model])
         output = linear(attended, self.output_kernel, self.output_bias)  # [B, Tq, D]
