@@ -173,7 +173,7 @@ class Transformer(keras.Model):
         [B, S]). Attends to the cached prefix only, so no earlier position is recomputed.
         The memory cache and source_padding [Bs, S] may hold one row per group of B / Bs
         consecutive token rows (the beams of a sentence)."""
-        memory_mask = source_padding[:, None, :]  # [B, 1, S]
+        memory_mask = source_padding[:, None, :]  # [Bs, 1, S]
         x = self._embed(self.target_embedding, token_ids, training=False, start=step)
         new_cache = []
         last = len(self.decoder_layers) - 1
