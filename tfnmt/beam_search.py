@@ -150,7 +150,8 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
 
         def some_leave():  # store their results; the others' state shrinks to them
             leaving = tf.cast(tf.where(tf.logical_not(staying))[:, 0], tf.int32)
-            left = tf.nest.map_structure(lambda t: tf.gather(t, leaving), sentences)
+            left = tf.nest.map_structure(lambda t: tf.gather(t, leaving), {
+                name: sentences[name] for name in ("index", "finished", "finished_scores")})
             return (store(results, left, length),
                     tf.nest.map_structure(lambda t: tf.gather(t, staying_index), sentences))
 
