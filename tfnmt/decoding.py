@@ -47,7 +47,7 @@ def _cache_invariants(cache):
 
 def replace_rows(full, rows, updates):
     """full [B, ...] with the rows `rows` [A] replaced by updates [A, ...]. A gather, since
-    TensorScatterUpdate refuses tensors with an empty dimension (such as 0-wide attention)."""
+    TensorScatterUpdate refuses tensors with an empty dimension (such as zero time steps)."""
     batch = tf.shape(full)[0]
     selector = tf.tensor_scatter_nd_update(tf.range(batch), rows[:, None],
                                            batch + tf.range(tf.shape(rows)[0]))
