@@ -4,6 +4,8 @@ import tensorflow as tf
 
 from tfnmt.layers import (PositionalEncoding, TokenEmbedding, TransformerDecoderLayer,
                           TransformerEncoderLayer)
+from tfnmt.layers.dropout import Dropout
+from tfnmt.layers.layer_norm import LayerNorm
 from tfnmt.layers.linear import linear
 from tfnmt.tokenizer import PAD_ID
 
@@ -65,7 +67,7 @@ class Transformer(keras.Model):
                                                         dtype=policy, name="output_projection")
         self.positions = PositionalEncoding(d_model, position, max_length, dtype=policy,
                                             name="positions")
-        self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy)
+        self.embedding_dropout = Dropout(dropout, dtype=policy)
 
         layer_args = dict(d_model=d_model, num_heads=num_heads, d_ff=d_ff, dropout=dropout,
                           attention_dropout=attention_dropout, ffn_dropout=ffn_dropout,
@@ -78,9 +80,9 @@ class Transformer(keras.Model):
         # Pre-norm stacks end with a LayerNorm (their last residual sum is otherwise unnormalised).
         self.encoder_norm = self.decoder_norm = None
         if norm_first:
-            self.encoder_norm = keras.layers.LayerNormalization(
+            self.encoder_norm = LayerNorm(
                 epsilon=layer_norm_epsilon, dtype=policy, name="encoder_norm")
-            self.decoder_norm = keras.layers.LayerNormalization(
+            self.decoder_norm = LayerNorm(
                 epsilon=layer_norm_epsilon, dtype=policy, name="decoder_norm")
 
     def build(self, input_shape=None):

@@ -2,6 +2,7 @@
 import keras
 import tensorflow as tf
 
+from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.linear import linear
 
 
@@ -33,7 +34,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.head_dim = self.d_model // self.num_heads
         self.attention_dropout = float(attention_dropout)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.dropout = keras.layers.Dropout(self.attention_dropout, dtype=self.dtype_policy)
+        self.dropout = Dropout(self.attention_dropout, dtype=self.dtype_policy)
 
     def build(self, query_shape=None, value_shape=None):
         def dense(name):

@@ -3,6 +3,7 @@ import keras
 
 from tfnmt.layers.attention import MultiHeadAttention
 from tfnmt.layers.encoder_layer import TransformerEncoderLayer
+from tfnmt.layers.layer_norm import LayerNorm
 from tfnmt.layers.residual import residual_block
 
 
@@ -20,7 +21,7 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
         self.cross_attention = MultiHeadAttention(self.num_heads, self.d_model,
                                                   self.attention_dropout,
                                                   dtype=self.dtype_policy, name="cross_attention")
-        self.cross_attention_norm = keras.layers.LayerNormalization(
+        self.cross_attention_norm = LayerNorm(
             epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name="cross_attention_norm")
 
     def build(self, input_shape=None):

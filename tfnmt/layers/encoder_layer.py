@@ -2,7 +2,9 @@
 import keras
 
 from tfnmt.layers.attention import MultiHeadAttention
+from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.feed_forward import FeedForward
+from tfnmt.layers.layer_norm import LayerNorm
 from tfnmt.layers.residual import residual_block
 
 
@@ -29,11 +31,11 @@ class TransformerEncoderLayer(keras.layers.Layer):
         self.feed_forward = FeedForward(d_model, d_ff, activation, ffn_dropout,
                                         dtype=self.dtype_policy, name="feed_forward")
         # LayerNorm statistics in float32 even under a mixed policy (Keras does this for LN).
-        self.self_attention_norm = keras.layers.LayerNormalization(
+        self.self_attention_norm = LayerNorm(
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="self_attention_norm")
-        self.feed_forward_norm = keras.layers.LayerNormalization(
+        self.feed_forward_norm = LayerNorm(
             epsilon=layer_norm_epsilon, dtype=self.dtype_policy, name="feed_forward_norm")
-        self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
+        self.dropout = Dropout(self.dropout_rate, dtype=self.dtype_policy)
 
     def build(self, input_shape=None):
         shape = (None, None, self.d_model)

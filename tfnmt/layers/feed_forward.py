@@ -2,6 +2,7 @@
 import keras
 import tensorflow as tf
 
+from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.linear import linear
 
 ACTIVATIONS = {"relu": tf.nn.relu, "gelu": tf.nn.gelu}
@@ -21,7 +22,7 @@ class FeedForward(keras.layers.Layer):
         self.activation = activation
         self.inner_dropout = float(inner_dropout)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.dropout = keras.layers.Dropout(self.inner_dropout, dtype=self.dtype_policy)
+        self.dropout = Dropout(self.inner_dropout, dtype=self.dtype_policy)
 
     def build(self, input_shape=None):
         self.inner_kernel = self.add_weight(name="inner_kernel", shape=(self.d_model, self.d_ff),

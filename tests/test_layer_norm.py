@@ -1,0 +1,76 @@
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import assert_config_round_trip
+from tfnmt.layers import LayerNorm
+
+
+def _pair(dim=16, dtype=None):
+    """A LayerNorm and a keras.layers.LayerNormalization with the same non-trivial γ and β."""
+    ours = LayerNorm(epsilon=1e-6, dtype=dtype)
+    reference = keras.layers.LayerNormalization(epsilon=1e-6, dtype=dtype)
+    ours.build((None, dim))
+    reference.build((None, dim))
+    rng = np.random.default_rng(0)
+    weights = [rng.normal(1.0, 0.3, dim).astype("float32"), rng.normal(0, 0.3, dim).astype("float32")]
+    ours.set_weights(weights)
+    reference.set_weights(weights)
+    return ours, reference
+
+
+def _values_and_gradients(layer, x, upstream):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x)
+        total = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
+    return [y] + tape.gradient(total, [x] + layer.trainable_variables)
+
+
+def test_values_and_gradients_match_keras():
+    ours, reference = _pair()
+    x = tf.random.normal([3, 5, 16]) * 4.0 + 2.0
+    upstream = tf.random.normal([3, 5, 16])
+    got = _values_and_gradients(ours, x, upstream)
+    expected = _values_and_gradients(reference, x, upstream)
+    for name, a, b in zip(["y", "dx", "dgamma", "dbeta"], got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_mixed_bfloat16_normalises_in_float32():
+    ours, reference = _pair(dtype="mixed_bfloat16")
+    # Large mean, small spread: a bfloat16 mean/variance would lose the spread entirely.
+    x = tf.cast(300.0 + tf.random.normal([4, 16]), tf.float32)
+    y = ours(x)
+    assert y.dtype == tf.bfloat16 and ours.gamma.dtype == "float32"
+    np.testing.assert_allclose(tf.cast(y, tf.float32), tf.cast(reference(x), tf.float32),
+                               atol=0.05)
+    upstream = tf.random.normal([4, 16])
+    got = _values_and_gradients(ours, x, upstream)
+    expected = _values_and_gradients(reference, x, upstream)
+    for a, b in zip(got[1:], expected[1:]):
+        np.testing.assert_allclose(tf.cast(a, tf.float32), tf.cast(b, tf.float32), rtol=0.05,
+                                   atol=0.05)
+
+
+def test_reads_checkpoints_of_keras_layer_normalization(tmp_path):
+    """Same variable names (gamma, beta): models trained before the switch still restore."""
+    ours, reference = _pair()
+    reference.gamma.assign(tf.fill([16], 2.5))
+    reference.beta.assign(tf.fill([16], -1.0))
+    path = tf.train.Checkpoint(norm=reference).write(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(norm=ours).read(path).assert_existing_objects_matched()
+    np.testing.assert_array_equal(ours.gamma.numpy(), 2.5)
+    np.testing.assert_array_equal(ours.beta.numpy(), -1.0)
+
+
+@pytest.mark.parametrize("shape", [[7, 16], [2, 3, 16], [0, 16]])
+def test_shapes(shape):
+    ours, reference = _pair()
+    x = tf.random.normal(shape)
+    np.testing.assert_allclose(ours(x), reference(x), atol=1e-5)
+
+
+def test_config_round_trips():
+    assert_config_round_trip(LayerNorm(epsilon=1e-3), tf.random.normal([2, 3, 8]))

@@ -1,0 +1,55 @@
+"""Inverted dropout drawing 16 random bits per element instead of a float.
+
+keras.layers.Dropout draws one uniform float per element (a 32-bit Philox output, converted);
+the random numbers were a tenth of a CPU training step's op time (bench/README.md). Here each
+32-bit draw serves two elements: an element is dropped when its 16 bits fall below
+round(rate · 2^16), so the drop probability is that threshold / 2^16 (0.100006 for 0.1) and
+the kept elements are scaled by the exact inverse of the keep probability.
+"""
+import keras
+import tensorflow as tf
+
+_LEVELS = 2 ** 16
+
+
+def dropout_keep_mask(shape, rate, seed):
+    """Boolean [shape] mask, True with probability 1 - round(rate · 2^16) / 2^16; `seed` is a
+    [2] int32 tensor (stateless: the same seed gives the same mask)."""
+    threshold = tf.constant(round(rate * _LEVELS), tf.uint16)
+    shape = tf.convert_to_tensor(shape, tf.int32)
+    count = tf.reduce_prod(shape)
+    bits = tf.random.stateless_uniform([(count + 1) // 2], seed, minval=None, maxval=None,
+                                       dtype=tf.uint32)  # [ceil(n / 2)]
+    halves = tf.reshape(tf.bitcast(bits, tf.uint16), [-1])[:count]  # [n]
+    return tf.reshape(halves >= threshold, shape)
+
+
+def dropout(x, rate, seed):
+    """x with elements zeroed with probability ~rate (see dropout_keep_mask), the rest scaled
+    by 1 / keep probability. The mask is a constant for autodiff: the gradient is dy · mask."""
+    if rate == 0:
+        return x
+    keep_probability = 1.0 - round(rate * _LEVELS) / _LEVELS
+    keep = dropout_keep_mask(tf.shape(x), rate, seed)
+    scale = tf.where(keep, tf.constant(1.0 / keep_probability, x.dtype),
+                     tf.constant(0.0, x.dtype))
+    return x * scale
+
+
+@keras.saving.register_keras_serializable(package="tfnmt")
+class Dropout(keras.layers.Dropout):
+    """keras.layers.Dropout (same arguments, config and seed handling) with the cheaper mask
+    above; without noise_shape only."""
+
+    def __init__(self, rate, noise_shape=None, seed=None, **kwargs):
+        if noise_shape is not None:
+            raise ValueError("tfnmt.layers.Dropout does not take a noise_shape")
+        if rate >= 1:
+            raise ValueError(f"dropout rate must be below 1, got {rate}")
+        super().__init__(rate, seed=seed, **kwargs)
+
+    def call(self, inputs, training=False):
+        if not training or self.rate == 0:
+            return inputs
+        seed = tf.cast(self.seed_generator.next(), tf.int32)
+        return dropout(inputs, self.rate, seed)
