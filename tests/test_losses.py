@@ -3,7 +3,7 @@ import pytest
 import tensorflow as tf
 
 from tfnmt.losses import (label_smoothed_cross_entropy, label_smoothed_loss, masked_accuracy_sum,
-                          masked_loss_sum)
+                          masked_loss_sum, masked_projected_loss_sum, projected_cross_entropy)
 
 
 def numpy_reference(labels, logits, epsilon, pad_id=0):
@@ -94,3 +94,46 @@ def test_closed_form_gradient_matches_autodiff_of_the_formula(epsilon):
     np.testing.assert_allclose(ours, theirs, atol=1e-5)
     np.testing.assert_allclose(tape.gradient(ours_total, logits),
                                tape.gradient(theirs_total, logits), atol=1e-6)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_projected_loss_matches_logits_path(epsilon):
+    """The training loss (projection inside the custom gradient) gives the value and the
+    hidden and kernel gradients of projecting first and using the logits loss."""
+    rng = np.random.default_rng(3)
+    vocab, dim = 13, 6
+    labels = tf.constant(rng.integers(1, vocab, size=(4, 5)), tf.int32)
+    labels = tf.tensor_scatter_nd_update(labels, [[0, 4], [2, 3], [2, 4]], [0, 0, 0])  # padding
+    labels = tf.tensor_scatter_nd_update(labels, [[1, 0]], [vocab - 1])
+    hidden = tf.constant(rng.normal(size=(4, 5, dim)), tf.float32)
+    kernel = tf.Variable(rng.normal(size=(vocab, dim)).astype("float32"))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(hidden)
+        ours, ours_count = masked_projected_loss_sum(labels, hidden, kernel, epsilon)
+        logits = tf.einsum("btd,vd->btv", hidden, kernel)
+        theirs, theirs_count = masked_loss_sum(labels, logits, epsilon)
+    assert float(ours_count) == float(theirs_count) == 17.0
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+    for ours_grad, theirs_grad in zip(tape.gradient(ours, [hidden, kernel]),
+                                      tape.gradient(theirs, [hidden, kernel])):
+        np.testing.assert_allclose(ours_grad, theirs_grad, atol=1e-5)
+
+
+def test_projected_loss_in_bfloat16_stays_close():
+    """bfloat16 states: float32 statistics, exact label/pad columns; close to float32."""
+    rng = np.random.default_rng(4)
+    labels = tf.constant(rng.integers(1, 50, size=(64,)), tf.int32)
+    hidden = tf.constant(rng.normal(size=(64, 16)), tf.float32)
+    kernel = tf.Variable(rng.normal(0, 0.5, size=(50, 16)).astype("float32"))
+    results = {}
+    for dtype in (tf.float32, tf.bfloat16):
+        states = tf.cast(hidden, dtype)
+        with tf.GradientTape() as tape:
+            tape.watch(states)
+            loss = tf.reduce_sum(projected_cross_entropy(labels, states, kernel, 0.1))
+        grads = tape.gradient(loss, [states, kernel])
+        assert loss.dtype == tf.float32 and grads[0].dtype == dtype
+        results[dtype] = [loss] + [tf.cast(g, tf.float32) for g in grads]
+    for got, expected in zip(results[tf.bfloat16], results[tf.float32]):
+        scale = float(tf.reduce_max(tf.abs(expected)))
+        np.testing.assert_allclose(got, expected, atol=0.02 * scale)

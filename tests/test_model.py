@@ -131,3 +131,21 @@ def test_tf_checkpoint_saves_and_restores_every_variable(tmp_path, norm_first):
     tf.train.Checkpoint(model=fresh).read(path).assert_consumed()
     for a, b in zip(model.weights, fresh.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_decoder_states_times_output_kernel_are_the_logits(tied):
+    """The training loss projects decoder_states with output_kernel itself."""
+    if tied:
+        model = Transformer(vocab_size=30, **TINY)
+    else:
+        model = Transformer(source_vocab_size=40, target_vocab_size=30, share_embeddings=False,
+                            tie_output=False, **TINY)
+    source = tf.constant([[5, 6, 7, 3], [8, 9, 3, 0]])
+    target = tf.constant([[2, 4, 5], [2, 6, 0]])
+    memory, padding = model.encode(source)
+    states, _ = model.decoder_states(target, memory, padding)
+    kernel = model.output_kernel()
+    assert kernel.shape == (30, model.d_model)
+    np.testing.assert_allclose(tf.einsum("btd,vd->btv", states, kernel),
+                               model.decode(target, memory, padding), rtol=1e-5, atol=1e-5)

@@ -43,10 +43,8 @@ def _smoothed_xent(labels, logits, epsilon, pad_id):
         normaliser = tf.reduce_sum(shifted_exp, axis=-1)  # [B, T]
         log_normaliser = tf.math.log(normaliser) + row_max[..., 0]
         label_logit = tf.gather(logits, labels, batch_dims=2)  # [B, T]
-        loss = (1.0 - epsilon) * (log_normaliser - label_logit)
-        if epsilon:
-            others = tf.reduce_sum(logits, axis=-1) - label_logit - logits[..., pad_id]
-            loss -= off_value * (others - others_count * log_normaliser)
+        loss = _smoothed_loss(log_normaliser, label_logit, tf.reduce_sum(logits, axis=-1),
+                              logits[..., pad_id], epsilon, others_count)
 
         def grad(upstream):  # upstream [B, T]
             probs = shifted_exp * (1.0 / normaliser)[..., None]  # softmax [B, T, V]
@@ -64,6 +62,84 @@ def _smoothed_xent(labels, logits, epsilon, pad_id):
         return loss, grad
 
     return xent(logits)
+
+
+def _smoothed_loss(log_normaliser, label_logit, logit_sum, pad_logit, epsilon, others_count):
+    """-(1 - eps) log p(y) - eps / (V - 2) * sum_{j not in {y, pad}} log p(j), from the log of
+    the softmax normaliser, the label's and pad's logits and the sum of all logits."""
+    loss = (1.0 - epsilon) * (log_normaliser - label_logit)
+    if epsilon:
+        others = logit_sum - label_logit - pad_logit  # sum of the other V - 2 logits
+        loss -= epsilon / others_count * (others - others_count * log_normaliser)
+    return loss
+
+
+def projected_cross_entropy(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
+    """The smoothed cross-entropy [N] of logits = hidden [N, D] · kernelᵀ ([V, D], float32),
+    with the output projection inside the gradient. labels [N]; positions whose label is
+    pad_id must get zero weight (multiply the result by the padding mask, as
+    masked_projected_loss_sum does).
+
+    Same value as projecting and calling label_smoothed_cross_entropy, in fewer passes over the
+    [N, V] logits, which dominate a CPU step's element-wise work (bench/README.md):
+    - sum_j z_j is hidden · (sum of kernel rows), not a pass over the logits;
+    - the gradient softmax(z) - q is written once, in hidden's dtype, with the label and pad
+      columns (where q is not the uniform eps / (V - 2)) set exactly from float32; the uniform
+      part of q, a rank-1 term, goes to the hidden and kernel gradients directly.
+    """
+    vocab_size = tf.shape(kernel)[0]
+    others_count = tf.cast(vocab_size, tf.float32) - 2.0
+    off_value = epsilon / others_count  # q of every token but the label and pad
+
+    @tf.custom_gradient
+    def xent(hidden, kernel):
+        weights = tf.cast(kernel, hidden.dtype)  # [V, D]
+        logits = tf.cast(tf.matmul(hidden, weights, transpose_b=True), tf.float32)  # [N, V]
+        row_max = tf.reduce_max(logits, axis=-1, keepdims=True)  # [N, 1]
+        shifted_exp = tf.exp(logits - row_max)  # [N, V]
+        normaliser = tf.reduce_sum(shifted_exp, axis=-1)  # [N]
+        log_normaliser = tf.math.log(normaliser) + row_max[:, 0]
+        label_logit = tf.gather(logits, labels, batch_dims=1)  # [N]
+        hidden_32 = tf.cast(hidden, tf.float32)
+        kernel_sum = tf.reduce_sum(tf.cast(weights, tf.float32), axis=0)  # [D]
+        logit_sum = tf.linalg.matvec(hidden_32, kernel_sum)  # [N]
+        loss = _smoothed_loss(log_normaliser, label_logit, logit_sum, logits[:, pad_id], epsilon,
+                              others_count)
+
+        def grad(upstream):  # upstream [N]
+            scale = upstream / normaliser
+            # softmax · upstream, then the exact label and pad columns of (p - q) · upstream
+            # plus the uniform off_value · upstream that the rank-1 terms below take away.
+            dlogits = tf.cast(shifted_exp * scale[:, None], hidden.dtype)  # [N, V]
+            rows = tf.range(tf.shape(labels)[0])
+            pads = tf.fill(tf.shape(labels), pad_id)
+            label_value = (tf.gather(shifted_exp, labels, batch_dims=1) * scale
+                           - (1.0 - epsilon - off_value) * upstream)
+            pad_value = shifted_exp[:, pad_id] * scale + off_value * upstream
+            # Labels equal to pad occur only at padding (upstream 0): either value is then 0.
+            dlogits = tf.tensor_scatter_nd_update(
+                dlogits, tf.concat([tf.stack([rows, labels], 1), tf.stack([rows, pads], 1)], 0),
+                tf.cast(tf.concat([label_value, pad_value], 0), dlogits.dtype))
+            uniform = off_value * upstream  # [N]: the off_value · upstream in every column
+            dhidden = (tf.cast(tf.matmul(dlogits, weights), tf.float32)
+                       - uniform[:, None] * kernel_sum[None, :])  # [N, D]
+            dkernel = (tf.cast(tf.matmul(dlogits, hidden, transpose_a=True), tf.float32)
+                       - tf.matmul(uniform[None, :], hidden_32))  # [V, D] - [1, D]
+            return tf.cast(dhidden, hidden.dtype), dkernel  # [N, D], [V, D]
+
+        return loss, grad
+
+    return xent(hidden, tf.cast(kernel, tf.float32))
+
+
+def masked_projected_loss_sum(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
+    """masked_loss_sum of the logits hidden [B, T, D] · kernelᵀ ([V, D]) with labels [B, T],
+    through projected_cross_entropy (the training loop's loss)."""
+    flat_labels = tf.reshape(labels, [-1])  # [N]
+    loss = projected_cross_entropy(flat_labels, tf.reshape(hidden, [-1, hidden.shape[-1]]),
+                                   kernel, epsilon, pad_id)
+    weights = tf.cast(tf.not_equal(flat_labels, pad_id), tf.float32)
+    return tf.reduce_sum(loss * weights), tf.reduce_sum(weights)
 
 
 def masked_loss_sum(labels, logits, epsilon=0.1, pad_id=PAD_ID):

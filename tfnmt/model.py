@@ -145,17 +145,32 @@ class Transformer(keras.Model):
             logits = self.target_embedding.logits(x)
         return tf.cast(logits, tf.float32)  # [B, T, V]; the loss and softmax work in float32
 
-    def decode(self, target_ids, memory, source_padding, training=None,
-               return_attention_scores=False):
-        """Teacher-forced decoding: target_ids [B, T] (starting with BOS) -> logits [B, T, V]
-        (float32); with return_attention_scores also a list of {"self", "cross"} per layer."""
+    def output_kernel(self):
+        """The [V, D] matrix whose product with the decoder states gives the logits."""
+        if self.output_projection is not None:
+            return tf.transpose(self.output_projection.kernel)
+        return self.target_embedding.embeddings
+
+    def decoder_states(self, target_ids, memory, source_padding, training=None,
+                       return_attention_scores=False):
+        """Teacher-forced decoder output before the output projection: target_ids [B, T]
+        (starting with BOS) -> [B, T, D] in the compute dtype (the training loop projects it
+        inside its loss, see losses.masked_projected_loss_sum); with return_attention_scores
+        also a list of {"self", "cross"} per layer."""
         length = tf.shape(target_ids)[1]
         self_mask = causal_mask(length)  # [1, T, T]; padded targets are masked in the loss
         memory_mask = source_padding[:, None, :]  # [B, 1, S]
         x = self._embed(self.target_embedding, target_ids, training)
-        x, weights = self._run_stack(self.decoder_layers, self.decoder_norm, x,
-                                     (memory, self_mask, memory_mask), training,
-                                     return_attention_scores)
+        return self._run_stack(self.decoder_layers, self.decoder_norm, x,
+                               (memory, self_mask, memory_mask), training,
+                               return_attention_scores)
+
+    def decode(self, target_ids, memory, source_padding, training=None,
+               return_attention_scores=False):
+        """Teacher-forced decoding: target_ids [B, T] (starting with BOS) -> logits [B, T, V]
+        (float32); with return_attention_scores also a list of {"self", "cross"} per layer."""
+        x, weights = self.decoder_states(target_ids, memory, source_padding, training,
+                                         return_attention_scores)
         logits = self._logits(x)
         return (logits, weights) if return_attention_scores else logits
 

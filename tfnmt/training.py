@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from tfnmt.losses import masked_loss_sum
+from tfnmt.losses import masked_projected_loss_sum
 from tfnmt.tokenizer import PAD_ID
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -43,8 +43,12 @@ class Trainer:
         grads, loss_sum, padded = None, 0.0, 0.0
         for batch in batches:
             with tf.GradientTape() as tape:
-                logits = self.model((batch["source"], batch["target_in"]), training=True)
-                batch_loss, _ = masked_loss_sum(batch["target_out"], logits, self.label_smoothing)
+                memory, source_padding = self.model.encode(batch["source"], training=True)
+                states, _ = self.model.decoder_states(batch["target_in"], memory, source_padding,
+                                                      training=True)
+                # The output projection happens inside the loss (fewer passes over the logits).
+                batch_loss, _ = masked_projected_loss_sum(
+                    batch["target_out"], states, self.model.output_kernel(), self.label_smoothing)
                 scaled = self.optimizer.scale_loss(batch_loss / global_tokens)
             step_grads = tape.gradient(scaled, variables)
             grads = step_grads if grads is None else [a + b for a, b in zip(grads, step_grads)]
