@@ -67,6 +67,10 @@ flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16", "fp16"],
 flags.DEFINE_bool("shape_stable", True, "Pad each batch to its length bucket's upper edge, so "
                   "every bucket has one shape (kernels are set up once per bucket, and memory "
                   "stays flat); false pads to the batch's longest pair.")
+flags.DEFINE_float("bucket_growth", 1.0, "Length buckets: 1.0 = one per length from 8 tokens on "
+                   "(batches fill --batch_tokens to within one pair); 1.1 = each 10% wider "
+                   "than the last (on the embedded corpus 62 batch shapes instead of 159, for "
+                   "--jit_compile, at 9.1% padding instead of 6.7%).")
 flags.DEFINE_bool("jit_compile", False, "XLA-compile the replica's train step (on this project's "
                   "2-core CPU it ran at 0.55x the default; see bench/README.md).")
 flags.DEFINE_integer("seed", 1234, "Seed for initialisation and data order.")
@@ -84,7 +88,8 @@ MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attenti
                "norm_first", "position")
 DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type", "max_length")
 TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "warmup_steps", "lr_scale",
-               "label_smoothing", "mixed_precision", "shape_stable", "jit_compile", "seed",
+               "label_smoothing", "mixed_precision", "shape_stable", "bucket_growth", "jit_compile",
+               "seed",
                "log_every", "eval_every",
                "bleu_sentences", "checkpoint_every", "keep_checkpoints", "average_last")
 
@@ -97,6 +102,7 @@ for _name in ("eval_every", "bleu_sentences", "average_last"):
 flags.register_validator("label_smoothing", lambda v: 0.0 <= v < 1.0,
                          "--label_smoothing must be in [0, 1)")
 flags.register_validator("lr_scale", lambda v: v > 0, "--lr_scale must be positive")
+flags.register_validator("bucket_growth", lambda v: v >= 1.0, "--bucket_growth must be >= 1.0")
 flags.register_validator("dropout", lambda v: v is None or 0.0 <= v < 1.0,
                          "--dropout must be in [0, 1)")
 

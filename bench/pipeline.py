@@ -1,6 +1,8 @@
 """Input pipeline speed and padding: examples/s and batches/s of tfnmt.data.make_dataset over
-the prepared embedded corpus (one epoch after a warm-up), and the share of padded positions,
-with and without shape-stable (bucket-edge) padding. Prints one JSON line.
+the prepared embedded corpus (one epoch after a warm-up), the share of padded positions and the
+number of distinct batch shapes, with and without shape-stable (bucket-edge) padding, for
+one bucket per length (--bucket_growth=1.0, the default) and 10%-wide buckets (1.1). Prints one
+JSON line.
 
   python bench/pipeline.py
 """
@@ -24,24 +26,27 @@ def main(argv):
 
     prepared_data(FLAGS.data_dir)
     result = {"machine": cpu_description(), "batch_tokens": FLAGS.batch_tokens}
-    for shape_stable in (False, True):
-        def epoch():
-            return data.make_dataset(FLAGS.data_dir, "train", FLAGS.batch_tokens, seed=0,
-                                     shape_stable=shape_stable)
+    for growth in (1.0, 1.1):
+        for shape_stable in (False, True):
+            def epoch():
+                return data.make_dataset(FLAGS.data_dir, "train", FLAGS.batch_tokens, seed=0,
+                                         shape_stable=shape_stable, bucket_growth=growth)
 
-        for _ in epoch().take(20):  # warm-up: file handles, autotuning
-            pass
-        examples = batches = 0
-        start = time.perf_counter()
-        for batch in epoch():
-            examples += int(tf.shape(batch["source"])[0])
-            batches += 1
-        elapsed = time.perf_counter() - start
-        fraction, _ = data.padding_fraction(epoch())
-        key = "shape_stable" if shape_stable else "pad_to_longest"
-        result[key] = {"examples_per_s": round(examples / elapsed),
-                       "batches_per_s": round(batches / elapsed, 1),
-                       "batches": batches, "padding_fraction": round(fraction, 4)}
+            for _ in epoch().take(20):  # warm-up: file handles, autotuning
+                pass
+            examples = batches = 0
+            shapes = set()
+            start = time.perf_counter()
+            for batch in epoch():
+                examples += int(tf.shape(batch["source"])[0])
+                batches += 1
+                shapes.add((tuple(batch["source"].shape), tuple(batch["target_in"].shape)))
+            elapsed = time.perf_counter() - start
+            fraction, _ = data.padding_fraction(epoch())
+            key = f"growth_{growth}_" + ("shape_stable" if shape_stable else "pad_to_longest")
+            result[key] = {"examples_per_s": round(examples / elapsed),
+                           "batches_per_s": round(batches / elapsed, 1), "batches": batches,
+                           "batch_shapes": len(shapes), "padding_fraction": round(fraction, 4)}
     print(json.dumps(result))
 
 

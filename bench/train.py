@@ -33,6 +33,7 @@ flags.DEFINE_integer("warmup", 40, "Untimed steps first (tracing, per-shape kern
 flags.DEFINE_integer("window", 20, "Steps per timing window; the median window is reported.")
 flags.DEFINE_bool("shape_stable", True, "Pad batches to their bucket boundary (train.py's "
                   "--shape_stable).")
+flags.DEFINE_float("bucket_growth", 1.0, "Length bucket growth (train.py's --bucket_growth).")
 flags.DEFINE_bool("jit_compile", False, "XLA-compile the train step.")
 flags.DEFINE_bool("ceiling", True, "Measure the matmul ceilings first.")
 flags.DEFINE_string("profile_dir", None, "Also write a tf.profiler trace of 5 steps after the "
@@ -55,7 +56,8 @@ def main(argv):
 
     result = {"machine": cpu_description(), "tensorflow": tf.__version__,
               "preset": FLAGS.preset, "batch_tokens": FLAGS.batch_tokens,
-              "shape_stable": FLAGS.shape_stable, "jit_compile": FLAGS.jit_compile}
+              "shape_stable": FLAGS.shape_stable, "bucket_growth": FLAGS.bucket_growth,
+              "jit_compile": FLAGS.jit_compile}
     if FLAGS.ceiling:
         result["ceiling_gflops"] = {"fp32": round(matmul_ceiling(tf.float32), 1),
                                     "bf16": round(matmul_ceiling(tf.bfloat16), 1)}
@@ -83,7 +85,8 @@ def main(argv):
 
     def dataset():
         return data.make_dataset(FLAGS.data_dir, "train", FLAGS.batch_tokens, shuffle=True,
-                                 seed=7, repeat=True, shape_stable=FLAGS.shape_stable)
+                                 seed=7, repeat=True, shape_stable=FLAGS.shape_stable,
+                                 bucket_growth=FLAGS.bucket_growth)
 
     total_steps = FLAGS.warmup + FLAGS.steps
     # The same deterministic batches, read once in Python to count their real lengths.

@@ -14,13 +14,18 @@ from tfnmt import records
 from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
-def bucket_boundaries(max_length, min_length=8, step=1.1):
-    """Geometric bucket edges min_length, x1.1, ... ending at max_length + 1 (exclusive)."""
+def bucket_boundaries(max_length, min_length=8, growth=1.0):
+    """Bucket edges min_length, then each x growth (at least +1), ending at max_length + 1
+    (exclusive). growth 1.0: one bucket per length from min_length on, so a batch fills its
+    token budget to within one pair (as OpenNMT-tf's length_bucket_width=1); 1.1: buckets 10%
+    wide, several times fewer distinct batch shapes (for XLA) at some padding."""
+    if growth < 1.0:
+        raise ValueError(f"bucket growth must be >= 1.0, got {growth}")
     boundaries = []
     length = min_length
     while length <= max_length:
         boundaries.append(length)
-        length = max(length + 1, int(length * step))
+        length = max(length + 1, int(length * growth))
     return boundaries + [max_length + 1]
 
 
@@ -60,12 +65,13 @@ def dropped_by_length(manifest, split, max_length):
 
 def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=True, seed=None,
                  repeat=False, shuffle_buffer=20000, input_context=None, vocab_sha256=None,
-                 boundaries=None, shape_stable=False):
+                 boundaries=None, shape_stable=False, bucket_growth=1.0):
     """Batches of {"source" [B, S], "target_in" [B, T], "target_out" [B, T]} int32, PAD-padded.
 
     With `shape_stable`, both sides of a batch are padded to its bucket's upper edge, so a
     bucket always gives the same [B, L] shapes: per-shape work (oneDNN primitives, XLA
-    programs) is then done once per bucket rather than once per batch.
+    programs) is then done once per bucket rather than once per batch. Bucket edges are
+    `boundaries`, else bucket_boundaries(max_length, growth=bucket_growth).
     """
     manifest = records.load_manifest(data_dir, vocab_sha256)
     files = records.shard_paths(data_dir, manifest, split)
@@ -96,7 +102,7 @@ def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=Tru
     dataset = dataset.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE,
                           deterministic=True)
     dataset = dataset.filter(lambda example: _length(example) <= max_length)
-    boundaries = boundaries or bucket_boundaries(max_length)
+    boundaries = boundaries or bucket_boundaries(max_length, growth=bucket_growth)
     dataset = dataset.bucket_by_sequence_length(
         _length, boundaries, bucket_batch_sizes(boundaries, batch_tokens),
         padded_shapes={"source": [None], "target_in": [None], "target_out": [None]},

@@ -175,7 +175,8 @@ def run(settings, strategy, log=print):
         return data.make_dataset(data_dir, "train", t["batch_tokens"], d["max_length"],
                                  shuffle=True, seed=t["seed"] + step, repeat=True,
                                  input_context=context, vocab_sha256=tokenizer.sha256,
-                                 shape_stable=t.get("shape_stable", True))
+                                 shape_stable=t.get("shape_stable", True),
+                                 bucket_growth=t.get("bucket_growth", 1.0))
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     trainer = Trainer(model, optimizer, strategy, t["label_smoothing"], t["accum_steps"],
