@@ -20,19 +20,21 @@ def _pair(dim=16, dtype=None):
     return ours, reference
 
 
-def _values_and_gradients(layer, x, upstream):
+def _values_and_gradients(layer, x, upstream, training=None):
     with tf.GradientTape() as tape:
         tape.watch(x)
-        y = layer(x)
+        y = layer(x, training=training)
         total = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
     return [y] + tape.gradient(total, [x] + layer.trainable_variables)
 
 
-def test_values_and_gradients_match_keras():
+@pytest.mark.parametrize("training", [True, False])
+def test_values_and_gradients_match_keras(training):
+    """Training: the closed-form gradient; otherwise Keras's own ops (fused by oneDNN)."""
     ours, reference = _pair()
     x = tf.random.normal([3, 5, 16]) * 4.0 + 2.0
     upstream = tf.random.normal([3, 5, 16])
-    got = _values_and_gradients(ours, x, upstream)
+    got = _values_and_gradients(ours, x, upstream, training)
     expected = _values_and_gradients(reference, x, upstream)
     for name, a, b in zip(["y", "dx", "dgamma", "dbeta"], got, expected):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
@@ -42,12 +44,13 @@ def test_mixed_bfloat16_normalises_in_float32():
     ours, reference = _pair(dtype="mixed_bfloat16")
     # Large mean, small spread: a bfloat16 mean/variance would lose the spread entirely.
     x = tf.cast(300.0 + tf.random.normal([4, 16]), tf.float32)
-    y = ours(x)
-    assert y.dtype == tf.bfloat16 and ours.gamma.dtype == "float32"
-    np.testing.assert_allclose(tf.cast(y, tf.float32), tf.cast(reference(x), tf.float32),
-                               atol=0.05)
+    for training in (True, False):
+        y = ours(x, training=training)
+        assert y.dtype == tf.bfloat16 and ours.gamma.dtype == "float32"
+        np.testing.assert_allclose(tf.cast(y, tf.float32), tf.cast(reference(x), tf.float32),
+                                   atol=0.05)
     upstream = tf.random.normal([4, 16])
-    got = _values_and_gradients(ours, x, upstream)
+    got = _values_and_gradients(ours, x, upstream, training=True)
     expected = _values_and_gradients(reference, x, upstream)
     for a, b in zip(got[1:], expected[1:]):
         np.testing.assert_allclose(tf.cast(a, tf.float32), tf.cast(b, tf.float32), rtol=0.05,
@@ -69,8 +72,30 @@ def test_reads_checkpoints_of_keras_layer_normalization(tmp_path):
 def test_shapes(shape):
     ours, reference = _pair()
     x = tf.random.normal(shape)
+    np.testing.assert_allclose(ours(x, training=True), reference(x), atol=1e-5)
     np.testing.assert_allclose(ours(x), reference(x), atol=1e-5)
 
 
 def test_config_round_trips():
     assert_config_round_trip(LayerNorm(epsilon=1e-3), tf.random.normal([2, 3, 8]))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_training_reaches_every_layer_norm_of_the_model(monkeypatch, norm_first):
+    """The training loop calls model.encode / decoder_states directly (not model.__call__):
+    training=True must still reach each LayerNorm, or it falls back to the slower Keras ops."""
+    from tfnmt.layers import layer_norm as module
+    from tfnmt.model import Transformer
+    from tfnmt.presets import get_preset
+
+    calls = []
+    original = module.layer_norm
+    monkeypatch.setattr(module, "layer_norm", lambda *a, **k: calls.append(1) or original(*a, **k))
+    model = Transformer(vocab_size=30, norm_first=norm_first, **get_preset("tiny"))
+    memory, padding = model.encode(tf.constant([[5, 6, 3]]), training=True)
+    model.decoder_states(tf.constant([[2, 7]]), memory, padding, training=True)
+    expected = 2 * 2 + 2 * 3 + (2 if norm_first else 0)  # 2 encoder, 2 decoder layers (+ final)
+    assert len(calls) == expected
+    calls.clear()
+    model.encode(tf.constant([[5, 6, 3]]))
+    assert not calls

@@ -134,7 +134,7 @@ class Transformer(keras.Model):
                 x, layer_weights = x
                 weights.append(layer_weights)
         if final_norm is not None:
-            x = final_norm(x)
+            x = final_norm(x, training=training)
         return x, weights
 
     def _logits(self, x):

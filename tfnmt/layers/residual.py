@@ -8,9 +8,9 @@ def residual_block(x, sublayer, norm, dropout, norm_first, training):
     `sublayer` returns either a tensor or a tuple whose first item is the tensor; the rest of the
     tuple (cache, attention weights) is passed through: returns (output, extras).
     """
-    result = sublayer(norm(x) if norm_first else x)
+    result = sublayer(norm(x, training=training) if norm_first else x)
     extras = ()
     if isinstance(result, tuple):
         result, extras = result[0], result[1:]
     y = x + dropout(result, training=training)
-    return (y if norm_first else norm(y)), extras
+    return (y if norm_first else norm(y, training=training)), extras
