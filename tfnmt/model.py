@@ -154,9 +154,9 @@ class Transformer(keras.Model):
     def decoder_states(self, target_ids, memory, source_padding, training=None,
                        return_attention_scores=False):
         """Teacher-forced decoder output before the output projection: target_ids [B, T]
-        (starting with BOS) -> [B, T, D] in the compute dtype (the training loop projects it
-        inside its loss, see losses.masked_projected_loss_sum); with return_attention_scores
-        also a list of {"self", "cross"} per layer."""
+        (starting with BOS) -> (states [B, T, D] in the compute dtype, a list of per-layer
+        {"self", "cross"} attention weights, empty unless return_attention_scores). The
+        training loop projects the states inside its loss (losses.masked_projected_loss_sum)."""
         length = tf.shape(target_ids)[1]
         self_mask = causal_mask(length)  # [1, T, T]; padded targets are masked in the loss
         memory_mask = source_padding[:, None, :]  # [B, 1, S]

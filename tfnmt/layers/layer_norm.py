@@ -6,8 +6,7 @@ LayerNorms took about a ninth of a `small` training step's op time (bench/README
 forward keeps x̂ and 1/σ, and the backward is the textbook expression
     dx = (g - mean(g) - x̂ · mean(g · x̂)) / σ,   g = dy · γ,
 in fewer passes. That path is for training only: outside it (decoding, export) the layer
-runs keras.ops.layer_normalization, whose op pattern TensorFlow's oneDNN rewrite fuses into
-one kernel (the custom gradient's op pattern made the batch-32 beam search 7% slower).
+runs keras.ops.layer_normalization, so exported graphs hold the same ops as with Keras's layer.
 Statistics are computed in float32 under any policy, as Keras does. The variables are named
 `gamma` and `beta` like Keras's, so checkpoints carry over.
 """
