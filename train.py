@@ -67,10 +67,10 @@ flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16", "fp16"],
 flags.DEFINE_bool("shape_stable", True, "Pad each batch to its length bucket's upper edge, so "
                   "every bucket has one shape (kernels are set up once per bucket, and memory "
                   "stays flat); false pads to the batch's longest pair.")
-flags.DEFINE_float("bucket_growth", 1.0, "Length buckets: 1.0 = one per length from 8 tokens on "
-                   "(batches fill --batch_tokens to within one pair); 1.1 = each 10% wider "
-                   "than the last (on the embedded corpus 62 batch shapes instead of 159, for "
-                   "--jit_compile, at 9.1% padding instead of 6.7%).")
+flags.DEFINE_float("bucket_growth", 1.1, "Length buckets: each 10% wider than the last (1.1), "
+                   "or 1.0 = one per length from 8 tokens on (batches fill --batch_tokens to "
+                   "within one pair: 4.6% faster here, but one 1,000-step run ended with a worse "
+                   "dev loss, 5.02 against 4.73; 159 batch shapes instead of 62).")
 flags.DEFINE_bool("jit_compile", False, "XLA-compile the replica's train step (on this project's "
                   "2-core CPU it ran at 0.55x the default; see bench/README.md).")
 flags.DEFINE_integer("seed", 1234, "Seed for initialisation and data order.")

@@ -33,7 +33,7 @@ flags.DEFINE_integer("warmup", 40, "Untimed steps first (tracing, per-shape kern
 flags.DEFINE_integer("window", 20, "Steps per timing window; the median window is reported.")
 flags.DEFINE_bool("shape_stable", True, "Pad batches to their bucket boundary (train.py's "
                   "--shape_stable).")
-flags.DEFINE_float("bucket_growth", 1.0, "Length bucket growth (train.py's --bucket_growth).")
+flags.DEFINE_float("bucket_growth", 1.1, "Length bucket growth (train.py's --bucket_growth).")
 flags.DEFINE_bool("jit_compile", False, "XLA-compile the train step.")
 flags.DEFINE_bool("ceiling", True, "Measure the matmul ceilings first.")
 flags.DEFINE_string("profile_dir", None, "Also write a tf.profiler trace of 5 steps after the "

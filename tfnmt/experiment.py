@@ -176,7 +176,7 @@ def run(settings, strategy, log=print):
                                  shuffle=True, seed=t["seed"] + step, repeat=True,
                                  input_context=context, vocab_sha256=tokenizer.sha256,
                                  shape_stable=t.get("shape_stable", True),
-                                 bucket_growth=t.get("bucket_growth", 1.0))
+                                 bucket_growth=t.get("bucket_growth", 1.1))
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     trainer = Trainer(model, optimizer, strategy, t["label_smoothing"], t["accum_steps"],
