@@ -24,6 +24,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import time
@@ -35,7 +36,8 @@ from absl import app, flags  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_string("onmt_python", None, "Python of an environment with OpenNMT-tf 2.32.")
 flags.DEFINE_string("data_dir", "runs/bench-data", "Prepared embedded corpus (made if missing).")
-flags.DEFINE_string("work_dir", "runs/opennmt-peer", "Its data, config and model (replaced).")
+flags.DEFINE_string("work_dir", "runs/opennmt-peer", "Its data, config and model (the model "
+                    "is trained anew each run).")
 flags.DEFINE_integer("steps", 300, "Training steps.")
 flags.DEFINE_integer("log_every", 20, "Steps per OpenNMT-tf log line (one timing window).")
 flags.DEFINE_integer("skip_logs", 3, "Log lines left out as warm-up.")
@@ -98,7 +100,8 @@ LOG_LINE = re.compile(r"Step = (\d+) ; steps/s = [\d.]+, tokens/s = \d+ \(\d+ so
 
 
 def write_data(work, spm_path):
-    """Train and test splits as space-separated pieces of the bench's SentencePiece model."""
+    """Train and test splits as space-separated pieces of the bench's SentencePiece model, and
+    the raw test references for sacreBLEU."""
     import sentencepiece
 
     processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
@@ -106,13 +109,16 @@ def write_data(work, spm_path):
         with gzip.open(os.path.join(ROOT, "data", "de-en", f"{split}.tsv.gz"), "rt",
                        encoding="utf-8") as tsv, \
                 open(os.path.join(work, f"{split}.de"), "w", encoding="utf-8") as de, \
-                open(os.path.join(work, f"{split}.en"), "w", encoding="utf-8") as en, \
-                open(os.path.join(work, f"{split}.raw.en"), "w", encoding="utf-8") as raw:
+                open(os.path.join(work, f"{split}.en"), "w", encoding="utf-8") as en:
+            references = []
             for line in tsv:
                 source, target = line.rstrip("\n").split("\t")[:2]
                 de.write(" ".join(processor.encode(source, out_type=str)) + "\n")
                 en.write(" ".join(processor.encode(target, out_type=str)) + "\n")
-                raw.write(target + "\n")
+                references.append(target + "\n")
+        if split == "test":
+            with open(os.path.join(work, "test.raw.en"), "w", encoding="utf-8") as raw:
+                raw.writelines(references)
     with open(os.path.join(work, "spm.vocab"), "w", encoding="utf-8") as vocab:
         for index in range(processor.get_piece_size()):
             vocab.write(f"{processor.id_to_piece(index)}\t{processor.get_score(index)}\n")
@@ -132,7 +138,7 @@ def main(argv):
 
     manifest = prepared_data(FLAGS.data_dir)
     work = os.path.abspath(FLAGS.work_dir)
-    subprocess.run(["rm", "-rf", os.path.join(work, "model")], check=True)
+    shutil.rmtree(os.path.join(work, "model"), ignore_errors=True)
     os.makedirs(work, exist_ok=True)
     write_data(work, os.path.join(FLAGS.data_dir, manifest["vocab"]["file"]))
     run(["-m", "opennmt.bin.build_vocab", "--from_vocab", os.path.join(work, "spm.vocab"),

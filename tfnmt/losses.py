@@ -37,11 +37,7 @@ def _smoothed_xent(labels, logits, epsilon, pad_id):
 
     @tf.custom_gradient
     def xent(logits):
-        # logsumexp by hand, keeping exp(z - max) for the gradient (no second exp pass).
-        row_max = tf.reduce_max(logits, axis=-1, keepdims=True)  # [B, T, 1]
-        shifted_exp = tf.exp(logits - row_max)  # [B, T, V]
-        normaliser = tf.reduce_sum(shifted_exp, axis=-1)  # [B, T]
-        log_normaliser = tf.math.log(normaliser) + row_max[..., 0]
+        shifted_exp, normaliser, log_normaliser = _softmax_statistics(logits)  # [B, T, (V)]
         label_logit = tf.gather(logits, labels, batch_dims=2)  # [B, T]
         loss = _smoothed_loss(log_normaliser, label_logit, tf.reduce_sum(logits, axis=-1),
                               logits[..., pad_id], epsilon, others_count)
@@ -62,6 +58,15 @@ def _smoothed_xent(labels, logits, epsilon, pad_id):
         return loss, grad
 
     return xent(logits)
+
+
+def _softmax_statistics(logits):
+    """logsumexp by hand over the last axis of logits [..., V], keeping exp(z - max) for the
+    gradient (no second exp pass): (exp(z - max) [..., V], its sum [...], logsumexp [...])."""
+    row_max = tf.reduce_max(logits, axis=-1, keepdims=True)  # [..., 1]
+    shifted_exp = tf.exp(logits - row_max)
+    normaliser = tf.reduce_sum(shifted_exp, axis=-1)
+    return shifted_exp, normaliser, tf.math.log(normaliser) + row_max[..., 0]
 
 
 def _smoothed_loss(log_normaliser, label_logit, logit_sum, pad_logit, epsilon, others_count):
@@ -95,10 +100,7 @@ def projected_cross_entropy(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
     def xent(hidden, kernel):
         weights = tf.cast(kernel, hidden.dtype)  # [V, D]
         logits = tf.cast(tf.matmul(hidden, weights, transpose_b=True), tf.float32)  # [N, V]
-        row_max = tf.reduce_max(logits, axis=-1, keepdims=True)  # [N, 1]
-        shifted_exp = tf.exp(logits - row_max)  # [N, V]
-        normaliser = tf.reduce_sum(shifted_exp, axis=-1)  # [N]
-        log_normaliser = tf.math.log(normaliser) + row_max[:, 0]
+        shifted_exp, normaliser, log_normaliser = _softmax_statistics(logits)  # [N, (V)]
         label_logit = tf.gather(logits, labels, batch_dims=1)  # [N]
         hidden_32 = tf.cast(hidden, tf.float32)
         kernel_sum = tf.reduce_sum(tf.cast(weights, tf.float32), axis=0)  # [D]
