@@ -109,24 +109,36 @@ def projected_cross_entropy(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
                               others_count)
 
         def grad(upstream):  # upstream [N]
-            scale = upstream / normaliser
-            # softmax · upstream, then the exact label and pad columns of (p - q) · upstream
-            # plus the uniform off_value · upstream that the rank-1 terms below take away.
-            dlogits = tf.cast(shifted_exp * scale[:, None], hidden.dtype)  # [N, V]
-            rows = tf.range(tf.shape(labels)[0])
-            pads = tf.fill(tf.shape(labels), pad_id)
-            label_value = (tf.gather(shifted_exp, labels, batch_dims=1) * scale
-                           - (1.0 - epsilon - off_value) * upstream)
-            pad_value = shifted_exp[:, pad_id] * scale + off_value * upstream
-            # Labels equal to pad occur only at padding (upstream 0): either value is then 0.
-            dlogits = tf.tensor_scatter_nd_update(
-                dlogits, tf.concat([tf.stack([rows, labels], 1), tf.stack([rows, pads], 1)], 0),
-                tf.cast(tf.concat([label_value, pad_value], 0), dlogits.dtype))
+            scale = upstream / normaliser  # [N]
+            # dlogits = (p - q) · upstream = scale · exp(z - max), minus the uniform
+            # off_value · upstream (rank-1 terms), plus corrections in the label and pad
+            # columns. Only exp(z - max) is written as an [N, V] matrix (in the compute dtype);
+            # the row scale is applied to the [N, D] operands and results, and the two
+            # corrections go to the gradients through the kernel's and hidden's rows, in
+            # float32, so no pass scales or patches the [N, V] matrix.
+            probs = tf.cast(shifted_exp, hidden.dtype)  # [N, V], unnormalised
+            label_target = (tf.gather(shifted_exp, labels, batch_dims=1) * scale
+                            - (1.0 - epsilon - off_value) * upstream)  # dlogits[n, y_n] + off·u
+            pad_target = shifted_exp[:, pad_id] * scale + off_value * upstream
+            # What the matrix already gives in those columns (its rounded entries, scaled).
+            label_have = tf.cast(tf.gather(probs, labels, batch_dims=1), tf.float32) * scale
+            pad_have = tf.cast(probs[:, pad_id], tf.float32) * scale
+            label_fix = label_target - label_have  # [N]
+            pad_fix = pad_target - pad_have  # [N]
+            # Labels equal to pad occur only at padding, where upstream and both fixes are 0.
             uniform = off_value * upstream  # [N]: the off_value · upstream in every column
-            dhidden = (tf.cast(tf.matmul(dlogits, weights), tf.float32)
-                       - uniform[:, None] * kernel_sum[None, :])  # [N, D]
-            dkernel = (tf.cast(tf.matmul(dlogits, hidden, transpose_a=True), tf.float32)
-                       - tf.matmul(uniform[None, :], hidden_32))  # [V, D] - [1, D]
+            kernel_32 = tf.cast(weights, tf.float32)
+            dhidden = (tf.cast(tf.matmul(probs, weights), tf.float32) * scale[:, None]
+                       - uniform[:, None] * kernel_sum[None, :]
+                       + label_fix[:, None] * tf.gather(kernel_32, labels)
+                       + pad_fix[:, None] * kernel_32[pad_id][None, :])  # [N, D]
+            scaled_hidden = tf.cast(hidden_32 * scale[:, None], hidden.dtype)  # [N, D]
+            fix_rows = tf.concat([label_fix[:, None] * hidden_32,  # [N + 1, D]
+                                  tf.matmul(pad_fix[None, :], hidden_32)], 0)
+            fix_ids = tf.concat([labels, [pad_id]], 0)  # [N + 1]
+            dkernel = (tf.cast(tf.matmul(probs, scaled_hidden, transpose_a=True), tf.float32)
+                       - tf.matmul(uniform[None, :], hidden_32)
+                       + tf.math.unsorted_segment_sum(fix_rows, fix_ids, vocab_size))  # [V, D]
             return tf.cast(dhidden, hidden.dtype), dkernel  # [N, D], [V, D]
 
         return loss, grad
