@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tfnmt.layers.linear import linear
@@ -39,3 +40,41 @@ def test_unknown_leading_dimensions_keep_static_width():
         return y
 
     assert project(tf.ones([2, 5, 8])).shape == (2, 5, 3)
+
+
+@pytest.mark.parametrize("activation", [None, tf.nn.relu])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_training_path_equals_plain_ops_and_their_gradients(activation, dtype):
+    # training=True takes the custom gradient (bias gradient as a GEMM by a row of ones).
+    x = tf.cast(tf.random.normal([3, 5, 8]), dtype)
+    kernel = tf.random.normal([8, 6])
+    bias = tf.random.normal([6])
+    upstream = tf.cast(tf.random.normal([3, 5, 6]), dtype)
+    results = []
+    for training in (True, False):
+        with tf.GradientTape() as tape:
+            tape.watch([x, kernel, bias])
+            y = linear(x, kernel, bias, activation=activation, training=training)
+            total = tf.reduce_sum(tf.cast(y * upstream, tf.float32))
+        results.append([y] + tape.gradient(total, [x, kernel, bias]))
+    tolerance = 1e-5 if dtype == tf.float32 else 2e-2
+    for ours, plain in zip(*results):
+        np.testing.assert_allclose(tf.cast(ours, tf.float32), tf.cast(plain, tf.float32),
+                                   rtol=tolerance, atol=tolerance * 10)
+    if activation is not None:  # some outputs were clipped, so ReluGrad's mask mattered
+        assert 0 < float(tf.reduce_mean(tf.cast(results[1][0] == 0, tf.float32))) < 1
+
+
+def test_plain_ops_outside_training():
+    # Inference graphs (and exports) keep MatMul + BiasAdd + Relu, which grappler fuses.
+    @tf.function
+    def project(x, training):
+        return linear(x, tf.ones([8, 3]), tf.zeros([3]), activation=tf.nn.relu,
+                      training=training)
+
+    def op_types(training):
+        graph = project.get_concrete_function(tf.TensorSpec([None, 8]), training).graph
+        return {op.type for op in graph.get_operations()}
+
+    assert "IdentityN" not in op_types(False) and "Relu" in op_types(False)
+    assert "IdentityN" in op_types(True)

@@ -49,25 +49,25 @@ class MultiHeadAttention(keras.layers.Layer):
         self.output_kernel, self.output_bias = dense("output")
         self.built = True
 
-    def _project(self, x, kernel, bias):
+    def _project(self, x, kernel, bias, training=None):
         # [B, T, D] -> [B, H, T, Dh]
-        y = linear(x, kernel, bias)
+        y = linear(x, kernel, bias, training=training)
         batch, length = tf.shape(x)[0], tf.shape(x)[1]
         y = tf.reshape(y, [batch, length, self.num_heads, self.head_dim])
         return tf.transpose(y, [0, 2, 1, 3])
 
-    def project_key_value(self, value):
+    def project_key_value(self, value, training=None):
         """Keys and values of `value` ([B, Tk, D]) as a static cache, e.g. for the encoder memory."""
         if not self.built:
             self.build()
         return {
-            "key": self._project(value, self.key_kernel, self.key_bias),
-            "value": self._project(value, self.value_kernel, self.value_bias),
+            "key": self._project(value, self.key_kernel, self.key_bias, training),
+            "value": self._project(value, self.value_kernel, self.value_bias, training),
         }
 
     def call(self, query, value=None, attention_mask=None, cache=None, static_kv=False,
              training=None, return_attention_scores=False):
-        q = self._project(query, self.query_kernel, self.query_bias)  # [B, H, Tq, Dh]
+        q = self._project(query, self.query_kernel, self.query_bias, training)  # [B, H, Tq, Dh]
         batch, length = tf.shape(q)[0], tf.shape(q)[2]
         if static_kv:
             k, v = cache["key"], cache["value"]  # [Bc, H, Tk, Dh], B = Bc * G
@@ -75,7 +75,7 @@ class MultiHeadAttention(keras.layers.Layer):
             q = tf.reshape(q, [tf.shape(k)[0], -1, self.num_heads, length, self.head_dim])
             k, v = k[:, None], v[:, None]  # q [Bc, G, H, Tq, Dh]; k, v [Bc, 1, H, Tk, Dh]
         else:
-            step_kv = self.project_key_value(value)
+            step_kv = self.project_key_value(value, training)
             k, v = step_kv["key"], step_kv["value"]
             if cache is not None:
                 k = tf.concat([cache["key"], k], axis=2)
@@ -98,7 +98,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 weights = tf.reshape(weights, [batch, self.num_heads, length, -1])
         attended = tf.transpose(attended, [0, 2, 1, 3])  # [B, Tq, H, Dh]
         attended = tf.reshape(attended, [batch, length, self.d_model])
-        output = linear(attended, self.output_kernel, self.output_bias)  # [B, Tq, D]
+        output = linear(attended, self.output_kernel, self.output_bias,
+                        training=training)  # [B, Tq, D]
 
         result = (output,)
         if cache is not None:

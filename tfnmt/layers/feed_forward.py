@@ -36,9 +36,10 @@ class FeedForward(keras.layers.Layer):
 
     def call(self, x, training=None):
         # x: [B, T, D] -> [B, T, F] -> [B, T, D]
-        h = linear(x, self.inner_kernel, self.inner_bias)
-        h = self.dropout(ACTIVATIONS[self.activation](h), training=training)
-        return linear(h, self.output_kernel, self.output_bias)
+        h = linear(x, self.inner_kernel, self.inner_bias, activation=ACTIVATIONS[self.activation],
+                   training=training)
+        h = self.dropout(h, training=training)
+        return linear(h, self.output_kernel, self.output_bias, training=training)
 
     def get_config(self):
         config = super().get_config()

@@ -9,15 +9,51 @@ oneDNN kernel.
 import tensorflow as tf
 
 
-def linear(x, kernel, bias=None, transpose_kernel=False):
-    """x [..., D_in] · kernel [D_in, D_out] (or [D_out, D_in] transposed) + bias -> [..., D_out],
-    computed in x's dtype (the float32 variables are cast, as Keras mixed precision does)."""
+def linear(x, kernel, bias=None, transpose_kernel=False, activation=None, training=False):
+    """activation(x [..., D_in] · kernel [D_in, D_out] (or [D_out, D_in] transposed) + bias)
+    -> [..., D_out], computed in x's dtype (the float32 variables are cast, as Keras mixed
+    precision does). The activation is applied before the result is reshaped back, so that
+    grappler can fuse MatMul + BiasAdd + ReLU (a Reshape in between stops it).
+
+    training: the result will be differentiated. A biased map (with ReLU or no activation)
+    then takes its gradient from _dense_with_gemm_gradients; elsewhere (inference, exports)
+    it stays plain ops.
+    """
     kernel = tf.cast(kernel, x.dtype)
     out_dim = kernel.shape[0] if transpose_kernel else kernel.shape[1]
     flat = tf.reshape(x, [-1, x.shape[-1]])  # [N, D_in]
-    y = tf.matmul(flat, kernel, transpose_b=transpose_kernel)  # [N, D_out]
-    if bias is not None:
-        y = tf.nn.bias_add(y, tf.cast(bias, y.dtype))
+    if training and bias is not None and not transpose_kernel and activation in (None, tf.nn.relu):
+        y = _dense_with_gemm_gradients(flat, kernel, tf.cast(bias, x.dtype), activation)
+    else:
+        y = tf.matmul(flat, kernel, transpose_b=transpose_kernel)  # [N, D_out]
+        if bias is not None:
+            y = tf.nn.bias_add(y, tf.cast(bias, y.dtype))
+        if activation is not None:
+            y = activation(y)
     y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [out_dim]], 0))
     y.set_shape(x.shape[:-1].concatenate([out_dim]))
     return y
+
+
+def _dense_with_gemm_gradients(x, kernel, bias, activation):
+    """activation(x [N, D] · kernel [D, F] + bias [F]) -> [N, F], with the bias gradient as a
+    GEMM by a row of ones: on CPU, oneDNN does it in about 60% of BiasAddGrad's time
+    (0.85 against 1.38 ms for [4096, 1024] bf16; bench/README.md), and the step has 36 of them.
+    """
+    @tf.custom_gradient
+    def dense(x, kernel, bias):
+        y = tf.nn.bias_add(tf.matmul(x, kernel), bias)  # [N, F]
+        if activation is not None:
+            y = activation(y)
+
+        def grad(dy):  # [N, F]
+            if activation is not None:  # ReLU: dy where the output is positive
+                dy = tf.raw_ops.ReluGrad(gradients=dy, features=y)
+            ones = tf.ones([1, tf.shape(dy)[0]], dy.dtype)  # [1, N]
+            return (tf.matmul(dy, kernel, transpose_b=True),  # [N, D]
+                    tf.matmul(x, dy, transpose_a=True),  # [D, F]
+                    tf.reshape(tf.matmul(ones, dy), [-1]))  # [F]
+
+        return y, grad
+
+    return dense(x, kernel, bias)
