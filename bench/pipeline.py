@@ -1,7 +1,7 @@
 """Input pipeline speed and padding: examples/s and batches/s of tfnmt.data.make_dataset over
 the prepared embedded corpus (one epoch after a warm-up), the share of padded positions and the
 number of distinct batch shapes, with and without shape-stable (bucket-edge) padding, for
-one bucket per length (--bucket_growth=1.0, the default) and 10%-wide buckets (1.1). Prints one
+one bucket per length (--bucket_growth=1.0) and 10%-wide buckets (1.1, the default). Prints one
 JSON line.
 
   python bench/pipeline.py
