@@ -88,9 +88,11 @@ def projected_cross_entropy(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
     Same value as projecting and calling label_smoothed_cross_entropy, in fewer passes over the
     [N, V] logits, which dominate a CPU step's element-wise work (bench/README.md):
     - sum_j z_j is hidden · (sum of kernel rows), not a pass over the logits;
-    - the gradient softmax(z) - q is written once, in hidden's dtype, with the label and pad
-      columns (where q is not the uniform eps / (V - 2)) set exactly from float32; the uniform
-      part of q, a rank-1 term, goes to the hidden and kernel gradients directly.
+    - of the gradient (softmax(z) - q) · upstream, only exp(z - max) becomes an [N, V] matrix
+      (one cast to hidden's dtype): the row scale upstream / sum(exp) is applied on the
+      [N, D] side, the uniform part of q (eps / (V - 2)) is a rank-1 term, and the label and
+      pad columns, where q differs from it, are corrected exactly in float32 through rows of
+      the kernel and of hidden.
     """
     vocab_size = tf.shape(kernel)[0]
     others_count = tf.cast(vocab_size, tf.float32) - 2.0
