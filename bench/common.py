@@ -77,3 +77,26 @@ def cpu_description():
     except OSError:
         model = "unknown CPU"
     return f"{model}, {os.cpu_count()} cores"
+
+
+def build_trainer(preset, precision, vocab_size, jit_compile=False):
+    """The train.py training set-up on one device: (model, Trainer), with Keras's global dtype
+    policy set for `precision` ("bf16" or "none") and seed 1."""
+    import keras
+
+    from tfnmt.distribute import PreReducedAdam, make_strategy
+    from tfnmt.experiment import POLICIES
+    from tfnmt.model import Transformer
+    from tfnmt.presets import get_preset
+    from tfnmt.schedule import paper_adam
+    from tfnmt.training import Trainer
+
+    keras.utils.set_random_seed(1)
+    keras.config.set_dtype_policy(POLICIES[precision])
+    strategy = make_strategy("one_device")
+    with strategy.scope():
+        model = Transformer(**dict(get_preset(preset), vocab_size=vocab_size))
+        model.build()
+        optimizer = paper_adam(model.d_model, 4000, 1.0, PreReducedAdam)
+        optimizer.build(model.trainable_variables)
+    return model, Trainer(model, optimizer, strategy, jit_compile=jit_compile)

@@ -18,8 +18,8 @@ import json
 import statistics
 import time
 
-from common import (cpu_description, forward_flops, matmul_ceiling, peak_rss_bytes,
-                    prepared_data, rss_bytes)
+from common import (build_trainer, cpu_description, forward_flops, matmul_ceiling,
+                    peak_rss_bytes, prepared_data, rss_bytes)
 
 from absl import app, flags  # noqa: E402
 
@@ -42,17 +42,11 @@ flags.DEFINE_string("profile_dir", None, "Also write a tf.profiler trace of 5 st
 
 def main(argv):
     del argv
-    import keras
     import tensorflow as tf
 
     from tfnmt import data
-    from tfnmt.distribute import PreReducedAdam, make_strategy, resolve_mixed_precision
-    from tfnmt.experiment import POLICIES
-    from tfnmt.model import Transformer
-    from tfnmt.presets import get_preset
-    from tfnmt.schedule import paper_adam
+    from tfnmt.distribute import resolve_mixed_precision
     from tfnmt.tokenizer import PAD_ID
-    from tfnmt.training import Trainer
 
     result = {"machine": cpu_description(), "tensorflow": tf.__version__,
               "preset": FLAGS.preset, "batch_tokens": FLAGS.batch_tokens,
@@ -64,15 +58,8 @@ def main(argv):
     manifest = prepared_data(FLAGS.data_dir)
     precision = resolve_mixed_precision(FLAGS.mixed_precision)
     result["precision"] = precision
-    keras.utils.set_random_seed(1)
-    keras.config.set_dtype_policy(POLICIES[precision])
-    strategy = make_strategy("one_device")
-    settings = dict(get_preset(FLAGS.preset), vocab_size=manifest["settings"]["vocab_size"])
-    with strategy.scope():
-        model = Transformer(**settings)
-        model.build()
-        optimizer = paper_adam(model.d_model, 4000, 1.0, PreReducedAdam)
-        optimizer.build(model.trainable_variables)
+    model, trainer = build_trainer(FLAGS.preset, precision,
+                                   manifest["settings"]["vocab_size"], FLAGS.jit_compile)
     settings = model.settings
     if FLAGS.ceiling:
         # The model's own GEMMs at a 4,096-row batch: the feed-forward [N, d] x [d, d_ff] and
@@ -96,8 +83,7 @@ def main(argv):
         target_lengths = tf.reduce_sum(tf.cast(batch["target_in"] != PAD_ID, tf.int64), 1)
         step_flops.append(3 * forward_flops(source_lengths.numpy(), target_lengths.numpy(),
                                             settings))
-    iterator = iter(strategy.experimental_distribute_dataset(dataset()))
-    trainer = Trainer(model, optimizer, strategy, jit_compile=FLAGS.jit_compile)
+    iterator = iter(trainer.strategy.experimental_distribute_dataset(dataset()))
 
     start = time.perf_counter()
     for _ in range(FLAGS.warmup):
