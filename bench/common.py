@@ -79,6 +79,15 @@ def cpu_description():
     return f"{model}, {os.cpu_count()} cores"
 
 
+def define_trainer_flags():
+    """--preset, --mixed_precision and --jit_compile, the flags build_trainer takes."""
+    from absl import flags
+
+    flags.DEFINE_string("preset", "small", "Model preset.")
+    flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16"], "As train.py.")
+    flags.DEFINE_bool("jit_compile", False, "XLA-compile the train step.")
+
+
 def build_trainer(preset, precision, vocab_size, jit_compile=False):
     """The train.py training set-up on one device: (model, Trainer), with Keras's global dtype
     policy set for `precision` ("bf16" or "none") and seed 1."""

@@ -18,15 +18,14 @@ import json
 import statistics
 import time
 
-from common import (build_trainer, cpu_description, forward_flops, matmul_ceiling,
-                    peak_rss_bytes, prepared_data, rss_bytes)
+from common import (build_trainer, cpu_description, define_trainer_flags, forward_flops,
+                    matmul_ceiling, peak_rss_bytes, prepared_data, rss_bytes)
 
 from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
+define_trainer_flags()
 flags.DEFINE_string("data_dir", "runs/bench-data", "Prepared embedded corpus (made if missing).")
-flags.DEFINE_string("preset", "small", "Model preset.")
-flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16"], "As train.py.")
 flags.DEFINE_integer("batch_tokens", 4096, "Token budget per batch, as train.py.")
 flags.DEFINE_integer("steps", 200, "Timed steps after warm-up.")
 flags.DEFINE_integer("warmup", 40, "Untimed steps first (tracing, per-shape kernels).")
@@ -34,7 +33,6 @@ flags.DEFINE_integer("window", 20, "Steps per timing window; the median window i
 flags.DEFINE_bool("shape_stable", True, "Pad batches to their bucket boundary (train.py's "
                   "--shape_stable).")
 flags.DEFINE_float("bucket_growth", 1.1, "Length bucket growth (train.py's --bucket_growth).")
-flags.DEFINE_bool("jit_compile", False, "XLA-compile the train step.")
 flags.DEFINE_bool("ceiling", True, "Measure the matmul ceilings first.")
 flags.DEFINE_string("profile_dir", None, "Also write a tf.profiler trace of 5 steps after the "
                     "timed ones here (open with TensorBoard's Profile tab).")

@@ -11,19 +11,17 @@ import json
 import statistics
 import time
 
-from common import build_trainer, cpu_description
+from common import build_trainer, cpu_description, define_trainer_flags
 
 from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("preset", "small", "Model preset.")
-flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16"], "As train.py.")
+define_trainer_flags()
 flags.DEFINE_integer("batch", 128, "Sentences per batch.")
 flags.DEFINE_integer("length", 32, "Source and target length (no padding).")
 flags.DEFINE_integer("vocab_size", 8000, "Vocabulary size (the bench corpus's).")
 flags.DEFINE_integer("warmup", 4, "Untimed steps first (tracing).")
 flags.DEFINE_integer("steps", 12, "Timed steps.")
-flags.DEFINE_bool("jit_compile", False, "XLA-compile the train step.")
 flags.DEFINE_string("profile_dir", None, "Also write a tf.profiler trace of 5 more steps.")
 
 
