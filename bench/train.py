@@ -18,6 +18,7 @@ import json
 import statistics
 import time
 
+import common
 from common import (build_trainer, cpu_description, define_trainer_flags, forward_flops,
                     matmul_ceiling, peak_rss_bytes, prepared_data, rss_bytes)
 
@@ -25,6 +26,7 @@ from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 define_trainer_flags()
+flags.adopt_module_key_flags(common)  # listed by --help with the flags below
 flags.DEFINE_string("data_dir", "runs/bench-data", "Prepared embedded corpus (made if missing).")
 flags.DEFINE_integer("batch_tokens", 4096, "Token budget per batch, as train.py.")
 flags.DEFINE_integer("steps", 200, "Timed steps after warm-up.")

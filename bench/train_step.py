@@ -11,12 +11,14 @@ import json
 import statistics
 import time
 
+import common
 from common import build_trainer, cpu_description, define_trainer_flags
 
 from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 define_trainer_flags()
+flags.adopt_module_key_flags(common)  # listed by --help with the flags below
 flags.DEFINE_integer("batch", 128, "Sentences per batch.")
 flags.DEFINE_integer("length", 32, "Source and target length (no padding).")
 flags.DEFINE_integer("vocab_size", 8000, "Vocabulary size (the bench corpus's).")
