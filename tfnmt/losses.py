@@ -105,7 +105,8 @@ def projected_cross_entropy(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
         shifted_exp, normaliser, log_normaliser = _softmax_statistics(logits)  # [N, (V)]
         label_logit = tf.gather(logits, labels, batch_dims=1)  # [N]
         hidden_32 = tf.cast(hidden, tf.float32)
-        kernel_sum = tf.reduce_sum(tf.cast(weights, tf.float32), axis=0)  # [D]
+        weights_32 = tf.cast(weights, tf.float32)  # [V, D], the values the logits used
+        kernel_sum = tf.reduce_sum(weights_32, axis=0)  # [D]
         logit_sum = tf.linalg.matvec(hidden_32, kernel_sum)  # [N]
         loss = _smoothed_loss(log_normaliser, label_logit, logit_sum, logits[:, pad_id], epsilon,
                               others_count)
@@ -129,11 +130,10 @@ def projected_cross_entropy(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
             pad_fix = pad_target - pad_have  # [N]
             # Labels equal to pad occur only at padding, where upstream and both fixes are 0.
             uniform = off_value * upstream  # [N]: the off_value · upstream in every column
-            kernel_32 = tf.cast(weights, tf.float32)
             dhidden = (tf.cast(tf.matmul(probs, weights), tf.float32) * scale[:, None]
                        - uniform[:, None] * kernel_sum[None, :]
-                       + label_fix[:, None] * tf.gather(kernel_32, labels)
-                       + pad_fix[:, None] * kernel_32[pad_id][None, :])  # [N, D]
+                       + label_fix[:, None] * tf.gather(weights_32, labels)
+                       + pad_fix[:, None] * weights_32[pad_id][None, :])  # [N, D]
             scaled_hidden = tf.cast(hidden_32 * scale[:, None], hidden.dtype)  # [N, D]
             fix_rows = tf.concat([label_fix[:, None] * hidden_32,  # [N + 1, D]
                                   tf.matmul(pad_fix[None, :], hidden_32)], 0)
