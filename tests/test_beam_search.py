@@ -1,3 +1,5 @@
+import concurrent.futures
+
 import keras
 import numpy as np
 import pytest
@@ -5,7 +7,7 @@ import tensorflow as tf
 
 from helpers import random_ids
 from tfnmt.beam_search import beam_search, length_penalty
-from tfnmt.decoding import greedy_decode
+from tfnmt.decoding import greedy_decode, greedy_decode_uncached, top_log_probs
 from tfnmt.model import Transformer
 from tfnmt.presets import get_preset
 from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -155,3 +157,55 @@ def test_each_sentence_gets_what_it_gets_alone(model):
         np.testing.assert_array_equal(greedy[i, :alone.shape[1]], alone[0])
         assert np.all(greedy.numpy()[i, alone.shape[1]:] == PAD_ID)
         np.testing.assert_allclose(greedy_scores[i], alone_scores[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("vocab", [5, 37, 64, 1001])
+@pytest.mark.parametrize("count", [1, 3, 8])
+def test_top_log_probs_equal_top_k_of_log_softmax(vocab, count):
+    rng = np.random.default_rng(vocab + count)
+    logits = rng.normal(size=(6, vocab)).astype(np.float32) * 4
+    logits[:, rng.integers(0, vocab, 4)] = 3.0  # ties, broken towards the lower id
+    logits[1] = 0.0  # a row of ties only
+    logits[2, :] = -30.0
+    logits[2, -1] = 60.0  # a peaked row: its other log-probabilities are about -90
+    log_probs, ids = top_log_probs(tf.constant(logits), count)
+    expected, expected_ids = tf.math.top_k(tf.nn.log_softmax(logits), min(count, vocab))
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(log_probs, expected, rtol=1e-6, atol=2e-6)
+
+
+def test_long_searches_score_what_full_recomputation_scores():
+    # 30 steps: past the stores' first capacity (kv_cache.INITIAL_CAPACITY), with a vocabulary
+    # where EOS is rare, so that most hypotheses run to the end.
+    keras.utils.set_random_seed(5)
+    model = Transformer(vocab_size=64, **get_preset("tiny", dropout=0.0))
+    model.build()
+    source = tf.constant(random_ids(np.random.default_rng(1), 2, 7, 64))
+    ids, scores = beam_search(model, source, beam_size=3, alpha=0.6, max_length=30, n_best=3)
+    assert ids.shape[2] == 30
+    for b in range(2):
+        for n in range(3):
+            log_prob, length = teacher_forced_log_prob(model, source[b], ids[b, n].numpy())
+            expected = log_prob / float(length_penalty(length, 0.6))
+            assert float(scores[b, n]) == pytest.approx(expected, rel=1e-4, abs=1e-4)
+    greedy, _ = greedy_decode(model, source, max_length=30)
+    np.testing.assert_array_equal(greedy, greedy_decode_uncached(model, source, 30))
+
+
+def test_concurrent_calls_keep_their_own_stores(model):
+    # The stores are written in place: each call must allocate its own, even when the graph
+    # has static shapes and calls run at the same time (as under a server).
+    search = tf.function(lambda s: beam_search(model, s, beam_size=3, max_length=20, n_best=3),
+                         input_signature=[tf.TensorSpec([2, 5], tf.int32)])
+    rng = np.random.default_rng(11)
+    sources = [tf.constant(random_ids(rng, 2, 5, VOCAB)) for _ in range(4)]
+    expected = [search(s)[0].numpy() for s in sources]
+
+    def run(index):
+        return [search(sources[index])[0].numpy() for _ in range(5)]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(run, range(4)))
+    for index, repeats in enumerate(results):
+        for ids in repeats:
+            np.testing.assert_array_equal(ids, expected[index])

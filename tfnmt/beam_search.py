@@ -8,7 +8,8 @@ leaves the batch, so the decoder runs on fewer rows while the others go on.
 """
 import tensorflow as tf
 
-from tfnmt.decoding import _cache_invariants, default_max_length, replace_rows
+from tfnmt import kv_cache
+from tfnmt.decoding import _memory_invariants, default_max_length, replace_rows, top_log_probs
 from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = -1e9
@@ -51,7 +52,8 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
     best_penalty = length_penalty(max_length, alpha)  # the largest an alive one can still get
     memory, source_padding = model.encode(source_ids, training=False)
     initial_cache = model.initial_cache(memory)
-    vocab_size = model.settings["target_vocab_size"]
+    # Each beam's best 2k extensions (all V if fewer) hold the sentence's best 2k.
+    per_beam = min(2 * k, model.settings["target_vocab_size"])
 
     # A hypothesis's tracks: its ids [.., t] and, with return_attention, its attention rows
     # [.., t, S]. Sentences still searched (A of them) carry their index in the batch,
@@ -73,9 +75,12 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
         "source_padding": source_padding,  # [A, S]
         "memory": [c["memory"] for c in initial_cache],  # per layer {key, value} [A, H, S, Dh]
     }
-    # Self-attention keys/values: a row per hypothesis, [A*K, H, t, Dh] per layer.
-    self_cache = [tf.nest.map_structure(lambda t: tf.repeat(t, k, axis=0), c["self"])
-                  for c in initial_cache]
+    # Self-attention keys/values: per layer, stores written in place (kv_cache.py) with one
+    # slot per hypothesis row of the full batch, sentence b's beam j in slot b * K + j; each
+    # alive hypothesis's ancestry [A*K, t] says which slot held its prefix at each time.
+    slots = batch * k
+    heads, stores = kv_cache.empty_stores(initial_cache)
+    ancestry = tf.zeros([batch * k, 0], tf.int32)
     last_tokens = tf.fill([batch * k], BOS_ID)  # [A*K]
     # The k finished hypotheses of the sentences that left, [B, K, ...] (the others' rows are
     # filled when they leave, or at the end).
@@ -101,19 +106,26 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
     def not_done(step, sentences, *_):
         return tf.logical_and(step < max_length, tf.size(sentences["index"]) > 0)
 
-    def step_fn(step, sentences, self_cache, last_tokens, results):
+    def step_fn(step, sentences, stores, ancestry, last_tokens, results):
         active_count = tf.shape(sentences["index"])[0]
-        cache = [{"self": s, "memory": m} for s, m in zip(self_cache, sentences["memory"])]
+        row_slots = tf.reshape(sentences["index"][:, None] * k + tf.range(k), [-1])  # [A*K]
+        rows = kv_cache.step_rows(step, slots, heads, row_slots, ancestry)
+        stores = kv_cache.grow(stores, step, slots, heads, max_length)
+        cache = [{"self": dict(s, **rows), "memory": m}
+                 for s, m in zip(stores, sentences["memory"])]
         result = model.decode_step(last_tokens[:, None], step, cache,
                                    sentences["source_padding"], return_attention=return_attention)
         logits, cache = result[:2]
-        log_probs = _split_beams(tf.nn.log_softmax(logits), k)  # [A, K, V]
-        candidates = sentences["alive_log_probs"][:, :, None] + log_probs  # [A, K, V]
-        flat = tf.reshape(candidates, [active_count, k * vocab_size])
+        stores = [c["self"] for c in cache]
         # 2k candidates: even if k of them end in EOS, k remain to continue.
-        top_log_probs, top_index = tf.math.top_k(flat, k=2 * k)  # [A, 2K]
-        top_beam = top_index // vocab_size
-        top_token = top_index % vocab_size
+        row_log_probs, row_tokens = top_log_probs(logits, per_beam)  # [A*K, P]
+        candidates = (sentences["alive_log_probs"][:, :, None]
+                      + _split_beams(row_log_probs, k))  # [A, K, P]
+        flat = tf.reshape(candidates, [active_count, k * per_beam])
+        best_log_probs, top_index = tf.math.top_k(flat, k=2 * k)  # [A, 2K]
+        top_beam = top_index // per_beam
+        top_token = tf.gather(tf.reshape(row_tokens, [active_count, k * per_beam]), top_index,
+                              batch_dims=1)
         step_tracks = {"ids": top_token}  # [A, 2K, ...]: this step's entry of each candidate
         if return_attention:
             step_tracks["attention"] = _gather_beams(_split_beams(result[2], k), top_beam)
@@ -122,13 +134,13 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
         ends = tf.equal(top_token, EOS_ID)
 
         # Continue with the k best that did not end.
-        continue_scores = top_log_probs + tf.cast(ends, tf.float32) * NEG_INF
+        continue_scores = best_log_probs + tf.cast(ends, tf.float32) * NEG_INF
         continue_scores, keep = tf.math.top_k(continue_scores, k=k)  # [A, K]
         source_beam = _gather_beams(top_beam, keep)  # which old beam each new one extends
 
         # Finished: the k best of those finished before and those ending now.
         length = step + 1
-        ended_scores = top_log_probs / length_penalty(length, alpha)
+        ended_scores = best_log_probs / length_penalty(length, alpha)
         ended_scores += tf.cast(tf.logical_not(ends), tf.float32) * NEG_INF
         all_scores = tf.concat([sentences["finished_scores"], ended_scores], axis=1)
         finished_scores, best = tf.math.top_k(all_scores, k=k)  # [A, K]
@@ -142,11 +154,11 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
         # it can still reach, beats its k-th finished one (log-probs only fall from here).
         staying = continue_scores[:, 0] / best_penalty > finished_scores[:, -1]  # [A]
         staying_index = tf.cast(tf.where(staying)[:, 0], tf.int32)  # [A']
-        # Self-attention cache rows: the old beam each new hypothesis extends, in the staying
-        # sentences (the reordering every step needs anyway).
+        # Each new hypothesis inherits the ancestry of the old beam it extends (in the staying
+        # sentences), that beam's slot at this step appended.
         beam_rows = tf.gather(source_beam + tf.range(active_count)[:, None] * k, staying_index)
-        self_cache = [tf.nest.map_structure(lambda t: tf.gather(t, tf.reshape(beam_rows, [-1])),
-                                            c["self"]) for c in cache]
+        ancestry = tf.gather(tf.concat([ancestry, row_slots[:, None]], axis=1),
+                             tf.reshape(beam_rows, [-1]))
 
         def some_leave():  # store their results; the others' state shrinks to them
             leaving = tf.cast(tf.where(tf.logical_not(staying))[:, 0], tf.int32)
@@ -158,7 +170,7 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
         results, sentences = tf.cond(tf.reduce_all(staying), lambda: (results, sentences),
                                      some_leave)
         last_tokens = tf.reshape(sentences["alive"]["ids"][:, :, -1], [-1])
-        return step + 1, sentences, self_cache, last_tokens, results
+        return step + 1, sentences, stores, ancestry, last_tokens, results
 
     def track_shapes(tracks):  # time (axis 2) grows; so may the batch
         return tf.nest.map_structure(lambda t: tf.TensorShape([None, k, None] + t.shape[3:]),
@@ -170,11 +182,11 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
         {"index": tf.TensorShape([None]), "alive": track_shapes(sentences["alive"]),
          "alive_log_probs": scores_shape, "finished": track_shapes(sentences["finished"]),
          "finished_scores": scores_shape, "source_padding": tf.TensorShape([None, None]),
-         "memory": [c["memory"] for c in _cache_invariants(initial_cache)]},
-        [c["self"] for c in _cache_invariants(initial_cache)], tf.TensorShape([None]),
+         "memory": _memory_invariants(initial_cache)},
+        kv_cache.store_invariants(stores), tf.TensorShape([None, None]), tf.TensorShape([None]),
         {"tracks": track_shapes(results["tracks"]), "scores": scores_shape})
-    step, sentences, _, _, results = tf.while_loop(
-        not_done, step_fn, (tf.constant(0), sentences, self_cache, last_tokens, results),
+    step, sentences, _, _, _, results = tf.while_loop(
+        not_done, step_fn, (tf.constant(0), sentences, stores, ancestry, last_tokens, results),
         shape_invariants=invariants)
 
     # Sentences still searched at max_length are completed with their alive hypotheses, scored

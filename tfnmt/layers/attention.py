@@ -2,6 +2,7 @@
 import keras
 import tensorflow as tf
 
+from tfnmt import kv_cache
 from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.linear import linear
 
@@ -17,7 +18,9 @@ class MultiHeadAttention(keras.layers.Layer):
     `attention_mask` is boolean, True where attending is allowed, broadcastable to [B, Tq, Tk].
     A cache is {"key": [B, H, Tc, Dh], "value": [B, H, Tc, Dh]}: the new step's keys/values are
     appended to it (self-attention), or it is used as is (`static_kv`, the encoder memory made once
-    with `project_key_value`). A static cache may hold one row per group of G consecutive query
+    with `project_key_value`). With "write_rows" and "read_rows" in a self-attention cache, its
+    "key" and "value" are in-place stores instead (kv_cache.py): the new keys are written there
+    and each row's are read back. A static cache may hold one row per group of G consecutive query
     rows (B = Bc * G; e.g. the G beams of a sentence share its encoder keys/values): each
     group's queries then attend to their row (broadcast, not copied), and the mask is per
     cache row ([Bc, 1 or Tq, Tk]). With `return_attention_scores=True` the weights
@@ -77,7 +80,13 @@ class MultiHeadAttention(keras.layers.Layer):
         else:
             step_kv = self.project_key_value(value, training)
             k, v = step_kv["key"], step_kv["value"]
-            if cache is not None:
+            if cache is not None and "write_rows" in cache:  # in-place stores (kv_cache.py)
+                key_store, k = kv_cache.write_and_read(cache["key"], k, cache["write_rows"],
+                                                       cache["read_rows"])
+                value_store, v = kv_cache.write_and_read(cache["value"], v, cache["write_rows"],
+                                                         cache["read_rows"])
+                cache = {"key": key_store, "value": value_store}
+            elif cache is not None:
                 k = tf.concat([cache["key"], k], axis=2)
                 v = tf.concat([cache["value"], v], axis=2)
                 cache = {"key": k, "value": v}
