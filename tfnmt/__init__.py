@@ -16,7 +16,8 @@ Modules by role:
   experiment.py   one run in a model_dir (settings, loop, evaluation)
   evaluation.py   loss/perplexity, batched translation, sacreBLEU/chrF
   summaries.py    attention heatmaps
-  decoding.py     greedy decoding (cached and uncached)
+  decoding.py     greedy decoding (cached and uncached), exact top-k log-probabilities
+  kv_cache.py     decoder self-attention keys/values of a search, written in place
   beam_search.py  batched beam search with length penalty
   checkpoints.py  loading a trained model from a model_dir
   serving.py      the in-graph translator and versioned SavedModel export
