@@ -1,4 +1,6 @@
-"""Greedy decoding by full recomputation (the reference the cached decoders are checked against)."""
+"""Greedy decoding, incremental and by full recomputation (the reference the cached decoders
+are checked against), and what both searches share: the exact top-k of log-probabilities,
+shape invariants, row replacement."""
 import tensorflow as tf
 
 from tfnmt import kv_cache
@@ -38,11 +40,12 @@ def top_log_probs(logits, count, groups=32):
     row's `count` most likely tokens, best first, ties to the lower id: what
     top_k(log_softmax(logits), count) gives, without a log-softmax or a top-k over all V.
 
-    On CPU both passes over [R, V] are slow (they were 2.2 ms of a 13-ms beam step). Here the
-    V columns are split into `groups` strided groups of V / groups (padded with -inf when V
-    does not divide): the `count` columns whose group maxima are largest hold every row's
-    `count` best tokens (a column holding one of them has a maximum at least the count-th best
-    value, and at most `count` columns do), so the top-k runs over groups * count candidates.
+    On CPU both passes over [R, V] are slow (they were 2.2 ms of a 13-ms beam step). Here each
+    row's logits are laid out as [groups, C], C = V / groups (padded with -inf when V does not
+    divide), so column c holds tokens c, C + c, 2C + c, ...; one max over the short axis gives
+    each column's maximum. The `count` columns with the largest maxima hold the row's `count`
+    best tokens (a column holding one of them has a maximum at least the count-th best value,
+    and at most `count` columns do), so the top-k runs over groups * count candidates.
     The log-normaliser comes from one softmax (a fused oneDNN kernel): log p = (x - max) +
     log softmax(x)[argmax], where softmax(x)[argmax] >= 1 / V never underflows.
     """
