@@ -174,6 +174,18 @@ def test_top_log_probs_equal_top_k_of_log_softmax(vocab, count):
     np.testing.assert_allclose(log_probs, expected, rtol=1e-6, atol=2e-6)
 
 
+def test_top_log_probs_break_ties_like_top_k_on_bfloat16_logits():
+    # A bf16 model's logits tie often. The lower id must win wherever the tied tokens lie (a
+    # first version that grouped every C-th token together picked the wrong one of two
+    # tied tokens in different groups).
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        logits = tf.cast(tf.cast(rng.normal(size=(64, 8000)) * 3, tf.bfloat16), tf.float32)
+        for count in (1, 8):
+            _, ids = top_log_probs(logits, count)
+            np.testing.assert_array_equal(ids, tf.math.top_k(logits, count).indices)
+
+
 def test_long_searches_score_what_full_recomputation_scores():
     # 30 steps: past the stores' first capacity (kv_cache.INITIAL_CAPACITY), with a vocabulary
     # where EOS is rare, so that most hypotheses run to the end.
