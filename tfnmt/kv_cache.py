@@ -27,7 +27,8 @@ def empty_stores(initial_cache):
     """For a model's initial_cache (self-attention keys/values [B, H, 0, Dh] per layer): the
     number of heads H, and one empty store {"key", "value"} [0, Dh] per layer (`grow`
     allocates them)."""
-    heads, head_dim = initial_cache[0]["self"]["key"].shape[1:4:2]
+    shape = initial_cache[0]["self"]["key"].shape  # [B, H, 0, Dh]
+    heads, head_dim = shape[1], shape[3]
     return heads, [tf.nest.map_structure(lambda t: tf.zeros([0, head_dim], t.dtype), c["self"])
                    for c in initial_cache]
 
