@@ -38,13 +38,15 @@ def test_matches_numpy_reference_with_padding_mask():
     assert np.all(weights.numpy()[1, :, :, 3:] == 0.0)
 
 
-@pytest.mark.parametrize("query_length", [1, 3])
-def test_static_cache_shared_by_groups_of_queries(query_length):
+@pytest.mark.parametrize("query_length,per_query_mask", [(1, False), (3, False), (3, True)])
+def test_static_cache_shared_by_groups_of_queries(query_length, per_query_mask):
     # A cache row per sentence, queried by its 3 beams: same as repeating the cache per beam.
     layer = MultiHeadAttention(num_heads=2, d_model=8)
     query, memory = tf.random.normal([2 * 3, query_length, 8]), tf.random.normal([2, 5, 8])
-    mask = np.ones((2, 1, 5), bool)  # per sentence
+    mask = np.ones((2, query_length if per_query_mask else 1, 5), bool)  # per sentence
     mask[1, :, 2:] = False
+    if per_query_mask:
+        mask[0, -1, 1:] = False  # the last query of the first sentence's beams: key 0 only
     shared = layer.project_key_value(memory)
     repeated = tf.nest.map_structure(lambda t: tf.repeat(t, 3, axis=0), shared)
     out, _, weights = layer(query, None, mask, cache=shared, static_kv=True,
@@ -55,6 +57,9 @@ def test_static_cache_shared_by_groups_of_queries(query_length):
     np.testing.assert_allclose(out, expected, atol=1e-6)
     np.testing.assert_allclose(weights, expected_weights, atol=1e-6)
     assert np.all(weights.numpy()[3:, :, :, 2:] == 0.0)  # the second sentence's beams
+    if per_query_mask:
+        np.testing.assert_array_equal(weights.numpy()[:3, :, -1, 0], 1.0)
+        np.testing.assert_array_equal(weights.numpy()[:3, :, 0, 1:] > 0, True)
 
 
 def test_cached_steps_equal_causal_full_attention():

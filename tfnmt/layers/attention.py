@@ -7,6 +7,14 @@ from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.linear import linear
 
 
+def _swap_axes_1_2(x, n0, n1, n2):
+    """x holding [n0, n1, n2, ...] -> [n0, n2, n1, rest] (rest: the remaining axes flattened).
+    A row gather: oneDNN's transpose is slow on the small tensors of a decoding step."""
+    rows = tf.reshape(x, [n0 * n1 * n2, -1])
+    index = (tf.range(n0)[:, None, None] * n1 + tf.range(n1)) * n2 + tf.range(n2)[:, None]
+    return tf.gather(rows, index)  # index [n0, n2, n1]
+
+
 @keras.saving.register_keras_serializable(package="tfnmt")
 class MultiHeadAttention(keras.layers.Layer):
     """softmax(Q K^T / sqrt(d_head) + mask) V over `num_heads` heads, then an output projection.
@@ -22,8 +30,8 @@ class MultiHeadAttention(keras.layers.Layer):
     "key" and "value" are in-place stores instead (kv_cache.py): the new keys are written there
     and each row's are read back. A static cache may hold one row per group of G consecutive query
     rows (B = Bc * G; e.g. the G beams of a sentence share its encoder keys/values): each
-    group's queries then attend to their row (broadcast, not copied), and the mask is per
-    cache row ([Bc, 1 or Tq, Tk]). With `return_attention_scores=True` the weights
+    group's queries then attend to their row together (the row is not copied), and the mask
+    is per cache row ([Bc, 1 or Tq, Tk]). With `return_attention_scores=True` the weights
     [B, H, Tq, Tk] are appended to the returned tuple.
     """
 
@@ -74,9 +82,13 @@ class MultiHeadAttention(keras.layers.Layer):
         batch, length = tf.shape(q)[0], tf.shape(q)[2]
         if static_kv:
             k, v = cache["key"], cache["value"]  # [Bc, H, Tk, Dh], B = Bc * G
-            # G query rows per cache row: broadcast the cache over them (a view, not a copy).
-            q = tf.reshape(q, [tf.shape(k)[0], -1, self.num_heads, length, self.head_dim])
-            k, v = k[:, None], v[:, None]  # q [Bc, G, H, Tq, Dh]; k, v [Bc, 1, H, Tk, Dh]
+            # G query rows per cache row: per head, the group's queries as one [G * Tq, Dh]
+            # matrix, so that each cache row and head is one matrix product (a broadcast
+            # batched product of single rows is slower on CPU).
+            cache_rows = tf.shape(k)[0]
+            groups = batch // cache_rows
+            q = tf.reshape(_swap_axes_1_2(q, cache_rows, groups, self.num_heads),
+                           [cache_rows, self.num_heads, -1, self.head_dim])  # [Bc, H, G*Tq, Dh]
         else:
             step_kv = self.project_key_value(value, training)
             k, v = step_kv["key"], step_kv["value"]
@@ -91,20 +103,23 @@ class MultiHeadAttention(keras.layers.Layer):
                 v = tf.concat([cache["value"], v], axis=2)
                 cache = {"key": k, "value": v}
         q = q * tf.cast(self.head_dim ** -0.5, q.dtype)
-        logits = tf.matmul(q, k, transpose_b=True)  # [B, H, Tq, Tk] ([Bc, G, H, Tq, Tk])
+        logits = tf.matmul(q, k, transpose_b=True)  # [B, H, Tq, Tk] ([Bc, H, G * Tq, Tk])
         # Softmax in float32: stable under bf16/fp16 compute and exact masking.
         logits = tf.cast(logits, tf.float32)
         if attention_mask is not None:
-            mask = tf.cast(attention_mask, tf.bool)[:, None]  # [B, 1, Tq, Tk]
-            if static_kv:
-                mask = mask[:, None]  # [Bc, 1, 1, Tq, Tk]
+            mask = tf.cast(attention_mask, tf.bool)
+            if static_kv and mask.shape[1] != 1:  # [Bc, Tq, Tk] -> [Bc, G * Tq, Tk]
+                mask = tf.tile(mask, [1, groups, 1])
+            mask = mask[:, None]  # [B, 1, Tq, Tk] ([Bc, 1, G * Tq or 1, Tk])
             logits = tf.where(mask, logits, tf.constant(-1e9, tf.float32))
         weights = tf.nn.softmax(logits, axis=-1)
         attended = tf.matmul(self.dropout(tf.cast(weights, v.dtype), training=training), v)
-        if static_kv:  # [Bc, G, H, Tq, .] -> [B, H, Tq, .]
-            attended = tf.reshape(attended, [batch, self.num_heads, length, self.head_dim])
+        if static_kv:  # [Bc, H, G * Tq, .] -> [B, H, Tq, .]
+            attended = tf.reshape(_swap_axes_1_2(attended, cache_rows, self.num_heads, groups),
+                                  [batch, self.num_heads, length, self.head_dim])
             if return_attention_scores:
-                weights = tf.reshape(weights, [batch, self.num_heads, length, -1])
+                weights = tf.reshape(_swap_axes_1_2(weights, cache_rows, self.num_heads, groups),
+                                     [batch, self.num_heads, length, -1])
         attended = tf.transpose(attended, [0, 2, 1, 3])  # [B, Tq, H, Dh]
         attended = tf.reshape(attended, [batch, length, self.d_model])
         output = linear(attended, self.output_kernel, self.output_bias,
