@@ -7,6 +7,7 @@ this project's TensorFlow 2.21; install it in its own virtual environment and pa
   python -m venv /tmp/onmt && /tmp/onmt/bin/pip install OpenNMT-tf==2.32.0 tensorflow==2.13.1
   python bench/opennmt_peer.py --onmt_python=/tmp/onmt/bin/python              # training speed
   python bench/opennmt_peer.py --onmt_python=/tmp/onmt/bin/python --steps=1000 --decode
+  python bench/opennmt_peer.py --onmt_python=/tmp/onmt/bin/python --notrain --decode  # again
 
 The corpus is the embedded train split tokenized with the bench's own 8k SentencePiece model
 (runs/bench-data/spm.model); the model is the issue's configuration (Transformer d_model 256,
@@ -18,7 +19,8 @@ embeddings only, as the `small` preset), 4,096-token batches with width-1 length
 Training speed is the median of OpenNMT-tf's own "target" tokens/s log lines after the first
 --skip_logs. With --decode, the trained checkpoint then translates the test split with
 `onmt-main infer` (beam 4, batch 32, float32, its --log_prediction_time figures) and the
-pieces of its outputs are counted and scored with sacreBLEU. Prints one JSON line.
+pieces of its outputs are counted and scored with sacreBLEU; --notrain decodes the model an
+earlier run left in --work_dir again, without training. Prints one JSON line.
 """
 import gzip
 import json
@@ -43,6 +45,8 @@ flags.DEFINE_integer("log_every", 20, "Steps per OpenNMT-tf log line (one timing
 flags.DEFINE_integer("skip_logs", 3, "Log lines left out as warm-up.")
 flags.DEFINE_enum("mixed_precision", "bf16", ["bf16", "none"], "Training compute dtype.")
 flags.DEFINE_bool("decode", False, "Translate the test split after training and time it.")
+flags.DEFINE_bool("train", True, "Train (anew). --notrain --decode: only decode the model an "
+                  "earlier run left in --work_dir.")
 flags.mark_flag_as_required("onmt_python")
 
 MODEL = """import opennmt
@@ -134,10 +138,24 @@ def run(args, env=None, log_path=None):
 
 def main(argv):
     del argv
-    import sacrebleu
-
-    manifest = prepared_data(FLAGS.data_dir)
     work = os.path.abspath(FLAGS.work_dir)
+    launcher = [os.path.join(work, "launcher.py"), "--model", os.path.join(work, "model.py"),
+                "--config", os.path.join(work, "config.yml")]
+    result = {"machine": cpu_description(), "peer": "OpenNMT-tf 2.32 (TensorFlow 2.13)"}
+    if FLAGS.train:
+        result.update(train(work, launcher))
+    elif not FLAGS.decode:
+        raise app.UsageError("--notrain without --decode does nothing")
+    elif not os.path.isdir(os.path.join(work, "model")):
+        raise app.UsageError(f"--notrain: no model in {work}/model; train one first")
+    if FLAGS.decode:
+        result["decode"] = decode(work, launcher)
+    print(json.dumps(result))
+
+
+def train(work, launcher):
+    """Trains anew in `work`: -> its training-speed figures."""
+    manifest = prepared_data(FLAGS.data_dir)
     shutil.rmtree(os.path.join(work, "model"), ignore_errors=True)
     os.makedirs(work, exist_ok=True)
     write_data(work, os.path.join(FLAGS.data_dir, manifest["vocab"]["file"]))
@@ -149,43 +167,44 @@ def main(argv):
                                                     log_every=FLAGS.log_every))):
         with open(os.path.join(work, name), "w") as f:
             f.write(text)
-    launcher = [os.path.join(work, "launcher.py"), "--model", os.path.join(work, "model.py"),
-                "--config", os.path.join(work, "config.yml")]
     policy = {"bf16": "mixed_bfloat16", "none": ""}[FLAGS.mixed_precision]
     train_log = run([*launcher, "train"], env={"PEER_POLICY": policy},
                     log_path=os.path.join(work, "train.log"))
     windows = [int(target) for _, target in LOG_LINE.findall(train_log)][FLAGS.skip_logs:]
     if not windows:
         raise RuntimeError(f"no timing lines after warm-up in {work}/train.log")
-    result = {"machine": cpu_description(), "peer": "OpenNMT-tf 2.32 (TensorFlow 2.13)",
-              "mixed_precision": FLAGS.mixed_precision, "steps": FLAGS.steps,
-              "target_tokens_per_s": statistics.median(windows),
-              "window_target_tokens_per_s": windows}
-    if FLAGS.decode:
-        predictions = os.path.join(work, "test.pred.en")
-        start = time.perf_counter()
-        infer_log = run([*launcher, "infer", "--features_file", os.path.join(work, "test.de"),
-                         "--predictions_file", predictions, "--log_prediction_time"],
-                        log_path=os.path.join(work, "infer.log"))
-        wall = time.perf_counter() - start
-        with open(predictions, encoding="utf-8") as f:
-            outputs = [line.split() for line in f]
-        with open(os.path.join(work, "test.raw.en"), encoding="utf-8") as f:
-            references = [line.rstrip("\n") for line in f]
-        detokenized = ["".join(pieces).replace("\u2581", " ").strip() for pieces in outputs]
-        seconds = re.search(r"Total prediction time \(s\): ([\d.]+)", infer_log)
-        result["decode"] = {
-            "beam": 4, "batch": 32, "sentences": len(outputs),
-            "target_pieces": sum(len(pieces) for pieces in outputs),
-            "prediction_seconds": float(seconds.group(1)) if seconds else None,
-            "process_wall_seconds": round(wall, 1),
-            "sacrebleu": round(sacrebleu.corpus_bleu(detokenized, [references]).score, 2)}
-        if seconds:
-            decode = result["decode"]
-            decode["target_tokens_per_s"] = round(decode["target_pieces"]
-                                                  / decode["prediction_seconds"], 1)
-            decode["sentences_per_s"] = round(len(outputs) / decode["prediction_seconds"], 2)
-    print(json.dumps(result))
+    return {"mixed_precision": FLAGS.mixed_precision, "steps": FLAGS.steps,
+            "target_tokens_per_s": statistics.median(windows),
+            "window_target_tokens_per_s": windows}
+
+
+def decode(work, launcher):
+    """Translates the test split with the model in `work`: -> its decoding figures."""
+    import sacrebleu
+
+    predictions = os.path.join(work, "test.pred.en")
+    start = time.perf_counter()
+    infer_log = run([*launcher, "infer", "--features_file", os.path.join(work, "test.de"),
+                     "--predictions_file", predictions, "--log_prediction_time"],
+                    log_path=os.path.join(work, "infer.log"))
+    wall = time.perf_counter() - start
+    with open(predictions, encoding="utf-8") as f:
+        outputs = [line.split() for line in f]
+    with open(os.path.join(work, "test.raw.en"), encoding="utf-8") as f:
+        references = [line.rstrip("\n") for line in f]
+    detokenized = ["".join(pieces).replace("\u2581", " ").strip() for pieces in outputs]
+    seconds = re.search(r"Total prediction time \(s\): ([\d.]+)", infer_log)
+    result = {
+        "beam": 4, "batch": 32, "sentences": len(outputs),
+        "target_pieces": sum(len(pieces) for pieces in outputs),
+        "prediction_seconds": float(seconds.group(1)) if seconds else None,
+        "process_wall_seconds": round(wall, 1),
+        "sacrebleu": round(sacrebleu.corpus_bleu(detokenized, [references]).score, 2)}
+    if seconds:
+        result["target_tokens_per_s"] = round(result["target_pieces"]
+                                              / result["prediction_seconds"], 1)
+        result["sentences_per_s"] = round(len(outputs) / result["prediction_seconds"], 2)
+    return result
 
 
 if __name__ == "__main__":
