@@ -34,12 +34,16 @@ flags.DEFINE_integer("batch1_limit", 300, "Sentences decoded at batch size 1 (0:
 flags.DEFINE_list("compute_dtypes", ["float32", "bfloat16"], "Exports timed: float32 (beam 4 "
                   "and greedy) and bfloat16 (beam 4; only worth it with native bf16).")
 flags.DEFINE_integer("check", 64, "Sentences compared with eager beam search (0: skip).")
+flags.DEFINE_integer("parallel_searches", 2, "export.py's --parallel_searches (1: a batch is "
+                     "one search).")
 
 
 def export(model_dir, export_dir, beam_size, compute_dtype):
     subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), f"--model_dir={model_dir}",
                     f"--export_dir={export_dir}", f"--beam_size={beam_size}", "--n_best=1",
-                    f"--compute_dtype={compute_dtype}"], check=True, stdout=subprocess.DEVNULL)
+                    f"--compute_dtype={compute_dtype}",
+                    f"--parallel_searches={FLAGS.parallel_searches}"],
+                   check=True, stdout=subprocess.DEVNULL)
     return os.path.join(export_dir, "1")
 
 
@@ -102,7 +106,8 @@ def main(argv):
 
 
 def same_as_eager(sources, translate_exported, compute_dtype):
-    """Share of `sources` whose exported translation equals eager beam search's (batch 32)."""
+    """Share of `sources` whose exported translation equals eager beam search's (batch 32, each
+    batch one search)."""
     import tensorflow as tf
 
     from tfnmt.checkpoints import load_model
@@ -110,7 +115,7 @@ def same_as_eager(sources, translate_exported, compute_dtype):
     from tfnmt.serving import TranslationModule
 
     model, proto, _ = load_model(FLAGS.model_dir, compute_dtype=compute_dtype)
-    module = TranslationModule(model, proto, beam_size=4, n_best=1)
+    module = TranslationModule(model, proto, beam_size=4, n_best=1, parallel_searches=1)
 
     def eager(sentences):  # translate_batch itself, not the tf.function around it
         translations, scores = module.translate_batch(tf.constant(sentences, tf.string), 1)

@@ -202,6 +202,35 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
     assert "dev: 200 sentences | sacreBLEU" in out and "chrF" in out
 
 
+def while_loops(function):
+    """Loops in a tf.function's graph and the functions it calls (branches, loop bodies)."""
+    graph_def = function.get_concrete_function().graph.as_graph_def()
+    nodes = list(graph_def.node) + [node for f in graph_def.library.function
+                                    for node in f.node_def]
+    return sum(node.op in ("While", "StatelessWhile") for node in nodes)
+
+
+@pytest.mark.parametrize("batch", [0, 1, 2, 5])
+def test_parallel_searches_give_each_sentence_its_single_search_result(module, batch,
+                                                                      tiny_model_dir):
+    # The default module splits a batch into 2 searches run at the same time (a batch of
+    # fewer sentences is one search: 3 search loops in the graph); with 1 the batch is one
+    # search. Sentences of different lengths, so the groups end at different steps; n_best 2.
+    proto = checkpoints.load_model(tiny_model_dir)[1]
+    single = TranslationModule(module.model, proto, beam_size=3, alpha=0.6, n_best=2,
+                               parallel_searches=1)
+    assert module.parallel_searches == 2
+    assert while_loops(module.serve_n_best) == 3 * while_loops(single.serve_n_best) > 0
+    sentences = tf.constant((SENTENCES + ["Und Gott sah, dass es gut war, und es ward Abend."]
+                             )[:batch], tf.string)
+    expected, got = single.serve_n_best(sentences), module.serve_n_best(sentences)
+    assert got["translations"].shape == (batch, 2)
+    np.testing.assert_array_equal(got["translations"], expected["translations"])
+    np.testing.assert_allclose(got["scores"], expected["scores"], rtol=1e-5)
+    with pytest.raises(ValueError, match="parallel_searches"):
+        TranslationModule(module.model, proto, parallel_searches=0)
+
+
 def test_bfloat16_export_matches_its_in_process_module(tiny_model_dir, tmp_path):
     model, proto, _ = checkpoints.load_model(tiny_model_dir, compute_dtype="bfloat16")
     module = TranslationModule(model, proto, beam_size=3, alpha=0.6, n_best=2)

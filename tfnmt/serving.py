@@ -21,8 +21,13 @@ SIGNATURE_INPUT = "sentences"
 
 
 class TranslationModule(tf.Module):
+    """`parallel_searches`: a batch's sentences are split into this many groups, searched by
+    independent loops in the graph, which the runtime runs at the same time. On a CPU one op of
+    a search step seldom keeps every core busy (small tensors run on one thread), and a second
+    search fills the gaps (bench/README.md); each sentence's result is the same. 1 for GPUs."""
+
     def __init__(self, model, spm_model_proto, beam_size=4, alpha=0.6, max_decode_length=0,
-                 n_best=4, extra_length=50):
+                 n_best=4, extra_length=50, parallel_searches=2):
         super().__init__(name="translator")
         import tensorflow_text as tf_text
 
@@ -33,6 +38,9 @@ class TranslationModule(tf.Module):
         self.max_source_length = int(model.max_length)
         if not 1 <= self.n_best <= self.beam_size:
             raise ValueError(f"n_best={n_best} must be in [1, beam_size={beam_size}]")
+        self.parallel_searches = int(parallel_searches)
+        if self.parallel_searches < 1:
+            raise ValueError(f"parallel_searches={parallel_searches} must be >= 1")
 
     def source_ids(self, sentences):
         """string [B] -> ids [B, S] int32: tokenized, truncated, EOS-terminated, padded."""
@@ -52,13 +60,37 @@ class TranslationModule(tf.Module):
         """-> (translations string [B, n_best], scores float32 [B, n_best])."""
         sentences = tf.convert_to_tensor(sentences, tf.string)
         source_ids = self.source_ids(sentences)
-        ids, scores = beam_search(self.model, source_ids, self.beam_size, self.alpha,
-                                  self._decode_length(source_ids), n_best)  # [B, N, L]
+        ids, scores = self._search(source_ids, n_best)  # [B, N, L], [B, N]
         batch, length = tf.shape(ids)[0], tf.shape(ids)[2]
         text = self.tokenizer.detokenize(strip_output(tf.reshape(ids, [batch * n_best, length])))
         text = tf.reshape(text, [batch, n_best])
         empty = tf.equal(tf.strings.strip(sentences), "")[:, None]  # [B, 1]
         return tf.where(empty, "", text), tf.where(empty, 0.0, scores)
+
+    def _search(self, source_ids, n_best):
+        """Beam search of source_ids [B, S] in `parallel_searches` groups of consecutive rows
+        (their sizes differ by at most one; a batch smaller than that is one search), all to
+        the whole batch's maximum length."""
+        max_length = self._decode_length(source_ids)
+
+        def search(ids):
+            return beam_search(self.model, ids, self.beam_size, self.alpha, max_length, n_best)
+
+        groups = self.parallel_searches
+        if groups == 1:
+            return search(source_ids)
+        batch = tf.shape(source_ids)[0]
+
+        def split():
+            bounds = [(group * batch) // groups for group in range(groups + 1)]
+            results = [search(source_ids[start:end])
+                       for start, end in zip(bounds[:-1], bounds[1:])]
+            length = tf.reduce_max([tf.shape(ids)[2] for ids, _ in results])
+            ids = [tf.pad(ids, [[0, 0], [0, 0], [0, length - tf.shape(ids)[2]]],
+                          constant_values=PAD_ID) for ids, _ in results]
+            return tf.concat(ids, 0), tf.concat([scores for _, scores in results], 0)
+
+        return tf.cond(batch >= groups, split, lambda: search(source_ids))
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)])
     def serve(self, sentences):
