@@ -69,28 +69,20 @@ class TranslationModule(tf.Module):
 
     def _search(self, source_ids, n_best):
         """Beam search of source_ids [B, S] in `parallel_searches` groups of consecutive rows
-        (their sizes differ by at most one; a batch smaller than that is one search), all to
-        the whole batch's maximum length."""
+        (their sizes differ by at most one; some are empty when B is smaller), all to the whole
+        batch's maximum length."""
         max_length = self._decode_length(source_ids)
-
-        def search(ids):
-            return beam_search(self.model, ids, self.beam_size, self.alpha, max_length, n_best)
-
-        groups = self.parallel_searches
+        batch, groups = tf.shape(source_ids)[0], self.parallel_searches
+        bounds = [(group * batch) // groups for group in range(groups + 1)]
+        results = [beam_search(self.model, source_ids[start:end], self.beam_size, self.alpha,
+                               max_length, n_best)
+                   for start, end in zip(bounds[:-1], bounds[1:])]
         if groups == 1:
-            return search(source_ids)
-        batch = tf.shape(source_ids)[0]
-
-        def split():
-            bounds = [(group * batch) // groups for group in range(groups + 1)]
-            results = [search(source_ids[start:end])
-                       for start, end in zip(bounds[:-1], bounds[1:])]
-            length = tf.reduce_max([tf.shape(ids)[2] for ids, _ in results])
-            ids = [tf.pad(ids, [[0, 0], [0, 0], [0, length - tf.shape(ids)[2]]],
-                          constant_values=PAD_ID) for ids, _ in results]
-            return tf.concat(ids, 0), tf.concat([scores for _, scores in results], 0)
-
-        return tf.cond(batch >= groups, split, lambda: search(source_ids))
+            return results[0]
+        length = tf.reduce_max([tf.shape(ids)[2] for ids, _ in results])
+        ids = [tf.pad(ids, [[0, 0], [0, 0], [0, length - tf.shape(ids)[2]]],
+                      constant_values=PAD_ID) for ids, _ in results]
+        return tf.concat(ids, 0), tf.concat([scores for _, scores in results], 0)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)])
     def serve(self, sentences):
