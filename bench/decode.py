@@ -6,7 +6,8 @@ ways: beam 4 and greedy (beam 1) in float32 (the default export), and beam 4 wit
 tensorflow_text only) and times its serving_default signature on a split at each batch size:
 sentences/s and target tokens/s, where target tokens are SentencePiece pieces of the outputs
 (as OpenNMT-tf counts them), plus the sacreBLEU of the full split's translations. Sentences
-are batched by length, as translate.py does; one batch is decoded first as warm-up. Also
+are batched by length, as translate.py does; one batch is decoded first as warm-up, then
+--rounds timed passes, of which the median is reported (and each pass's tokens/s). Also
 prints the RSS with the exports loaded, and checks each exported beam search against the
 plain eager one (same checkpoint and dtype, no tf.function) on the first --check sentences.
 Prints one JSON line.
@@ -16,6 +17,7 @@ Prints one JSON line.
 """
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +36,9 @@ flags.DEFINE_integer("batch1_limit", 300, "Sentences decoded at batch size 1 (0:
 flags.DEFINE_list("compute_dtypes", ["float32", "bfloat16"], "Exports timed: float32 (beam 4 "
                   "and greedy) and bfloat16 (beam 4; only worth it with native bf16).")
 flags.DEFINE_integer("check", 64, "Sentences compared with eager beam search (0: skip).")
+flags.DEFINE_integer("rounds", 3, "Timed passes over the sentences per export and batch size; "
+                     "the median is reported (single passes here vary by up to 13%).")
+flags.register_validator("rounds", lambda v: v >= 1, "--rounds must be >= 1")
 flags.DEFINE_integer("parallel_searches", 2, "export.py's --parallel_searches (1: a batch is "
                      "one search).")
 
@@ -83,14 +88,18 @@ def main(argv):
             lines = sources[:FLAGS.batch1_limit] if batch_size == 1 and FLAGS.batch1_limit \
                 else sources
             translate_lines(translate, lines[:batch_size], batch_size)  # warm-up
-            start = time.perf_counter()
-            outputs = translate_lines(translate, lines, batch_size)
-            elapsed = time.perf_counter() - start
+            times = []
+            for _ in range(FLAGS.rounds):
+                start = time.perf_counter()
+                outputs = translate_lines(translate, lines, batch_size)
+                times.append(time.perf_counter() - start)
+            elapsed = statistics.median(times)
             pieces = int(tf.reduce_sum(tokenizer.tokenize(outputs).row_lengths()))
             result[f"{name}_batch{batch_size}"] = {
                 "sentences": len(lines), "seconds": round(elapsed, 1),
                 "sentences_per_s": round(len(lines) / elapsed, 2),
-                "target_tokens_per_s": round(pieces / elapsed, 1)}
+                "target_tokens_per_s": round(pieces / elapsed, 1),
+                "target_tokens_per_s_each_round": [round(pieces / t, 1) for t in times]}
             if len(lines) == len(sources):
                 result[f"{name}_batch{batch_size}"]["sacrebleu"] = round(
                     corpus_scores(outputs, references)["bleu"], 2)
