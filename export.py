@@ -33,7 +33,7 @@ flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul d
                   "8.0); its outputs differ slightly from float32 (bench/README.md).")
 flags.DEFINE_integer("n_best", 4, "Hypotheses returned by the translate_n_best signature.")
 flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into, searched at the "
-                     "same time: on CPUs this keeps the cores busy (2: 1.04-1.17x the "
+                     "same time: on CPUs this keeps the cores busy (2: 1.06-1.17x the "
                      "sentences/s of 1 at batch 32 on 2 cores, bench/README.md; more was "
                      "slower there); each sentence's translation is the same. Use 1 for GPUs.")
 flags.register_validator("beam_size", lambda v: v >= 1, "--beam_size must be >= 1")
