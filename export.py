@@ -27,10 +27,13 @@ flags.DEFINE_integer("version", None, "Version number (default: the next integer
 flags.DEFINE_integer("beam_size", 4, "Beam size (paper: 4).")
 flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (paper: 0.6).")
 flags.DEFINE_integer("max_decode_length", 0, "Cap on output subwords (0: source length + 50).")
-flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul dtype of the "
-                  "exported graph. bfloat16 decodes faster on the machine that serves it only if "
-                  "that has native bf16 (AVX512-BF16/AMX CPUs, GPUs of compute capability >= "
-                  "8.0); its outputs differ slightly from float32 (bench/README.md).")
+flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtype of the "
+                  "weight matmuls (projections, feed-forward, output layer); all else is float32. "
+                  "bfloat16 decodes faster where bf16 is native (AVX512-BF16/AMX CPUs: 1.3x at "
+                  "beam 4, batch 32 here; GPUs of compute capability >= 8.0) and much slower where "
+                  "it is not; its translations differ slightly from float32's (bench/README.md). "
+                  "auto: bfloat16 if this machine has native bf16, else float32 (export on, or "
+                  "choose for, the machine that serves).")
 flags.DEFINE_integer("n_best", 4, "Hypotheses returned by the translate_n_best signature.")
 flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into, searched at the "
                      "same time: on CPUs this keeps the cores busy (2: 1.06-1.17x the "
@@ -48,22 +51,27 @@ def main(argv):
     if not 1 <= FLAGS.n_best <= FLAGS.beam_size:
         raise app.UsageError(f"--n_best must be in [1, --beam_size={FLAGS.beam_size}]")
     from tfnmt import checkpoints
+    from tfnmt.distribute import resolve_mixed_precision
     from tfnmt.serving import TranslationModule, export_saved_model
 
+    matmul_dtype = FLAGS.matmul_dtype
+    if matmul_dtype == "auto":
+        matmul_dtype = "bfloat16" if resolve_mixed_precision("auto") == "bf16" else "float32"
+
     try:
-        model, proto, path = checkpoints.load_model(FLAGS.model_dir, FLAGS.checkpoint,
-                                                    FLAGS.compute_dtype)
+        model, proto, path = checkpoints.load_model(FLAGS.model_dir, FLAGS.checkpoint)
     except checkpoints.ModelDirError as error:
         raise app.UsageError(str(error))
     module = TranslationModule(model, proto, FLAGS.beam_size, FLAGS.alpha,
                                FLAGS.max_decode_length, FLAGS.n_best,
-                               parallel_searches=FLAGS.parallel_searches)
+                               parallel_searches=FLAGS.parallel_searches,
+                               matmul_dtype=matmul_dtype)
     export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, "export")
     try:
         final = export_saved_model(module, export_dir, FLAGS.version)
     except FileExistsError as error:
         raise app.UsageError(str(error))
-    print(f"exported {path} to {final}")
+    print(f"exported {path} to {final} (weight matmuls in {matmul_dtype})")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Decoding speed from exported SavedModels, as TF Serving would run them, in one run.
 
-Exports the training directory's checkpoint with export.py into a scratch directory, three
-ways: beam 4 and greedy (beam 1) in float32 (the default export), and beam 4 with
---compute_dtype=bfloat16. Loads each SavedModel the way a server does (tensorflow +
+Exports the training directory's checkpoint with export.py into a scratch directory, four
+ways: beam 4 and greedy (beam 1), each with --matmul_dtype=float32 and =bfloat16 (the weight
+matmuls in bf16, all else float32; export.py's default on machines with native bf16). Loads each SavedModel the way a server does (tensorflow +
 tensorflow_text only) and times its serving_default signature on a split at each batch size:
 sentences/s and target tokens/s, where target tokens are SentencePiece pieces of the outputs
 (as OpenNMT-tf counts them), plus the sacreBLEU of the full split's translations. Sentences
@@ -13,7 +13,7 @@ plain eager one (same checkpoint and dtype, no tf.function) on the first --check
 Prints one JSON line.
 
   python bench/decode.py                       # after `python train.py` (runs/small-de-en)
-  python bench/decode.py --batch_sizes=32 --limit=256 --compute_dtypes=float32
+  python bench/decode.py --batch_sizes=32 --limit=256 --matmul_dtypes=bfloat16
 """
 import json
 import os
@@ -33,8 +33,9 @@ flags.DEFINE_enum("split", "test", ["dev", "test"], "Split to decode.")
 flags.DEFINE_list("batch_sizes", ["32", "1"], "Sentences per call, each timed.")
 flags.DEFINE_integer("limit", 0, "Decode only the first N sentences (0: all).")
 flags.DEFINE_integer("batch1_limit", 300, "Sentences decoded at batch size 1 (0: all).")
-flags.DEFINE_list("compute_dtypes", ["float32", "bfloat16"], "Exports timed: float32 (beam 4 "
-                  "and greedy) and bfloat16 (beam 4; only worth it with native bf16).")
+flags.DEFINE_list("matmul_dtypes", ["float32", "bfloat16"], "export.py --matmul_dtype values "
+                  "timed, each for beam 4 and greedy (bfloat16 is only worth it with native "
+                  "bf16).")
 flags.DEFINE_integer("check", 64, "Sentences compared with eager beam search (0: skip).")
 flags.DEFINE_integer("rounds", 3, "Timed passes over the sentences per export and batch size; "
                      "the median is reported (single passes here vary by up to 13%).")
@@ -43,10 +44,10 @@ flags.DEFINE_integer("parallel_searches", 2, "export.py's --parallel_searches (1
                      "one search).")
 
 
-def export(model_dir, export_dir, beam_size, compute_dtype):
+def export(model_dir, export_dir, beam_size, matmul_dtype):
     subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), f"--model_dir={model_dir}",
                     f"--export_dir={export_dir}", f"--beam_size={beam_size}", "--n_best=1",
-                    f"--compute_dtype={compute_dtype}",
+                    f"--matmul_dtype={matmul_dtype}",
                     f"--parallel_searches={FLAGS.parallel_searches}"],
                    check=True, stdout=subprocess.DEVNULL)
     return os.path.join(export_dir, "1")
@@ -71,13 +72,14 @@ def main(argv):
     result = {"machine": cpu_description(), "model_dir": FLAGS.model_dir, "split": FLAGS.split,
               "rss_gib_before_loading": round(rss_bytes() / 2 ** 30, 2)}
     scratch = tempfile.mkdtemp(prefix="tfnmt-bench-")
-    beam_translators = {}  # compute dtype -> the export's translate function
-    for name, beam_size, compute_dtype in (("beam4", 4, "float32"), ("greedy", 1, "float32"),
-                                           ("beam4_bf16", 4, "bfloat16")):
-        if compute_dtype not in FLAGS.compute_dtypes:
+    beam_translators = {}  # matmul dtype -> the export's translate function
+    for name, beam_size, matmul_dtype in (("beam4", 4, "float32"), ("greedy", 1, "float32"),
+                                          ("beam4_bf16", 4, "bfloat16"),
+                                          ("greedy_bf16", 1, "bfloat16")):
+        if matmul_dtype not in FLAGS.matmul_dtypes:
             continue
         signature = tf.saved_model.load(export(FLAGS.model_dir, os.path.join(scratch, name),
-                                               beam_size, compute_dtype)
+                                               beam_size, matmul_dtype)
                                         ).signatures["serving_default"]
 
         def translate(sentences, signature=signature):  # bound now, not at call time
@@ -104,17 +106,17 @@ def main(argv):
                 result[f"{name}_batch{batch_size}"]["sacrebleu"] = round(
                     corpus_scores(outputs, references)["bleu"], 2)
         if beam_size == 4:
-            beam_translators[compute_dtype] = translate
+            beam_translators[matmul_dtype] = translate
     result["rss_gib_exports_loaded"] = round(rss_bytes() / 2 ** 30, 2)
     result["peak_rss_gib"] = round(peak_rss_bytes() / 2 ** 30, 2)
     if FLAGS.check:
-        for compute_dtype, translate in beam_translators.items():
-            result[f"same_as_eager_beam_search_{compute_dtype}"] = same_as_eager(
-                sources[:FLAGS.check], translate, compute_dtype)
+        for matmul_dtype, translate in beam_translators.items():
+            result[f"same_as_eager_beam_search_{matmul_dtype}"] = same_as_eager(
+                sources[:FLAGS.check], translate, matmul_dtype)
     print(json.dumps(result))
 
 
-def same_as_eager(sources, translate_exported, compute_dtype):
+def same_as_eager(sources, translate_exported, matmul_dtype):
     """Share of `sources` whose exported translation equals eager beam search's (batch 32, each
     batch one search)."""
     import tensorflow as tf
@@ -123,8 +125,9 @@ def same_as_eager(sources, translate_exported, compute_dtype):
     from tfnmt.evaluation import translate_lines
     from tfnmt.serving import TranslationModule
 
-    model, proto, _ = load_model(FLAGS.model_dir, compute_dtype=compute_dtype)
-    module = TranslationModule(model, proto, beam_size=4, n_best=1, parallel_searches=1)
+    model, proto, _ = load_model(FLAGS.model_dir)
+    module = TranslationModule(model, proto, beam_size=4, n_best=1, parallel_searches=1,
+                               matmul_dtype=matmul_dtype)
 
     def eager(sentences):  # translate_batch itself, not the tf.function around it
         translations, scores = module.translate_batch(tf.constant(sentences, tf.string), 1)

@@ -83,6 +83,9 @@ def test_fresh_process_with_only_tf_and_tf_text_gives_the_same_translations(expo
     expected = module.serve(tf.constant(SENTENCES))
     assert loaded["translations"] == [t.decode() for t in expected["translations"].numpy()]
     np.testing.assert_allclose(loaded["scores"], expected["scores"].numpy(), rtol=1e-5)
+    eager_translations, eager_scores = module.translate_batch(tf.constant(SENTENCES), 1)
+    assert loaded["translations"] == [t.decode() for t in eager_translations[:, 0].numpy()]
+    np.testing.assert_allclose(loaded["scores"], eager_scores[:, 0], rtol=1e-5)
     n_best = module.serve_n_best(tf.constant(SENTENCES))["translations"].numpy()
     assert loaded["n_best"] == [[t.decode() for t in row] for row in n_best]
     assert loaded["translations"][2] == "" and len(loaded["n_best"][0]) == 2
@@ -231,24 +234,29 @@ def test_parallel_searches_give_each_sentence_its_single_search_result(module, b
         TranslationModule(module.model, proto, parallel_searches=0)
 
 
-def test_bfloat16_export_matches_its_in_process_module(tiny_model_dir, tmp_path):
-    model, proto, _ = checkpoints.load_model(tiny_model_dir, compute_dtype="bfloat16")
-    module = TranslationModule(model, proto, beam_size=3, alpha=0.6, n_best=2)
-    assert model.weights[0].dtype == "float32"  # variables stay float32
+def test_bfloat16_matmul_export_gives_the_eager_searchs_translations(tiny_model_dir, tmp_path):
+    model, proto, _ = checkpoints.load_model(tiny_model_dir)
+    module = TranslationModule(model, proto, beam_size=3, alpha=0.6, n_best=2,
+                               matmul_dtype="bfloat16")
     path = export_saved_model(module, str(tmp_path / "export"))
-    ops = graph_ops(path)
-    assert not {op for op in ops if op not in set(dir(tf.raw_ops)) and op not in TF_TEXT_OPS}
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    assert [node for function in saved.meta_graphs[0].graph_def.library.function
+            for node in function.node_def
+            if node.op == "MatMul" and node.attr["T"].type == tf.bfloat16.as_datatype_enum]
     result = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "export_client.py"),
                              path], input=json.dumps(SENTENCES), capture_output=True, text=True,
                             timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
-    expected = module.serve(tf.constant(SENTENCES))
-    assert loaded["translations"] == [t.decode() for t in expected["translations"].numpy()]
-    # Scores are float32 log-probabilities of bf16 logits: close to, not equal to, float32's.
-    float32_module = TranslationModule(checkpoints.load_model(tiny_model_dir)[0], proto,
-                                       beam_size=3, alpha=0.6, n_best=2)
-    float32_scores = float32_module.serve(tf.constant(SENTENCES))["scores"].numpy()
+    translations, scores = module.translate_batch(tf.constant(SENTENCES), 1)  # eagerly
+    assert loaded["translations"] == [t.decode() for t in translations[:, 0].numpy()]
+    np.testing.assert_allclose(loaded["scores"], scores[:, 0], rtol=1e-5)
+    # bf16 products: scores close to, not equal to, float32's.
+    float32_module = TranslationModule(model, proto, beam_size=3, alpha=0.6, n_best=2)
+    float32_scores = float32_module.translate_batch(tf.constant(SENTENCES), 1)[1][:, 0]
     np.testing.assert_allclose(loaded["scores"], float32_scores, atol=0.5)
-    with pytest.raises(ValueError, match="compute_dtype"):
-        checkpoints.load_model(tiny_model_dir, compute_dtype="float16")
+    assert not np.array_equal(loaded["scores"], float32_scores)
+    with pytest.raises(ValueError, match="matmul_dtype"):
+        TranslationModule(model, proto, matmul_dtype="float16")

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfnmt.layers.linear import linear
+from tfnmt.layers.linear import linear, low_precision_matmuls
 
 
 def test_matches_batched_matmul_and_its_gradients():
@@ -78,3 +78,54 @@ def test_plain_ops_outside_training():
 
     assert "IdentityN" not in op_types(False) and "Relu" in op_types(False)
     assert "IdentityN" in op_types(True)
+
+
+def test_low_precision_matmuls_round_input_kernel_and_product_only():
+    x = tf.random.normal([2, 3, 8])
+    kernel, other = tf.Variable(tf.random.normal([8, 6])), tf.Variable(tf.random.normal([8, 6]))
+    bias = tf.random.normal([6])
+
+    def bf16_product(k):  # rounded input x rounded kernel, the product rounded; rest float32
+        product = tf.matmul(tf.cast(tf.reshape(x, [6, 8]), tf.bfloat16), tf.cast(k, tf.bfloat16))
+        return tf.cast(product, tf.float32)
+
+    plain = linear(x, kernel, bias, activation=tf.nn.relu)
+    with low_precision_matmuls([kernel]):
+        low = linear(x, kernel, bias, activation=tf.nn.relu)
+        assert low.dtype == tf.float32 and low.shape == (2, 3, 6)
+        np.testing.assert_array_equal(
+            low, tf.reshape(tf.nn.relu(bf16_product(kernel) + bias), [2, 3, 6]))
+        assert not np.array_equal(low, plain)
+        # Training, and kernels not named, keep the float32 product.
+        np.testing.assert_array_equal(linear(x, kernel, bias, activation=tf.nn.relu,
+                                             training=True), plain)
+        np.testing.assert_array_equal(linear(x, other), linear(x, tf.convert_to_tensor(other)))
+        with low_precision_matmuls([other]):  # nested: both kernels
+            np.testing.assert_array_equal(linear(x, other),
+                                          tf.reshape(bf16_product(other), [2, 3, 6]))
+            np.testing.assert_array_equal(linear(x, kernel, bias, activation=tf.nn.relu), low)
+        np.testing.assert_array_equal(linear(x, other), x @ other)  # inner scope gone
+    np.testing.assert_array_equal(linear(x, kernel, bias, activation=tf.nn.relu), plain)
+
+
+def test_low_precision_kernels_are_cast_once_before_a_loop():
+    kernel = tf.Variable(tf.random.normal([8, 8]))
+
+    @tf.function
+    def iterate(x):
+        with low_precision_matmuls([kernel]):
+            return tf.while_loop(lambda i, x: i < 3,
+                                 lambda i, x: (i + 1, tf.tanh(linear(x, kernel))), (0, x))[1]
+
+    x = tf.random.normal([4, 8])
+    expected = x
+    for _ in range(3):
+        expected = tf.tanh(tf.cast(tf.matmul(tf.cast(expected, tf.bfloat16),
+                                             tf.cast(kernel, tf.bfloat16)), tf.float32))
+    np.testing.assert_array_equal(iterate(x), expected)
+    graph_def = iterate.get_concrete_function(x).graph.as_graph_def()
+    body = next(f for f in graph_def.library.function if "body" in f.signature.name)
+    # In the loop: the input's cast to bf16 and the product's back, no cast of the kernel.
+    assert sorted(node.attr["DstT"].type for node in body.node_def if node.op == "Cast") == \
+        sorted([tf.bfloat16.as_datatype_enum, tf.float32.as_datatype_enum])
+    assert not [node for node in body.node_def if node.op == "ReadVariableOp"]

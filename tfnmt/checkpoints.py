@@ -35,18 +35,10 @@ def _newest_prefix(directory):
     return os.path.join(directory, prefixes[-1]) if prefixes else None
 
 
-COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "mixed_bfloat16"}
-
-
-def load_model(model_dir, which="auto", compute_dtype="float32"):
-    """(Transformer with restored float32 weights, SentencePiece model proto, checkpoint path).
-
-    compute_dtype "bfloat16" runs its matmuls in bfloat16 (softmax, LayerNorm and logits stay
-    float32, as in training): faster where bf16 is native (AVX512-BF16/AMX CPUs, GPUs of
-    compute capability >= 8.0), very slow where it is emulated."""
-    if compute_dtype not in COMPUTE_DTYPES:
-        raise ValueError(f"compute_dtype must be one of {sorted(COMPUTE_DTYPES)}, "
-                         f"got {compute_dtype!r}")
+def load_model(model_dir, which="auto"):
+    """(float32 Transformer with restored weights, SentencePiece model proto, checkpoint path).
+    Inference in bfloat16 is chosen where the model is used (serving.TranslationModule's
+    matmul_dtype)."""
     settings_path = os.path.join(model_dir, "settings.json")
     if not os.path.exists(settings_path):
         raise ModelDirError(f"{model_dir} holds no trained model (no settings.json)")
@@ -55,8 +47,7 @@ def load_model(model_dir, which="auto", compute_dtype="float32"):
     with open(os.path.join(model_dir, "spm.model"), "rb") as f:
         proto = f.read()
     path = resolve_checkpoint(model_dir, which)
-    # Variables are float32 whatever the compute dtype (as in mixed-precision training).
-    model = Transformer(**settings["model"], dtype=COMPUTE_DTYPES[compute_dtype])
+    model = Transformer(**settings["model"], dtype="float32")
     model.build()
     tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()
     return model, proto, path

@@ -15,7 +15,10 @@ import re
 import tensorflow as tf
 
 from tfnmt.beam_search import beam_search
+from tfnmt.layers.linear import low_precision_matmuls
 from tfnmt.tokenizer import PAD_ID, strip_output, to_source_ids
+
+MATMUL_DTYPES = ("float32", "bfloat16")
 
 SIGNATURE_INPUT = "sentences"
 
@@ -24,10 +27,15 @@ class TranslationModule(tf.Module):
     """`parallel_searches`: a batch's sentences are split into this many groups, searched by
     independent loops in the graph, which the runtime runs at the same time. On a CPU one op of
     a search step seldom keeps every core busy (small tensors run on one thread), and a second
-    search fills the gaps (bench/README.md); each sentence's result is the same. 1 for GPUs."""
+    search fills the gaps (bench/README.md); each sentence's result is the same. 1 for GPUs.
+
+    `matmul_dtype` "bfloat16": the model's weight matmuls (projections, feed-forward, output
+    layer) run in bfloat16 (`linear.low_precision_matmuls`), all else in float32: faster where
+    bf16 is native (AMX, AVX512-BF16, recent GPUs), very slow where it is emulated; the
+    translations differ slightly from float32's (bench/README.md)."""
 
     def __init__(self, model, spm_model_proto, beam_size=4, alpha=0.6, max_decode_length=0,
-                 n_best=4, extra_length=50, parallel_searches=2):
+                 n_best=4, extra_length=50, parallel_searches=2, matmul_dtype="float32"):
         super().__init__(name="translator")
         import tensorflow_text as tf_text
 
@@ -41,6 +49,9 @@ class TranslationModule(tf.Module):
         self.parallel_searches = int(parallel_searches)
         if self.parallel_searches < 1:
             raise ValueError(f"parallel_searches={parallel_searches} must be >= 1")
+        if matmul_dtype not in MATMUL_DTYPES:
+            raise ValueError(f"matmul_dtype must be one of {MATMUL_DTYPES}, got {matmul_dtype!r}")
+        self.matmul_dtype = matmul_dtype
 
     def source_ids(self, sentences):
         """string [B] -> ids [B, S] int32: tokenized, truncated, EOS-terminated, padded."""
@@ -60,7 +71,11 @@ class TranslationModule(tf.Module):
         """-> (translations string [B, n_best], scores float32 [B, n_best])."""
         sentences = tf.convert_to_tensor(sentences, tf.string)
         source_ids = self.source_ids(sentences)
-        ids, scores = self._search(source_ids, n_best)  # [B, N, L], [B, N]
+        # Weight matrices (rank 2) cast once per call, before the searches' loops.
+        kernels = [v for v in self.model.trainable_variables if len(v.shape) == 2] \
+            if self.matmul_dtype != "float32" else []
+        with low_precision_matmuls(kernels, tf.as_dtype(self.matmul_dtype)):
+            ids, scores = self._search(source_ids, n_best)  # [B, N, L], [B, N]
         batch, length = tf.shape(ids)[0], tf.shape(ids)[2]
         text = self.tokenizer.detokenize(strip_output(tf.reshape(ids, [batch * n_best, length])))
         text = tf.reshape(text, [batch, n_best])

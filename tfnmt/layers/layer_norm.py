@@ -5,8 +5,11 @@ gradient to autodiff: on CPU, where every element-wise op is one pass over memor
 LayerNorms took about a ninth of a `small` training step's op time (bench/README.md). Here the
 forward keeps x̂ and 1/σ, and the backward is the textbook expression
     dx = (g - mean(g) - x̂ · mean(g · x̂)) / σ,   g = dy · γ,
-in fewer passes. That path is for training only: outside it (decoding, export) the layer
-runs keras.ops.layer_normalization, so exported graphs hold the same ops as with Keras's layer.
+in fewer passes. That path is for training only. Outside it (decoding, export) the layer runs
+tf.nn.moments + tf.nn.batch_normalization: eagerly the same arithmetic, bit for bit, as
+keras.ops.layer_normalization, which grappler's arithmetic optimizer rewrites in a graph (a
+last-bit difference from eager, enough to flip the bf16 rounding of the next matmul's input
+under `linear.low_precision_matmuls`); it leaves this form as written.
 Statistics are computed in float32 under any policy, as Keras does. The variables are named
 `gamma` and `beta` like Keras's, so checkpoints carry over.
 """
@@ -63,7 +66,10 @@ class LayerNorm(keras.layers.Layer):
         # x: [..., D] -> [..., D]
         if training:
             return layer_norm(x, self.gamma, self.beta, self.epsilon, self.compute_dtype)
-        y = keras.ops.layer_normalization(x, self.gamma, self.beta, epsilon=self.epsilon)
+        x = tf.cast(x, tf.float32)
+        mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)  # [..., 1]
+        y = tf.nn.batch_normalization(x, mean, variance, tf.convert_to_tensor(self.beta),
+                                      tf.convert_to_tensor(self.gamma), self.epsilon)
         return tf.cast(y, self.compute_dtype)
 
     def compute_output_shape(self, input_shape):

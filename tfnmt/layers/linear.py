@@ -5,8 +5,39 @@ whose kernel gradient is B per-example products summed afterwards; on CPU those 
 half as long as all the matmuls of a training step (bench/README.md). Folding B and T into
 one axis makes both directions plain GEMMs, and MatMul + BiasAdd (+ ReLU) fuse into one
 oneDNN kernel.
+
+Inside `low_precision_matmuls(kernels, dtype)` (inference only) the products with those
+kernels run in `dtype`, e.g. bfloat16 on AMX, with everything around them left in float32.
 """
+import contextlib
+import threading
+
 import tensorflow as tf
+
+_low_precision = threading.local()  # .kernels: {id(kernel): (kernel, its cast copy)}
+
+
+@contextlib.contextmanager
+def low_precision_matmuls(kernels, dtype=tf.bfloat16):
+    """Within this scope, `linear` outside training multiplies by any of `kernels` (variables)
+    in `dtype`: its float32 input is rounded to `dtype`, multiplied by the kernel's `dtype`
+    copy (on CPU a oneDNN bf16 GEMM, AMX where present), and the product, itself rounded to
+    `dtype` (TF's CPU MatMul has no bf16 x bf16 -> float32 form), is cast back, so that the
+    bias, activation, residuals, LayerNorm and softmaxes stay float32.
+
+    The kernels are cast here, once: a search traced inside the scope takes the copies into
+    its loop as loop-invariant inputs instead of casting every weight at every step. The
+    ops are the same eagerly and in a graph (no fusion applies across the casts), so an
+    exported search gives the eager one's results exactly.
+    """
+    outer = getattr(_low_precision, "kernels", None)
+    _low_precision.kernels = dict(outer or {})
+    _low_precision.kernels.update({id(kernel): (kernel, tf.cast(kernel, dtype))
+                                   for kernel in kernels})
+    try:
+        yield
+    finally:
+        _low_precision.kernels = outer
 
 
 def linear(x, kernel, bias=None, transpose_kernel=False, activation=None, training=False):
@@ -15,17 +46,26 @@ def linear(x, kernel, bias=None, transpose_kernel=False, activation=None, traini
     precision does). The activation is applied before the result is reshaped back, so that
     grappler can fuse MatMul + BiasAdd + ReLU (a Reshape in between stops it).
 
+    Inside `low_precision_matmuls` (and not training) the product runs in that scope's dtype.
+
     training: the result will be differentiated. A biased map (with ReLU or no activation)
     then takes its gradient from _dense_with_gemm_gradients; elsewhere (inference, exports)
     it stays plain ops.
     """
-    kernel = tf.cast(kernel, x.dtype)
+    entry = None if training else \
+        (getattr(_low_precision, "kernels", None) or {}).get(id(kernel))
+    low_precision_kernel = entry[1] if entry is not None and entry[0] is kernel else None
+    kernel = tf.cast(kernel, x.dtype) if low_precision_kernel is None else low_precision_kernel
     out_dim = kernel.shape[0] if transpose_kernel else kernel.shape[1]
     flat = tf.reshape(x, [-1, x.shape[-1]])  # [N, D_in]
     if training and bias is not None and not transpose_kernel and activation in (None, tf.nn.relu):
         y = _dense_with_gemm_gradients(flat, kernel, tf.cast(bias, x.dtype), activation)
     else:
-        y = tf.matmul(flat, kernel, transpose_b=transpose_kernel)  # [N, D_out]
+        if low_precision_kernel is None:
+            y = tf.matmul(flat, kernel, transpose_b=transpose_kernel)  # [N, D_out]
+        else:
+            y = tf.cast(tf.matmul(tf.cast(flat, kernel.dtype), kernel,
+                                  transpose_b=transpose_kernel), x.dtype)
         if bias is not None:
             y = tf.nn.bias_add(y, tf.cast(bias, y.dtype))
         if activation is not None:
