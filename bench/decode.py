@@ -2,14 +2,15 @@
 
 Exports the training directory's checkpoint with export.py into a scratch directory, four
 ways: beam 4 and greedy (beam 1), each with --matmul_dtype=float32 and =bfloat16 (the weight
-matmuls in bf16, all else float32; export.py's default on machines with native bf16). Loads each SavedModel the way a server does (tensorflow +
-tensorflow_text only) and times its serving_default signature on a split at each batch size:
-sentences/s and target tokens/s, where target tokens are SentencePiece pieces of the outputs
-(as OpenNMT-tf counts them), plus the sacreBLEU of the full split's translations. Sentences
-are batched by length, as translate.py does; one batch is decoded first as warm-up, then
---rounds timed passes, of which the median is reported (and each pass's tokens/s). Also
-prints the RSS with the exports loaded, and checks each exported beam search against the
-plain eager one (same checkpoint and dtype, no tf.function) on the first --check sentences.
+matmuls in bf16, all else float32; export.py's default on machines with native bf16). Loads
+each SavedModel the way a server does (tensorflow + tensorflow_text only) and times its
+serving_default signature on a split at each batch size: sentences/s and target tokens/s, where
+target tokens are SentencePiece pieces of the outputs (as OpenNMT-tf counts them), plus the
+sacreBLEU of the full split's translations. Sentences are batched by length, as translate.py
+does; one batch is decoded first as warm-up, then --rounds timed passes, of which the median is
+reported (and each pass's tokens/s). Also prints the RSS with the exports loaded, and checks
+each exported beam search against the plain eager one (same checkpoint and dtype, no
+tf.function) on the first --check sentences.
 Prints one JSON line.
 
   python bench/decode.py                       # after `python train.py` (runs/small-de-en)

@@ -260,3 +260,21 @@ def test_bfloat16_matmul_export_gives_the_eager_searchs_translations(tiny_model_
     assert not np.array_equal(loaded["scores"], float32_scores)
     with pytest.raises(ValueError, match="matmul_dtype"):
         TranslationModule(model, proto, matmul_dtype="float16")
+
+
+def test_export_command_resolves_auto_matmul_dtype(tiny_model_dir, tmp_path):
+    from tfnmt.distribute import resolve_mixed_precision
+
+    def export(*flags):
+        return subprocess.run([sys.executable, "export.py", f"--model_dir={tiny_model_dir}",
+                               f"--export_dir={tmp_path / 'export'}", *flags], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+    result = export()  # --matmul_dtype=auto: bf16 where this machine has native bf16
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = "bfloat16" if resolve_mixed_precision("auto") == "bf16" else "float32"
+    assert result.stdout.strip().endswith(f"export{os.sep}1 (weight matmuls in {expected})")
+    result = export("--matmul_dtype=float16")
+    assert result.returncode != 0 and "matmul_dtype" in result.stderr
+    assert os.listdir(tmp_path / "export") == ["1"]
