@@ -26,9 +26,9 @@ def low_precision_matmuls(kernels, dtype=tf.bfloat16):
     bias, activation, residuals, LayerNorm and softmaxes stay float32.
 
     The kernels are cast here, once: a search traced inside the scope takes the copies into
-    its loop as loop-invariant inputs instead of casting every weight at every step. The
-    ops are the same eagerly and in a graph (no fusion applies across the casts), so an
-    exported search gives the eager one's results exactly.
+    its loop as loop-invariant inputs instead of casting every weight at every step. No
+    fusion applies across the casts, so `linear` gives the same bits in a graph as eagerly;
+    for a whole search to do so, its other ops must too (see layer_norm.py).
     """
     outer = getattr(_low_precision, "kernels", None)
     _low_precision.kernels = dict(outer or {})
