@@ -30,7 +30,7 @@ def _values_and_gradients(layer, x, upstream, training=None):
 
 @pytest.mark.parametrize("training", [True, False])
 def test_values_and_gradients_match_keras(training):
-    """Training: the closed-form gradient; otherwise Keras's own ops (fused by oneDNN)."""
+    """Training: the closed-form gradient; otherwise tf.nn.moments + batch_normalization."""
     ours, reference = _pair()
     x = tf.random.normal([3, 5, 16]) * 4.0 + 2.0
     upstream = tf.random.normal([3, 5, 16])
