@@ -239,6 +239,8 @@ def test_bfloat16_matmul_export_gives_the_eager_searchs_translations(tiny_model_
     module = TranslationModule(model, proto, beam_size=3, alpha=0.6, n_best=2,
                                matmul_dtype="bfloat16")
     path = export_saved_model(module, str(tmp_path / "export"))
+    ops = graph_ops(path)
+    assert not {op for op in ops if op not in set(dir(tf.raw_ops)) and op not in TF_TEXT_OPS}
     saved = saved_model_pb2.SavedModel()
     with open(os.path.join(path, "saved_model.pb"), "rb") as f:
         saved.ParseFromString(f.read())
