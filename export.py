@@ -29,7 +29,7 @@ flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (paper: 0.6).")
 flags.DEFINE_integer("max_decode_length", 0, "Cap on output subwords (0: source length + 50).")
 flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtype of the "
                   "weight matmuls (projections, feed-forward, output layer); all else is float32. "
-                  "bfloat16 decodes faster where bf16 is native (AVX512-BF16/AMX CPUs: 1.2-1.35x at "
+                  "bfloat16 decodes faster where bf16 is native (AVX512-BF16/AMX CPUs: 1.2-1.4x at "
                   "beam 4, batch 32 here; GPUs of compute capability >= 8.0) and much slower where "
                   "it is not; its translations differ slightly from float32's (bench/README.md). "
                   "auto: bfloat16 if this machine has native bf16, else float32 (export on, or "
