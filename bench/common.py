@@ -1,4 +1,5 @@
 """Helpers shared by the benchmarks: the matmul ceiling, model FLOPs, RSS, prepared data."""
+import math
 import os
 import resource
 import statistics
@@ -56,6 +57,89 @@ def forward_flops(source_lengths, target_lengths, settings):
             + 4 * t * s * d
         total += n_enc * enc + n_dec * dec + 2 * d * vocab * t
     return total
+
+
+def training_gemms(settings, batch_size, source_length, target_length):
+    """The matrix products of one training step on a padded [batch_size, source_length] /
+    [batch_size, target_length] batch, as {(shape_a, shape_b, transpose_a, transpose_b): count}:
+    each projection's forward, input-gradient, kernel-gradient and bias-gradient GEMMs
+    (layers/linear.py), attention's batched products and their two gradients each, and the tied
+    softmax's three GEMMs (losses.projected_cross_entropy). Element-wise work is left out."""
+    d, d_ff, vocab = settings["d_model"], settings["d_ff"], settings["target_vocab_size"]
+    heads = settings["num_heads"]
+    n_enc, n_dec = settings["num_encoder_layers"], settings["num_decoder_layers"]
+    source_rows, target_rows = batch_size * source_length, batch_size * target_length
+    gemms = {}
+
+    def add(a, b, transpose_a=False, transpose_b=False, count=1):
+        key = (tuple(a), tuple(b), transpose_a, transpose_b)
+        gemms[key] = gemms.get(key, 0) + count
+
+    def projection(rows, d_in, d_out, count):  # y = x W + b and its gradients
+        add([rows, d_in], [d_in, d_out], count=count)
+        add([rows, d_out], [d_in, d_out], transpose_b=True, count=count)  # dx
+        add([rows, d_in], [rows, d_out], transpose_a=True, count=count)  # dW
+        add([1, rows], [rows, d_out], count=count)  # db
+
+    def attention(query_length, key_length, count):  # per head: Q K^T, then weights V
+        bh, dh = batch_size * heads, d // heads
+        add([bh, query_length, dh], [bh, key_length, dh], transpose_b=True, count=count)
+        add([bh, query_length, key_length], [bh, key_length, dh], count=count)  # dq
+        add([bh, query_length, key_length], [bh, query_length, dh], transpose_a=True,
+            count=count)  # dk
+        add([bh, query_length, key_length], [bh, key_length, dh], count=count)  # weights V
+        add([bh, query_length, dh], [bh, key_length, dh], transpose_b=True,
+            count=count)  # dweights
+        add([bh, query_length, key_length], [bh, query_length, dh], transpose_a=True,
+            count=count)  # dv
+
+    projection(source_rows, d, d, 4 * n_enc + 2 * n_dec)  # encoder Q/K/V/O, cross K/V
+    projection(source_rows, d, d_ff, n_enc)
+    projection(source_rows, d_ff, d, n_enc)
+    projection(target_rows, d, d, 6 * n_dec)  # decoder self Q/K/V/O, cross Q/O
+    projection(target_rows, d, d_ff, n_dec)
+    projection(target_rows, d_ff, d, n_dec)
+    attention(source_length, source_length, n_enc)
+    attention(target_length, target_length, n_dec)
+    attention(target_length, source_length, n_dec)
+    add([target_rows, d], [vocab, d], transpose_b=True)  # logits
+    add([target_rows, vocab], [vocab, d])  # hidden gradient
+    add([target_rows, vocab], [target_rows, d], transpose_a=True)  # kernel gradient
+    return gemms
+
+
+def matmul_seconds(shape_a, shape_b, transpose_a, transpose_b, dtype, min_seconds=0.05,
+                   windows=5, max_bytes=2 ** 28):
+    """Seconds per product of this shape in `dtype` on this process' threads: the median of
+    `windows` timings of a graph of independent products (enough for `min_seconds`, each with
+    its own left operand, so that the runtime can neither merge them nor skip one), which it
+    may overlap as it would in a step. An optimistic figure: each right operand stays in
+    cache from one product to the next."""
+    b = tf.cast(tf.random.normal(shape_b) / shape_b[-1] ** 0.5, dtype)
+    bytes_a = tf.as_dtype(dtype).size * math.prod(shape_a)
+
+    def timed(repeats):
+        a = tf.cast(tf.random.normal([repeats, *shape_a]), dtype)
+
+        @tf.function
+        def products(a):
+            total = tf.constant(0.0)
+            for i in range(repeats):
+                product = tf.matmul(a[i], b, transpose_a=transpose_a, transpose_b=transpose_b)
+                total += tf.cast(tf.reshape(product, [-1])[0], tf.float32)
+            return total
+
+        products(a).numpy()  # trace and warm up
+        times = []
+        for _ in range(windows):
+            start = time.perf_counter()
+            products(a).numpy()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) / repeats
+
+    once = timed(1)
+    repeats = min(64, int(min_seconds / max(once, 1e-6)), max_bytes // bytes_a)
+    return once if repeats <= 1 else timed(repeats)
 
 
 def peak_rss_bytes():

@@ -13,6 +13,12 @@ Model FLOPs count the matmuls of forward + backward (3x forward) on the *real* (
 tokens of each batch (bench/common.py:forward_flops); utilisation divides them by the bf16
 (or fp32 for --mixed_precision=none) ceiling, and also by the rate of the model's own
 feed-forward GEMM shape (`model_gemm_gflops`), the best its matmuls could do here.
+
+`gemm_only_bound` answers "how far could utilisation go here at all?": every matrix product of
+the first --bound_batches timed batches (forward and gradients, at their padded shapes;
+bench/common.py:training_gemms) timed alone in the step's dtype, summed, and the model FLOPs of
+those batches divided by that time and by the ceiling: the utilisation of a step whose
+non-matmul work (softmax, dropout, LayerNorm, casts, optimizer, input) took no time at all.
 """
 import json
 import statistics
@@ -20,7 +26,8 @@ import time
 
 import common
 from common import (build_trainer, cpu_description, define_trainer_flags, forward_flops,
-                    matmul_ceiling, peak_rss_bytes, prepared_data, rss_bytes)
+                    matmul_ceiling, matmul_seconds, peak_rss_bytes, prepared_data, rss_bytes,
+                    training_gemms)
 
 from absl import app, flags  # noqa: E402
 
@@ -36,6 +43,8 @@ flags.DEFINE_bool("shape_stable", True, "Pad batches to their bucket boundary (t
                   "--shape_stable).")
 flags.DEFINE_float("bucket_growth", 1.1, "Length bucket growth (train.py's --bucket_growth).")
 flags.DEFINE_bool("ceiling", True, "Measure the matmul ceilings first.")
+flags.DEFINE_integer("bound_batches", 8, "With --ceiling, time the matmuls of this many of the "
+                     "timed batches alone for `gemm_only_bound` (0: skip).")
 flags.DEFINE_string("profile_dir", None, "Also write a tf.profiler trace of 5 steps after the "
                     "timed ones here (open with TensorBoard's Profile tab).")
 
@@ -77,12 +86,13 @@ def main(argv):
 
     total_steps = FLAGS.warmup + FLAGS.steps
     # The same deterministic batches, read once in Python to count their real lengths.
-    step_flops = []
+    step_flops, step_shapes = [], []
     for batch in dataset().take(total_steps):
         source_lengths = tf.reduce_sum(tf.cast(batch["source"] != PAD_ID, tf.int64), 1)
         target_lengths = tf.reduce_sum(tf.cast(batch["target_in"] != PAD_ID, tf.int64), 1)
         step_flops.append(3 * forward_flops(source_lengths.numpy(), target_lengths.numpy(),
                                             settings))
+        step_shapes.append((*batch["source"].shape, batch["target_in"].shape[1]))  # B, S, T
     iterator = iter(trainer.strategy.experimental_distribute_dataset(dataset()))
 
     start = time.perf_counter()
@@ -99,7 +109,7 @@ def main(argv):
             tokens += float(trainer.train_step(iterator)["target_tokens"])
         elapsed = time.perf_counter() - start
         flops = sum(step_flops[step:step + count])
-        windows.append((tokens / elapsed, flops / elapsed / 1e9))
+        windows.append((tokens / elapsed, flops / elapsed / 1e9, elapsed / count))
         rss.append(round(rss_bytes() / 2 ** 30, 2))
         step += count
     if FLAGS.profile_dir:
@@ -115,13 +125,34 @@ def main(argv):
         "window_tokens_per_s": [round(w[0]) for w in windows],
         "model_gflops_per_s": round(gflops, 1),
         "model_gflop_per_step": round(statistics.mean(step_flops) / 1e9, 2),
+        "seconds_per_step": round(statistics.median(w[2] for w in windows), 4),
         "rss_gib_per_window": rss,
         "peak_rss_gib": round(peak_rss_bytes() / 2 ** 30, 2)})
+    if FLAGS.ceiling and FLAGS.bound_batches:
+        result.update(gemm_only_bound(step_shapes, step_flops, settings, dtype,
+                                      result["ceiling_gflops"][ceiling_key]))
     if FLAGS.ceiling:
         result["utilisation_of_ceiling"] = round(gflops / result["ceiling_gflops"][ceiling_key], 3)
         result["utilisation_ceiling"] = ceiling_key
         result["utilisation_of_ffn_gemm"] = round(gflops / result["model_gemm_gflops"]["ffn"], 3)
     print(json.dumps(result))
+
+
+def gemm_only_bound(step_shapes, step_flops, settings, dtype, ceiling_gflops):
+    """The utilisation a step would reach if its matrix products were all it did (see the
+    module docstring), over the first --bound_batches timed batches."""
+    first = FLAGS.warmup
+    batches = range(first, min(first + FLAGS.bound_batches, len(step_shapes)))
+    seconds_of = {}  # per distinct product shape
+    gemm_seconds = 0.0
+    for step in batches:
+        for key, count in training_gemms(settings, *step_shapes[step]).items():
+            if key not in seconds_of:
+                seconds_of[key] = matmul_seconds(*key, dtype)
+            gemm_seconds += count * seconds_of[key]
+    flops = sum(step_flops[step] for step in batches)
+    return {"gemm_seconds_per_step": round(gemm_seconds / len(batches), 4),
+            "gemm_only_bound": round(flops / gemm_seconds / 1e9 / ceiling_gflops, 3)}
 
 
 if __name__ == "__main__":
