@@ -51,7 +51,12 @@ def one_step(strategy, weights):
 
     grads = [g.numpy().ravel() for g in gradients(iterator)[0]]
     metrics = {k: float(v) for k, v in trainer.train_step(iterator).items()}
+    # After one Adam update: the weights, and how far each replica's copy is from the first's.
+    copies = [[c.numpy() for c in strategy.experimental_local_results(v.value)]
+              for v in model.trainable_variables]
     return {"metrics": metrics, "grads": np.concatenate(grads).tolist(),
+            "weights": np.concatenate([c[0].ravel() for c in copies]).tolist(),
+            "replica_spread": max(float(np.abs(c - cs[0]).max()) for cs in copies for c in cs),
             "replicas": strategy.num_replicas_in_sync}
 
 
