@@ -20,23 +20,8 @@ def matmul_ceiling(dtype, shape=(2048, 2048, 2048), repeats=8, windows=5):
     `repeats` independent products per call), on this process' threads. The default square
     shape gives the machine's ceiling; a model's own shapes give the best its GEMMs can do."""
     m, k, n = shape
-    a = tf.cast(tf.random.normal([repeats, m, k]), dtype)
-    b = tf.cast(tf.random.normal([k, n]) / k ** 0.5, dtype)
-
-    @tf.function
-    def products(a):
-        total = tf.constant(0.0)
-        for i in range(repeats):
-            total += tf.cast(tf.matmul(a[i], b)[0, 0], tf.float32)
-        return total
-
-    products(a).numpy()  # trace and warm up
-    rates = []
-    for _ in range(windows):
-        start = time.perf_counter()
-        products(a).numpy()
-        rates.append(2 * m * k * n * repeats / (time.perf_counter() - start) / 1e9)
-    return statistics.median(rates)
+    seconds = _seconds_per_product((m, k), (k, n), False, False, dtype, repeats, windows)
+    return 2 * m * k * n / seconds / 1e9
 
 
 def forward_flops(source_lengths, target_lengths, settings):
@@ -110,36 +95,39 @@ def training_gemms(settings, batch_size, source_length, target_length):
 
 def matmul_seconds(shape_a, shape_b, transpose_a, transpose_b, dtype, min_seconds=0.05,
                    windows=5, max_bytes=2 ** 28):
-    """Seconds per product of this shape in `dtype` on this process' threads: the median of
-    `windows` timings of a graph of independent products (enough for `min_seconds`, each with
-    its own left operand, so that the runtime can neither merge them nor skip one), which it
-    may overlap as it would in a step. An optimistic figure: each right operand stays in
-    cache from one product to the next."""
-    b = tf.cast(tf.random.normal(shape_b) / shape_b[-1] ** 0.5, dtype)
+    """Seconds per product of this shape in `dtype` on this process' threads, timed as
+    `matmul_ceiling` times its products: enough of them for `min_seconds` (at most 64, and
+    `max_bytes` of left operands). An optimistic figure: the right operand stays in cache
+    from one product to the next, and the runtime may overlap them as it would in a step."""
+    once = _seconds_per_product(shape_a, shape_b, transpose_a, transpose_b, dtype, 1, windows)
     bytes_a = tf.as_dtype(dtype).size * math.prod(shape_a)
-
-    def timed(repeats):
-        a = tf.cast(tf.random.normal([repeats, *shape_a]), dtype)
-
-        @tf.function
-        def products(a):
-            total = tf.constant(0.0)
-            for i in range(repeats):
-                product = tf.matmul(a[i], b, transpose_a=transpose_a, transpose_b=transpose_b)
-                total += tf.cast(tf.reshape(product, [-1])[0], tf.float32)
-            return total
-
-        products(a).numpy()  # trace and warm up
-        times = []
-        for _ in range(windows):
-            start = time.perf_counter()
-            products(a).numpy()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times) / repeats
-
-    once = timed(1)
     repeats = min(64, int(min_seconds / max(once, 1e-6)), max_bytes // bytes_a)
-    return once if repeats <= 1 else timed(repeats)
+    return once if repeats <= 1 else _seconds_per_product(
+        shape_a, shape_b, transpose_a, transpose_b, dtype, repeats, windows)
+
+
+def _seconds_per_product(shape_a, shape_b, transpose_a, transpose_b, dtype, repeats, windows):
+    """The median over `windows` timings of one graph of `repeats` independent products, each
+    with its own left operand (so that the runtime can neither merge nor skip any), divided
+    by `repeats`."""
+    a = tf.cast(tf.random.normal([repeats, *shape_a]), dtype)
+    b = tf.cast(tf.random.normal(shape_b) / shape_b[-1] ** 0.5, dtype)
+
+    @tf.function
+    def products(a):
+        total = tf.constant(0.0)
+        for i in range(repeats):
+            product = tf.matmul(a[i], b, transpose_a=transpose_a, transpose_b=transpose_b)
+            total += tf.cast(tf.reshape(product, [-1])[0], tf.float32)
+        return total
+
+    products(a).numpy()  # trace and warm up
+    times = []
+    for _ in range(windows):
+        start = time.perf_counter()
+        products(a).numpy()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) / repeats
 
 
 def peak_rss_bytes():

@@ -57,45 +57,15 @@ def task_role(strategy):
 
 @keras.saving.register_keras_serializable(package="tfnmt")
 class PreReducedAdam(keras.optimizers.Adam):
-    """Keras's Adam for the training loop: for gradients already summed across replicas, and
-    with each dense update as one fused kernel.
+    """Adam for gradients that the training loop has already summed across replicas.
 
     Keras' TF optimizer all-reduces gradients inside apply_gradients. Our loop reduces them
     itself (once), because it needs the global gradient norm for TensorBoard; reducing again
     would multiply them by the replica count.
-
-    Keras writes Adam's update as about ten element-wise passes over each variable and its two
-    slots; TensorFlow's ResourceApplyAdam computes the same formula (the same alpha, epsilon
-    added to sqrt(v)) in one pass: 19-20 against 7 ms per update of the small preset's 7.6 M
-    weights on 2 CPU cores (bench/README.md). The slots stay Keras's own variables, so
-    checkpoints are unchanged. Sparse gradients and amsgrad take Keras's path.
     """
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return list(grads_and_vars)
-
-    def update_step(self, gradient, variable, learning_rate):
-        if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
-            return super().update_step(gradient, variable, learning_rate)
-        index = self._get_variable_index(variable)
-        momentum, velocity = self._momentums[index], self._velocities[index]
-        dtype = variable.dtype
-        step = tf.cast(self.iterations + 1, dtype)
-        tf.raw_ops.ResourceApplyAdam(
-            var=_resource_handle(variable), m=_resource_handle(momentum),
-            v=_resource_handle(velocity),
-            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
-            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
-            lr=tf.cast(learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype),
-            beta2=tf.cast(self.beta_2, dtype), epsilon=tf.cast(self.epsilon, dtype),
-            grad=tf.cast(gradient, dtype))
-
-
-def _resource_handle(variable):
-    """The resource of a Keras or tf.Variable; under a tf.distribute update, this replica's."""
-    if isinstance(variable, keras.Variable):
-        variable = variable.value  # its tf.Variable
-    return variable.handle
 
 
 def cpu_has_bf16():
