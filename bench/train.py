@@ -36,15 +36,17 @@ define_trainer_flags()
 flags.adopt_module_key_flags(common)  # listed by --help with the flags below
 flags.DEFINE_string("data_dir", "runs/bench-data", "Prepared embedded corpus (made if missing).")
 flags.DEFINE_integer("batch_tokens", 4096, "Token budget per batch, as train.py.")
-flags.DEFINE_integer("steps", 200, "Timed steps after warm-up.")
-flags.DEFINE_integer("warmup", 40, "Untimed steps first (tracing, per-shape kernels).")
-flags.DEFINE_integer("window", 20, "Steps per timing window; the median window is reported.")
+flags.DEFINE_integer("steps", 200, "Timed steps after warm-up.", lower_bound=1)
+flags.DEFINE_integer("warmup", 40, "Untimed steps first (tracing, per-shape kernels).",
+                     lower_bound=0)
+flags.DEFINE_integer("window", 20, "Steps per timing window; the median window is reported.",
+                     lower_bound=1)
 flags.DEFINE_bool("shape_stable", True, "Pad batches to their bucket boundary (train.py's "
                   "--shape_stable).")
 flags.DEFINE_float("bucket_growth", 1.1, "Length bucket growth (train.py's --bucket_growth).")
 flags.DEFINE_bool("ceiling", True, "Measure the matmul ceilings first.")
 flags.DEFINE_integer("bound_batches", 8, "With --ceiling, time the matmuls of this many of the "
-                     "timed batches alone for `gemm_only_bound` (0: skip).")
+                     "timed batches alone for `gemm_only_bound` (0: skip).", lower_bound=0)
 flags.DEFINE_string("profile_dir", None, "Also write a tf.profiler trace of 5 steps after the "
                     "timed ones here (open with TensorBoard's Profile tab).")
 
