@@ -152,11 +152,13 @@ def test_each_sentence_gets_what_it_gets_alone(model):
         length = alone.shape[2]
         np.testing.assert_array_equal(ids[i, :, :length], alone[0])
         assert np.all(ids.numpy()[i, :, length:] == PAD_ID)
-        np.testing.assert_allclose(scores[i], alone_scores[0], rtol=1e-5)
+        # A row's products round differently in batches of other sizes (kernels block by
+        # shape); a score of 0 (a forced EOS) then comes out as a few ulps of 1.
+        np.testing.assert_allclose(scores[i], alone_scores[0], rtol=1e-5, atol=1e-6)
         alone, alone_scores = greedy_decode(model, source[i:i + 1], max_length=12)
         np.testing.assert_array_equal(greedy[i, :alone.shape[1]], alone[0])
         assert np.all(greedy.numpy()[i, alone.shape[1]:] == PAD_ID)
-        np.testing.assert_allclose(greedy_scores[i], alone_scores[0], rtol=1e-5)
+        np.testing.assert_allclose(greedy_scores[i], alone_scores[0], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("vocab", [5, 37, 64, 1001])
