@@ -4,6 +4,8 @@ Writes <export_dir>/<version>/ whose `serving_default` signature takes raw sente
 and returns `translations` (string [B]) and `scores` (float32 [B]); `translate_n_best` returns
 [B, n_best] of each. Tokenization, beam search and detokenization run inside the graph, with
 core TensorFlow and tensorflow-text ops only. Loading it needs `import tensorflow_text` first.
+Before the version is published, TensorFlow's C++ loader (the one TF Serving uses) loads it and
+both signatures translate two sentences; if that fails, nothing is published (exit code 1).
 
   python export.py --model_dir=runs/small-de-en                  # averaged weights if any
   python export.py --model_dir=runs/small-de-en --checkpoint=latest --beam_size=5
@@ -39,7 +41,13 @@ flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into, sear
                      "same time: on CPUs this keeps the cores busy (2: 1.06-1.17x the "
                      "sentences/s of 1 at batch 32 on 2 cores, bench/README.md; more was "
                      "slower there); each sentence's translation is the same. Use 1 for GPUs.")
+flags.DEFINE_integer("chunk_size", 64, "Sentences searched at once: a larger request is "
+                     "translated in chunks of this many, one after another, so its memory stays "
+                     "that of one chunk (README: serving).")
+flags.DEFINE_bool("check", True, "Before publishing the version, load it with TensorFlow's C++ "
+                  "loader (as TF Serving does) and translate two sentences with each signature.")
 flags.register_validator("beam_size", lambda v: v >= 1, "--beam_size must be >= 1")
+flags.register_validator("chunk_size", lambda v: v >= 1, "--chunk_size must be >= 1")
 flags.register_validator("max_decode_length", lambda v: v >= 0, "--max_decode_length must be >= 0")
 flags.register_validator("alpha", lambda v: v >= 0, "--alpha must be >= 0")
 flags.register_validator("parallel_searches", lambda v: v >= 1, "--parallel_searches must be >= 1")
@@ -52,7 +60,7 @@ def main(argv):
         raise app.UsageError(f"--n_best must be in [1, --beam_size={FLAGS.beam_size}]")
     from tfnmt import checkpoints
     from tfnmt.distribute import resolve_mixed_precision
-    from tfnmt.serving import TranslationModule, export_saved_model
+    from tfnmt.serving import ExportCheckError, TranslationModule, export_saved_model
 
     matmul_dtype = FLAGS.matmul_dtype
     if matmul_dtype == "auto":
@@ -65,12 +73,15 @@ def main(argv):
     module = TranslationModule(model, proto, FLAGS.beam_size, FLAGS.alpha,
                                FLAGS.max_decode_length, FLAGS.n_best,
                                parallel_searches=FLAGS.parallel_searches,
-                               matmul_dtype=matmul_dtype)
+                               matmul_dtype=matmul_dtype, chunk_size=FLAGS.chunk_size)
     export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, "export")
     try:
-        final = export_saved_model(module, export_dir, FLAGS.version)
+        final = export_saved_model(module, export_dir, FLAGS.version, check=FLAGS.check)
     except FileExistsError as error:
         raise app.UsageError(str(error))
+    except ExportCheckError as error:
+        print(f"export.py: nothing published: {error}", file=sys.stderr)
+        return 1
     print(f"exported {path} to {final} (weight matmuls in {matmul_dtype})")
 
 

@@ -1,19 +1,52 @@
-"""Run as a subprocess: load an export with only tensorflow + tensorflow_text (no tfnmt) and
-print the serving signatures' outputs for the sentences given as JSON on stdin."""
+"""Run as a subprocess: load an export as servers do and print, as one JSON line, each
+signature's outputs for the sentences given as JSON on stdin, from
+
+- "session": TensorFlow's C++ loader (LoadSavedModel + Session::Run through the C API), the
+  route TF Serving takes;
+- "python": `tf.saved_model.load`, the object-graph loader Python clients use;
+
+and "rank_2_error": what the C++ loader's serving_default says to a [2, 2] input. Imports
+tensorflow, tensorflow_text and tfnmt.session_loader (ctypes over the C API) only: nothing of
+tfnmt's model or serving code."""
 import json
 import sys
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the SentencePiece ops the graph uses
 
-assert "tfnmt" not in sys.modules
-loaded = tf.saved_model.load(sys.argv[1])
-sentences = json.load(sys.stdin)
-best = loaded.signatures["serving_default"](sentences=tf.constant(sentences, tf.string))
-n_best = loaded.signatures["translate_n_best"](sentences=tf.constant(sentences, tf.string))
-print(json.dumps({
-    "translations": [t.decode("utf-8") for t in best["translations"].numpy()],
-    "scores": best["scores"].numpy().tolist(),
-    "n_best": [[t.decode("utf-8") for t in row] for row in n_best["translations"].numpy()],
-    "tfnmt_imported": "tfnmt" in sys.modules,
-}))
+from tfnmt.session_loader import SessionLoaderError, SessionModel
+
+SIGNATURES = ("serving_default", "translate_n_best")
+
+
+def as_lists(outputs):
+    return {"translations": [t.decode("utf-8") for t in np.ravel(outputs["translations"])],
+            "scores": np.ravel(outputs["scores"]).tolist(),
+            "shape": list(np.shape(outputs["translations"]))}
+
+
+def main():
+    path = sys.argv[1]
+    sentences = json.load(sys.stdin)
+    result = {}
+    with SessionModel(path) as served:
+        feed = {"sentences": np.array([s.encode("utf-8") for s in sentences], object)}
+        result["session"] = {name: as_lists(served.run(name, feed)) for name in SIGNATURES}
+        try:
+            served.run("serving_default", {"sentences": np.array([[b"a", b"b"], [b"c", b"d"]],
+                                                                 object)})
+            result["rank_2_error"] = None
+        except SessionLoaderError as error:
+            result["rank_2_error"] = str(error)
+    loaded = tf.saved_model.load(path)
+    result["python"] = {
+        name: as_lists({k: v.numpy() for k, v in loaded.signatures[name](
+            sentences=tf.constant(sentences, tf.string)).items()})
+        for name in SIGNATURES}
+    result["tfnmt_modules"] = sorted(m for m in sys.modules if m.startswith("tfnmt"))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -10,10 +10,12 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from tfnmt import checkpoints
-from tfnmt.serving import TranslationModule, export_saved_model
+from tfnmt.serving import SIGNATURES, ExportCheckError, TranslationModule, export_saved_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SENTENCES = ["Das ist ein Haus.", "Er sprach zu ihnen.", "", "Guten Morgen!"]
+# Blank but not ASCII-blank: NBSP, ideographic space, zero-width space, BOM, line separator.
+BLANKS = ["\u00a0", "\u3000 \u200b", "\ufeff\u2028"]
+SENTENCES = ["Das ist ein Haus.", "Er sprach zu ihnen.", "", "Guten Morgen!"] + BLANKS
 
 # tensorflow-text ops that stock TF Serving links (its ops_lib), as used by the export.
 TF_TEXT_OPS = {"SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceDetokenizeOp",
@@ -22,10 +24,24 @@ TF_TEXT_OPS = {"SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceDetok
 FORBIDDEN = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
 
 
+# Where a vocabulary might have been trained; SentencePiece records it in the model.
+TRAINING_PATH = "/home/trainer/private-run-7f3a/spm.model.tmp"
+
+
+def with_training_path(proto):
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto.FromString(proto)
+    model.trainer_spec.model_prefix = TRAINING_PATH
+    model.trainer_spec.input.append(TRAINING_PATH + ".txt")
+    return model.SerializeToString()
+
+
 @pytest.fixture(scope="module")
 def module(tiny_model_dir):
     model, proto, _ = checkpoints.load_model(tiny_model_dir)
-    return TranslationModule(model, proto, beam_size=3, alpha=0.6, n_best=2)
+    return TranslationModule(model, with_training_path(proto), beam_size=3, alpha=0.6,
+                             n_best=2)
 
 
 @pytest.fixture(scope="module")
@@ -72,23 +88,83 @@ def test_no_optimizer_slots_in_the_export(exported, module):
     assert not [name for name, _ in variables if "optimizer" in name]
 
 
-def test_fresh_process_with_only_tf_and_tf_text_gives_the_same_translations(exported, module):
+def run_export_client(path, sentences):
+    """tests/export_client.py in a fresh process: both loaders' outputs (see its docstring)."""
     result = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "export_client.py"),
-                             exported], input=json.dumps(SENTENCES), capture_output=True,
-                            text=True, timeout=300,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                             path], input=json.dumps(sentences), capture_output=True, text=True,
+                            timeout=300,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT))
     assert result.returncode == 0, result.stderr[-3000:]
-    loaded = json.loads(result.stdout.strip().splitlines()[-1])
-    assert loaded["tfnmt_imported"] is False
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def decoded(strings):
+    return [s.decode("utf-8") for s in np.ravel(strings)]
+
+
+def test_tf_serving_loader_answers_both_signatures_as_python_and_eager_do(exported, module):
+    # TF Serving loads with TensorFlow's C++ LoadSavedModel and runs signatures by
+    # Session::Run; a fresh process with nothing of tfnmt's model code does the same through
+    # the C API, and also loads with tf.saved_model.load.
+    loaded = run_export_client(exported, SENTENCES)
+    assert loaded["tfnmt_modules"] == ["tfnmt", "tfnmt.session_loader"]
+    for name in SIGNATURES:
+        session, python = loaded["session"][name], loaded["python"][name]
+        assert session["shape"] == python["shape"]
+        assert session["translations"] == python["translations"]
+        np.testing.assert_allclose(session["scores"], python["scores"], rtol=1e-5, atol=1e-6)
+    best, n_best = loaded["session"]["serving_default"], loaded["session"]["translate_n_best"]
+    assert best["shape"] == [len(SENTENCES)] and n_best["shape"] == [len(SENTENCES), 2]
+    # The same as the module in this process, traced and eager.
     expected = module.serve(tf.constant(SENTENCES))
-    assert loaded["translations"] == [t.decode() for t in expected["translations"].numpy()]
-    np.testing.assert_allclose(loaded["scores"], expected["scores"].numpy(), rtol=1e-5)
+    assert best["translations"] == decoded(expected["translations"])
+    np.testing.assert_allclose(best["scores"], expected["scores"], rtol=1e-5, atol=1e-6)
     eager_translations, eager_scores = module.translate_batch(tf.constant(SENTENCES), 1)
-    assert loaded["translations"] == [t.decode() for t in eager_translations[:, 0].numpy()]
-    np.testing.assert_allclose(loaded["scores"], eager_scores[:, 0], rtol=1e-5)
-    n_best = module.serve_n_best(tf.constant(SENTENCES))["translations"].numpy()
-    assert loaded["n_best"] == [[t.decode() for t in row] for row in n_best]
-    assert loaded["translations"][2] == "" and len(loaded["n_best"][0]) == 2
+    assert best["translations"] == decoded(eager_translations)
+    np.testing.assert_allclose(best["scores"], np.ravel(eager_scores), rtol=1e-5, atol=1e-6)
+    assert n_best["translations"] == decoded(module.serve_n_best(tf.constant(SENTENCES))[
+        "translations"])
+    # No content (empty, blanks of any kind) -> "" and 0, in both signatures.
+    for index in [2] + list(range(4, len(SENTENCES))):
+        assert best["translations"][index] == "" and best["scores"][index] == 0.0
+        assert n_best["translations"][2 * index:2 * index + 2] == ["", ""]
+    assert all(best["translations"][i] for i in (0, 1, 3))
+    # A [2, 2] input is refused, not answered with the first sentence in every cell.
+    assert "INVALID_ARGUMENT" in loaded["rank_2_error"]
+    assert "rank-1 string tensor" in loaded["rank_2_error"]
+
+
+def test_export_that_the_cpp_loader_cannot_run_is_never_published(module, tmp_path,
+                                                                  monkeypatch):
+    # The check export_saved_model makes before the rename: a SavedModel whose signatures
+    # fail under the C++ loader (here: written by tf.saved_model.save of an object holding the
+    # Keras model, so that the variables the graph reads are never restored) raises and
+    # leaves no version and no temporary behind.
+    from tfnmt import serving
+
+    def plain_save(module, path):
+        tracked = tf.Module()
+        tracked.model, tracked.tokenizer = module.model, module.tokenizer
+        tf.saved_model.save(tracked, path, signatures={
+            "serving_default": module.serve, "translate_n_best": module.serve_n_best})
+
+    monkeypatch.setattr(serving, "write_saved_model", plain_save)
+    with pytest.raises(ExportCheckError, match="Could not find variable"):
+        serving.export_saved_model(module, str(tmp_path / "export"))
+    assert os.listdir(tmp_path / "export") == []
+
+
+def test_no_paths_of_the_training_machine_in_the_export(exported, module, tiny_model_dir):
+    import tensorflow_text as tf_text
+
+    with open(os.path.join(exported, "saved_model.pb"), "rb") as f:
+        graph = f.read()
+    assert b"private-run-7f3a" not in graph and b"/home/trainer" not in graph
+    # The SentencePiece model it holds instead tokenizes as the original does.
+    with open(os.path.join(tiny_model_dir, "spm.model"), "rb") as f:
+        original = tf_text.SentencepieceTokenizer(model=with_training_path(f.read()))
+    text = tf.constant(SENTENCES + ["Überall grüßt ein Wörterbuch: ½ € © \x00 ẞ"])
+    assert original.tokenize(text).to_list() == module.tokenizer.tokenize(text).to_list()
 
 
 def test_saved_model_cli_lists_the_signatures(exported):
@@ -112,10 +188,15 @@ def test_bad_input_has_defined_results(serving_fn):
     empty_batch = serving_fn(sentences=tf.constant([], tf.string))
     assert empty_batch["translations"].shape == (0,) and empty_batch["scores"].shape == (0,)
     huge = " ".join(["Haus"] * 5000)  # far beyond max_length: truncated, not a crash
-    out = serving_fn(sentences=tf.constant(["", "   ", huge, b"kaputt \xff\xfe"]))
+    # No content: empty, ASCII or Unicode blanks, bytes that are all invalid UTF-8.
+    no_content = ["", "   ", "\u00a0\u200b".encode(), b"\xff\xfe\xc3", b"\x80 \xe2\x80\xa8 \xff"]
+    out = serving_fn(sentences=tf.constant(no_content + [huge, b"kaputt \xff\xfe"]))
     translations = out["translations"].numpy().tolist()
-    assert translations[:2] == [b"", b""] and out["scores"].numpy()[:2].tolist() == [0.0, 0.0]
-    for text in translations[2:]:
+    count = len(no_content)
+    assert translations[:count] == [b""] * count
+    assert out["scores"].numpy()[:count].tolist() == [0.0] * count
+    assert all(translations[count:])
+    for text in translations[count:]:
         text.decode("utf-8")  # valid UTF-8 whatever came in
     assert np.all(np.isfinite(out["scores"].numpy()))
 
@@ -137,6 +218,38 @@ def test_concurrent_calls_give_correct_results(serving_fn):
     for t in threads:
         t.join(timeout=300)
     assert results == expected
+
+
+def test_a_sentences_translation_does_not_depend_on_its_batch(serving_fn, small_corpus):
+    # TF Serving batches the requests of different clients together. Sentences of different
+    # lengths (the untrained model runs each to its length limit, the case that depended on
+    # the batch's longest source), alone and in random batches: float32 gives the same
+    # translations, and scores to rounding.
+    with open(small_corpus["dev"], encoding="utf-8") as f:
+        sources = [line.split("\t")[0] for line in f.read().splitlines()[:40]]
+    sources = sorted(sources, key=len)[::4]  # 10 lengths, short to long
+    alone = [serving_fn(sentences=tf.constant([s])) for s in sources]
+    order = np.random.default_rng(0).permutation(len(sources))
+    for batch in np.array_split(order, 3):
+        out = serving_fn(sentences=tf.constant([sources[i] for i in batch]))
+        for row, i in enumerate(batch):
+            assert out["translations"][row] == alone[i]["translations"][0]
+            np.testing.assert_allclose(out["scores"][row], alone[i]["scores"][0], rtol=1e-4)
+
+
+@pytest.mark.parametrize("batch", [0, 1, 5])
+def test_chunks_give_each_sentence_what_one_search_gives(module, batch, tiny_model_dir):
+    # A request larger than chunk_size is translated chunk after chunk.
+    proto = checkpoints.load_model(tiny_model_dir)[1]
+    chunked = TranslationModule(module.model, proto, beam_size=3, alpha=0.6, n_best=2,
+                                chunk_size=2)
+    sentences = tf.constant((SENTENCES + ["Und Gott sah, dass es gut war."])[:batch], tf.string)
+    expected, got = module.serve_n_best(sentences), chunked.serve_n_best(sentences)
+    assert got["translations"].shape == (batch, 2)
+    np.testing.assert_array_equal(got["translations"], expected["translations"])
+    np.testing.assert_allclose(got["scores"], expected["scores"], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="chunk_size"):
+        TranslationModule(module.model, proto, chunk_size=0)
 
 
 def test_grpc_predict_request_matches_the_signature(exported):
@@ -223,7 +336,9 @@ def test_parallel_searches_give_each_sentence_its_single_search_result(module, b
     single = TranslationModule(module.model, proto, beam_size=3, alpha=0.6, n_best=2,
                                parallel_searches=1)
     assert module.parallel_searches == 2
-    assert while_loops(module.serve_n_best) == 2 * while_loops(single.serve_n_best) > 0
+    # Each has the loop over chunks, and in it one search loop per group.
+    assert while_loops(module.serve_n_best) - 1 == 2 * (while_loops(single.serve_n_best) - 1)
+    assert while_loops(single.serve_n_best) == 2
     sentences = tf.constant((SENTENCES + ["Und Gott sah, dass es gut war, und es ward Abend."]
                              )[:batch], tf.string)
     expected, got = single.serve_n_best(sentences), module.serve_n_best(sentences)
@@ -247,11 +362,7 @@ def test_bfloat16_matmul_export_gives_the_eager_searchs_translations(tiny_model_
     assert [node for function in saved.meta_graphs[0].graph_def.library.function
             for node in function.node_def
             if node.op == "MatMul" and node.attr["T"].type == tf.bfloat16.as_datatype_enum]
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "export_client.py"),
-                             path], input=json.dumps(SENTENCES), capture_output=True, text=True,
-                            timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    loaded = run_export_client(path, SENTENCES)["session"]["serving_default"]
     translations, scores = module.translate_batch(tf.constant(SENTENCES), 1)  # eagerly
     assert loaded["translations"] == [t.decode() for t in translations[:, 0].numpy()]
     np.testing.assert_allclose(loaded["scores"], scores[:, 0], rtol=1e-5)

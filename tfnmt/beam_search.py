@@ -3,13 +3,14 @@ py_function, no TF Addons ops), so that it runs inside a SavedModel under TF Ser
 
 Hypotheses are scored as log P(y | x) / lp(|y|), lp(n) = ((5 + n) / 6)^alpha (Wu et al., 2016),
 where |y| counts the generated tokens including EOS. A sentence's search stops when none of
-its unfinished hypotheses can still beat its k-th finished one (or at max_length); it then
-leaves the batch, so the decoder runs on fewer rows while the others go on.
+its unfinished hypotheses can still beat its k-th finished one, or at its own length limit; it
+then leaves the batch, so the decoder runs on fewer rows while the others go on. Nothing of a
+sentence's search depends on the other sentences of its batch.
 """
 import tensorflow as tf
 
 from tfnmt import kv_cache
-from tfnmt.decoding import _memory_invariants, default_max_length, replace_rows, top_log_probs
+from tfnmt.decoding import _memory_invariants, decode_limits, replace_rows, top_log_probs
 from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = -1e9
@@ -34,11 +35,13 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
                 return_attention=False):
     """source_ids [B, S] int32 -> (ids [B, N, L] without BOS, PAD after EOS; scores [B, N];
     with return_attention, the last decoder layer's cross-attention averaged over heads
-    [B, N, L, S]), N = n_best <= beam_size, best first. max_length defaults to the longest
-    source + 50.
+    [B, N, L, S]), N = n_best <= beam_size, best first. Each sentence's output is at most its
+    own source length + 50 subwords, or `max_length` (a scalar or [B]) where given
+    (`decoding.decode_limits`).
 
     A sentence leaves the search as soon as none of its alive hypotheses can beat its k-th
-    finished one (that bound only tightens, so its result is final): the decoder then runs on
+    finished one (that bound only tightens, so its result is final), or at its limit, where
+    its alive hypotheses compete with the finished ones as they are: the decoder then runs on
     the remaining sentences only. The results are those of searching every sentence to the end.
     """
     if not 1 <= n_best <= beam_size:
@@ -46,20 +49,18 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     batch = tf.shape(source_ids)[0]
     k = beam_size
-    if max_length is None:
-        max_length = default_max_length(source_ids)
-    max_length = tf.convert_to_tensor(max_length, tf.int32)
-    best_penalty = length_penalty(max_length, alpha)  # the largest an alive one can still get
+    limits = decode_limits(model, source_ids, max_length)  # [B]
+    max_length = tf.reduce_max(tf.concat([limits, [1]], 0))  # the stores' largest capacity
     memory, source_padding = model.encode(source_ids, training=False)
     initial_cache = model.initial_cache(memory)
     # Each beam's best 2k extensions (all V if fewer) hold the sentence's best 2k.
     per_beam = min(2 * k, model.settings["target_vocab_size"])
 
     # A hypothesis's tracks: its ids [.., t] and, with return_attention, its attention rows
-    # [.., t, S]. Sentences still searched (A of them) carry their index in the batch,
-    # hypotheses, source padding and encoder keys/values, all [A, ...] (a sentence's k beams
-    # query its encoder keys/values together). Only beam 0 is live at first, so the first step
-    # does not pick k copies.
+    # [.., t, S]. Sentences still searched (A of them) carry their index in the batch, their
+    # limit, hypotheses, source padding and encoder keys/values, all [A, ...] (a sentence's k
+    # beams query its encoder keys/values together). Only beam 0 is live at first, so the
+    # first step does not pick k copies.
     def no_tracks(rows):
         tracks = {"ids": tf.zeros([rows, k, 0], tf.int32)}
         if return_attention:
@@ -68,6 +69,7 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
 
     sentences = {
         "index": tf.range(batch),  # [A]
+        "limit": limits,  # [A]
         "alive": no_tracks(batch),
         "alive_log_probs": tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)]), [batch, 1]),
         "finished": no_tracks(batch),
@@ -103,8 +105,23 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
                 "scores": replace_rows(results["scores"], sentences["index"],
                                        sentences["finished_scores"])}
 
-    def not_done(step, sentences, *_):
-        return tf.logical_and(step < max_length, tf.size(sentences["index"]) > 0)
+    def complete(sentences, length):
+        """The sentences' k best of their finished and alive hypotheses, the alive ones scored
+        as ending at `length`. At a sentence's limit they end there; a sentence that leaves by
+        the bound keeps its finished ones (none alive beats them, and on ties top_k keeps the
+        first)."""
+        alive_log_probs = sentences["alive_log_probs"]
+        alive_scores = tf.where(alive_log_probs > NEG_INF / 2,
+                                alive_log_probs / length_penalty(length, alpha), NEG_INF)
+        scores, best = tf.math.top_k(
+            tf.concat([sentences["finished_scores"], alive_scores], axis=1), k=k)  # [A, K]
+        tracks = tf.nest.map_structure(lambda old, alive: tf.concat([old, alive], axis=1),
+                                       pad_time(sentences["finished"], length),
+                                       sentences["alive"])
+        return dict(sentences, finished=gather_beams(tracks, best), finished_scores=scores)
+
+    def not_done(step, sentences, *_):  # every sentence leaves by its limit
+        return tf.size(sentences["index"]) > 0
 
     def step_fn(step, sentences, stores, ancestry, last_tokens, results):
         active_count = tf.shape(sentences["index"])[0]
@@ -150,9 +167,13 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
                          finished=gather_beams(all_finished, best),
                          finished_scores=finished_scores)
 
-        # A sentence stays while its best alive hypothesis, under the largest length penalty
-        # it can still reach, beats its k-th finished one (log-probs only fall from here).
-        staying = continue_scores[:, 0] / best_penalty > finished_scores[:, -1]  # [A]
+        # A sentence stays below its limit while its best alive hypothesis, under the largest
+        # length penalty it can still reach, beats its k-th finished one (log-probs only fall
+        # from here).
+        limit = sentences["limit"]  # [A]
+        staying = tf.logical_and(
+            length < limit,
+            continue_scores[:, 0] / length_penalty(limit, alpha) > finished_scores[:, -1])
         staying_index = tf.cast(tf.where(staying)[:, 0], tf.int32)  # [A']
         # Each new hypothesis inherits the ancestry of the old beam it extends (in the staying
         # sentences), that beam's slot at this step appended.
@@ -163,8 +184,9 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
         def some_leave():  # store their results; the others' state shrinks to them
             leaving = tf.cast(tf.where(tf.logical_not(staying))[:, 0], tf.int32)
             left = tf.nest.map_structure(lambda t: tf.gather(t, leaving), {
-                name: sentences[name] for name in ("index", "finished", "finished_scores")})
-            return (store(results, left, length),
+                name: sentences[name] for name in
+                ("index", "finished", "finished_scores", "alive", "alive_log_probs")})
+            return (store(results, complete(left, length), length),
                     tf.nest.map_structure(lambda t: tf.gather(t, staying_index), sentences))
 
         results, sentences = tf.cond(tf.reduce_all(staying), lambda: (results, sentences),
@@ -179,26 +201,16 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
     scores_shape = tf.TensorShape([None, k])
     invariants = (
         tf.TensorShape([]),
-        {"index": tf.TensorShape([None]), "alive": track_shapes(sentences["alive"]),
+        {"index": tf.TensorShape([None]), "limit": tf.TensorShape([None]),
+         "alive": track_shapes(sentences["alive"]),
          "alive_log_probs": scores_shape, "finished": track_shapes(sentences["finished"]),
          "finished_scores": scores_shape, "source_padding": tf.TensorShape([None, None]),
          "memory": _memory_invariants(initial_cache)},
         kv_cache.store_invariants(stores), tf.TensorShape([None, None]), tf.TensorShape([None]),
         {"tracks": track_shapes(results["tracks"]), "scores": scores_shape})
-    step, sentences, _, _, _, results = tf.while_loop(
+    _, _, _, _, _, results = tf.while_loop(
         not_done, step_fn, (tf.constant(0), sentences, stores, ancestry, last_tokens, results),
         shape_invariants=invariants)
-
-    # Sentences still searched at max_length are completed with their alive hypotheses, scored
-    # by the same length penalty (for the others no alive one can beat their k finished ones).
-    alive_scores = tf.where(sentences["alive_log_probs"] > NEG_INF / 2,
-                            sentences["alive_log_probs"] / length_penalty(step, alpha), NEG_INF)
-    all_scores = tf.concat([sentences["finished_scores"], alive_scores], axis=1)  # [A, 2K]
-    finished_scores, best = tf.math.top_k(all_scores, k=k)
-    completed = tf.nest.map_structure(lambda old, alive: tf.concat([old, alive], axis=1),
-                                      pad_time(sentences["finished"], step), sentences["alive"])
-    results = store(results, dict(sentences, finished=gather_beams(completed, best),
-                                  finished_scores=finished_scores), step)
     # [B, K, ...], each sentence's best first
     ids, scores = results["tracks"]["ids"][:, :n_best], results["scores"][:, :n_best]
     if return_attention:

@@ -6,6 +6,8 @@ import tensorflow as tf
 from tfnmt import kv_cache
 from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
+EXTRA_LENGTH = 50  # outputs may be this much longer than their source (paper §6.1)
+
 
 def greedy_decode_uncached(model, source_ids, max_length, bos_id=BOS_ID, eos_id=EOS_ID):
     """source_ids [B, S] -> output ids [B, <= max_length] without BOS; after EOS, PAD.
@@ -29,10 +31,20 @@ def greedy_decode_uncached(model, source_ids, max_length, bos_id=BOS_ID, eos_id=
     return prefix[:, 1:]
 
 
-def default_max_length(source_ids, extra=50, pad_id=PAD_ID):
-    """Paper §6.1: maximum output length = input length + 50 (longest source in the batch)."""
-    lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, pad_id), tf.int32), axis=1)
-    return tf.reduce_max(lengths) + extra
+def decode_limits(model, source_ids, max_length=None, extra=EXTRA_LENGTH):
+    """Each sentence's output limit, int32 [B]: its own source length (EOS included) + `extra`
+    (paper §6.1: input + 50), or `max_length` (a scalar or [B]) where given, at least 1 and
+    never past the model's table of learned positions. Per sentence, so that a sentence's
+    output does not depend on the other sentences of its batch."""
+    batch = tf.shape(source_ids)[0]
+    if max_length is None:
+        lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)
+        limits = lengths + extra
+    else:
+        limits = tf.broadcast_to(tf.cast(max_length, tf.int32), [batch])
+    if model.settings["position"] == "learned":  # step t embeds position t
+        limits = tf.minimum(limits, model.settings["max_length"])
+    return tf.maximum(limits, 1)
 
 
 def top_log_probs(logits, count, width=32):
@@ -90,13 +102,14 @@ def greedy_decode(model, source_ids, max_length=None, bos_id=BOS_ID, eos_id=EOS_
     decoder layer's cross-attention averaged over heads [B, L, S]). Decoder self-attention
     keys/values are cached per layer and the encoder's keys/values are projected once; each
     step runs the decoder on one position, for the sentences that have not produced EOS yet
-    (a finished sentence leaves the batch). Stops when every sentence has produced EOS, or at
-    `max_length` (default: longest source + 50). Works eagerly and inside tf.function."""
+    (a finished sentence leaves the batch). A sentence stops at EOS or at its limit
+    (`decode_limits`: its source length + 50 unless `max_length`, a scalar or [B], is given).
+    Works eagerly and inside tf.function."""
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     memory, source_padding = model.encode(source_ids, training=False)
     batch = tf.shape(source_ids)[0]
-    if max_length is None:
-        max_length = default_max_length(source_ids)
+    limits = decode_limits(model, source_ids, max_length)  # [B]
+    max_length = tf.reduce_max(tf.concat([limits, [0]], 0))
     initial_cache = model.initial_cache(memory)
     # Self-attention keys/values in stores written in place (kv_cache.py), slot b for
     # sentence b; memory keys/values [A, H, S, Dh] for the sentences still decoding.
@@ -105,8 +118,8 @@ def greedy_decode(model, source_ids, max_length=None, bos_id=BOS_ID, eos_id=EOS_
     outputs = tf.TensorArray(tf.int32, size=0, dynamic_size=True)
     attention = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
 
-    def keep_going(step, active, *_):
-        return tf.logical_and(step < max_length, tf.size(active) > 0)
+    def keep_going(step, active, *_):  # each sentence leaves at EOS or at its limit
+        return tf.size(active) > 0
 
     def one_step(step, active, tokens, scores, stores, memory_cache, source_padding, outputs,
                  attention):
@@ -128,7 +141,8 @@ def greedy_decode(model, source_ids, max_length=None, bos_id=BOS_ID, eos_id=EOS_
         scores = tf.tensor_scatter_nd_add(scores, active[:, None], best_log_probs[:, 0])
         outputs = outputs.write(step, replace_rows(tf.fill([batch], PAD_ID), active,
                                                    next_tokens))
-        staying = tf.cast(tf.where(tf.not_equal(next_tokens, eos_id))[:, 0], tf.int32)
+        staying = tf.cast(tf.where(tf.not_equal(next_tokens, eos_id)
+                                   & (step + 1 < tf.gather(limits, active)))[:, 0], tf.int32)
         memory_cache, source_padding = tf.cond(
             tf.size(staying) < tf.size(active),
             lambda: tf.nest.map_structure(lambda t: tf.gather(t, staying),

@@ -38,6 +38,30 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
     return model_path
 
 
+def portable_model_proto(model_proto):
+    """A SentencePiece model (serialized ModelProto) without the paths of the machine that
+    trained it (`trainer_spec.model_prefix` and input files): it tokenizes identically, and
+    its bytes no longer depend on the directory it was trained in."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(model_proto)
+    model.trainer_spec.ClearField("model_prefix")
+    model.trainer_spec.ClearField("input")
+    return model.SerializeToString()
+
+
+# Characters that carry no text: separators and blanks (\s, \p{Z}: NBSP, U+3000, U+2028, ...),
+# control and format characters (\p{Cc}, \p{Cf}: zero-width space, BOM, soft hyphen, ...), and
+# U+FFFD, which stands for bytes that were not UTF-8.
+_NO_CONTENT = r"[\s\p{Z}\p{Cc}\p{Cf}\x{FFFD}]"
+
+
+def has_content(strings):
+    """strings [B] (valid UTF-8) -> bool [B]: whether any character carries text."""
+    return tf.not_equal(tf.strings.regex_replace(strings, _NO_CONTENT, ""), "")
+
+
 def to_source_ids(token_ids, max_length):
     """Ragged subword ids [B, None] -> model source ids [B, S] int32: at most max_length - 1
     subwords (the rest is cut), then EOS, padded with PAD."""
