@@ -13,6 +13,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags, logging  # noqa: E402
 
+from tfnmt import cli  # noqa: E402
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", "runs/small-de-en", "Training directory: its settings.json "
                     "names the dataset; its checkpoints translate unless --export is given.")
@@ -32,15 +34,25 @@ def main(argv):
     if not os.path.exists(settings_path):
         raise app.UsageError(f"{FLAGS.model_dir} holds no trained model (no settings.json)")
     from tfnmt import serving
-    from tfnmt.corpus import read_corpus
+    from tfnmt.checkpoints import ModelDirError
+    from tfnmt.corpus import CorpusError, read_corpus
     from tfnmt.evaluation import corpus_scores, translate_lines
 
     with open(settings_path) as f:
         data = json.load(f)["data"]
-    pairs = list(read_corpus(data["dataset"], FLAGS.split,
-                             (data.get("files") or {}).get(FLAGS.split), data.get("tfds_data_dir")))
-    translate = serving.load_translate_fn(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
-                                          FLAGS.alpha, FLAGS.checkpoint)
+    files = (data.get("files") or {}).get(FLAGS.split)
+    try:
+        pairs = list(read_corpus(data["dataset"], FLAGS.split, files, data.get("tfds_data_dir")))
+    except (CorpusError, OSError) as error:
+        raise app.UsageError(str(error))
+    if not pairs:
+        raise app.UsageError(f"the {FLAGS.split} split of {data['dataset']}"
+                             f"{f' ({files})' if files else ''} holds no sentence pairs to score")
+    try:
+        translate = serving.load_translate_fn(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
+                                              FLAGS.alpha, FLAGS.checkpoint)
+    except (ModelDirError, OSError) as error:
+        raise app.UsageError(str(error))
     hypotheses = translate_lines(translate, [s for s, _ in pairs], FLAGS.batch_size)
     scores = corpus_scores(hypotheses, [t for _, t in pairs])
     if FLAGS.output:
@@ -52,4 +64,4 @@ def main(argv):
 
 if __name__ == "__main__":
     logging.set_verbosity(logging.WARNING)
-    sys.exit(app.run(main))
+    cli.run(main)

@@ -18,6 +18,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags, logging  # noqa: E402
 
+from tfnmt import cli  # noqa: E402
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", "runs/small-de-en", "Training directory (settings.json, "
                     "spm.model, checkpoints/, averaged/).")
@@ -87,4 +89,4 @@ def main(argv):
 
 if __name__ == "__main__":
     logging.set_verbosity(logging.WARNING)
-    sys.exit(app.run(main))
+    cli.run(main)

@@ -17,6 +17,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags, logging  # noqa: E402
 
+from tfnmt import cli  # noqa: E402
+
 from tfnmt.presets import PRESETS  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -155,4 +157,4 @@ def main(argv):
 
 if __name__ == "__main__":
     logging.set_verbosity(logging.WARNING)
-    sys.exit(app.run(main))
+    cli.run(main)

@@ -1,7 +1,8 @@
 """Translate text with a trained model (checkpoint) or an exported SavedModel.
 
-One sentence per line, from a file or stdin, to stdout or a file; sentences are batched by
-length for speed and written back in input order.
+One sentence per line (a line ends at LF or CRLF only), from a file or stdin, to stdout or a
+file, one output line per input line; sentences are batched by length for speed and written
+back in input order.
 
   echo "Das ist ein Haus." | python translate.py --model_dir=runs/small-de-en
   python translate.py --export=runs/small-de-en/export --input=test.de --output=test.en
@@ -14,6 +15,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags, logging  # noqa: E402
+
+from tfnmt import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Training directory to translate with.")
@@ -32,9 +35,46 @@ flags.register_validator("beam_size", lambda v: v > 0, "--beam_size must be posi
 
 
 def read_lines(path):
-    data = sys.stdin.buffer.read() if path == "-" else open(path, "rb").read()
-    # Invalid UTF-8 bytes become U+FFFD, as in the exported graph.
-    return data.decode("utf-8", errors="replace").splitlines()
+    """The input's lines, split at "\\n" only (a "\\r" before it is dropped): other line breaks
+    (VT, FF, NEL, U+2028, a lone CR...) stay inside their line, so there is one output line
+    per input line. Invalid UTF-8 bytes become U+FFFD, as in the exported graph."""
+    with (open(path, "rb") if path != "-" else sys.stdin.buffer) as f:
+        text = f.read().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines[-1] == "":  # the last line's newline, or no input at all
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def write_lines(path, lines):
+    """One line per item; a line break inside an item becomes a space."""
+    text = "".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines)
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+
+
+def check_paths(input_path, output_path):
+    """One clear line (UsageError) before any work for an input that cannot be read or an
+    output that cannot be written."""
+    if input_path != "-":
+        if os.path.isdir(input_path):
+            raise app.UsageError(f"--input {input_path}: is a directory, not a file")
+        if not os.path.exists(input_path):
+            raise app.UsageError(f"--input {input_path}: file not found")
+        if not os.access(input_path, os.R_OK):
+            raise app.UsageError(f"--input {input_path}: not readable")
+    if output_path != "-":
+        directory = os.path.dirname(os.path.abspath(output_path))
+        if os.path.isdir(output_path):
+            raise app.UsageError(f"--output {output_path}: is a directory, not a file")
+        if not os.path.isdir(directory):
+            raise app.UsageError(f"--output {output_path}: directory {directory} does not exist")
+        if not os.access(directory, os.W_OK):
+            raise app.UsageError(f"--output {output_path}: directory {directory} is not writable")
 
 
 def plot_attention(model_dir, checkpoint, sentence, translation, directory):
@@ -63,8 +103,7 @@ def main(argv):
         raise app.UsageError("give exactly one of --model_dir and --export")
     if FLAGS.plot_attention and not FLAGS.model_dir:
         raise app.UsageError("--plot_attention needs --model_dir (weights come from the model)")
-    if FLAGS.input != "-" and not os.path.exists(FLAGS.input):
-        raise app.UsageError(f"--input {FLAGS.input}: file not found")
+    check_paths(FLAGS.input, FLAGS.output)
     from tfnmt import serving
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.evaluation import translate_lines
@@ -76,12 +115,7 @@ def main(argv):
     except (ModelDirError, FileNotFoundError, OSError) as error:
         raise app.UsageError(str(error))
     translations = translate_lines(translate, lines, FLAGS.batch_size)
-    text = "".join(t + "\n" for t in translations)
-    if FLAGS.output == "-":
-        sys.stdout.write(text)
-    else:
-        with open(FLAGS.output, "w", encoding="utf-8") as f:
-            f.write(text)
+    write_lines(FLAGS.output, translations)
     if FLAGS.plot_attention and lines:
         plot_attention(FLAGS.model_dir, FLAGS.checkpoint, lines[0], translations[0],
                        FLAGS.plot_attention)
@@ -89,4 +123,4 @@ def main(argv):
 
 if __name__ == "__main__":
     logging.set_verbosity(logging.WARNING)
-    sys.exit(app.run(main))
+    cli.run(main)

@@ -280,16 +280,25 @@ def test_grpc_predict_request_matches_the_signature(exported):
 def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus, tmp_path):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
-    def run(*args, stdin=""):
-        result = subprocess.run([sys.executable, *args], cwd=ROOT, input=stdin, text=True,
+    def run(*args, stdin="", returncode=0):
+        result = subprocess.run([sys.executable, *args], cwd=ROOT, input=stdin.encode(),
                                 capture_output=True, timeout=300, env=environment)
-        assert result.returncode == 0, result.stderr[-3000:]
-        return result.stdout
+        assert result.returncode == returncode, result.stderr[-3000:]
+        return result.stdout.decode() if returncode == 0 else result.stderr.decode()
 
-    # From the export, stdin -> stdout, one line out per line in (empty stays empty).
-    out = run("translate.py", f"--export={os.path.dirname(exported)}",
-              stdin="Das ist ein Haus.\n\nGuten Morgen!\n")
-    assert len(out.splitlines()) == 3 and out.splitlines()[1] == ""
+    # From the export, stdin -> stdout, one line out per line in: lines end at \n or \r\n
+    # only; VT, FF, FS, GS, RS, NEL, U+2028, U+2029 and a lone CR stay inside their line.
+    breaks = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\r"]
+    lines = [f"Das ist{b}ein Haus." for b in breaks] + ["", "Guten Morgen!\r"]
+    out = run("translate.py", f"--export={os.path.dirname(exported)}", stdin="\n".join(lines))
+    assert out.count("\n") == len(lines) and out.endswith("\n")
+    assert out.split("\n")[len(breaks)] == ""  # the empty line stays empty
+    # Paths that cannot work fail at once, in one line.
+    for flag, message in ((f"--input={tmp_path}", "is a directory"),
+                          (f"--output={tmp_path / 'missing' / 'out.en'}", "does not exist")):
+        error = run("translate.py", f"--export={os.path.dirname(exported)}", flag,
+                    returncode=1)
+        assert message in error and len(error.strip().splitlines()) == 1, error
     # From the checkpoint, file -> file, with attention plots of the first sentence.
     source = tmp_path / "in.de"
     source.write_text("Er sprach zu ihnen.\nJa.\n", encoding="utf-8")
@@ -316,6 +325,12 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
     (model_dir / "settings.json").write_text(json_module.dumps(settings))
     out = run("evaluate.py", f"--model_dir={model_dir}", "--split=dev", "--beam_size=1")
     assert "dev: 200 sentences | sacreBLEU" in out and "chrF" in out
+    # An empty split: one clear line, not sacrebleu's IndexError.
+    (tmp_path / "empty.tsv").write_text("")
+    settings["data"]["files"] = dict(small_corpus, dev=str(tmp_path / "empty.tsv"))
+    (model_dir / "settings.json").write_text(json_module.dumps(settings))
+    error = run("evaluate.py", f"--model_dir={model_dir}", "--split=dev", returncode=1)
+    assert "holds no sentence pairs" in error and "Traceback" not in error
 
 
 def while_loops(function):

@@ -70,6 +70,13 @@ class Translator:
 
 
 def corpus_scores(hypotheses, references):
-    """sacreBLEU (13a tokenization, as in the sacrebleu defaults) and chrF."""
+    """sacreBLEU (13a tokenization, as in the sacrebleu defaults) and chrF of one hypothesis
+    per reference; ValueError for no sentences or unequal counts."""
+    hypotheses, references = list(hypotheses), list(references)
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references: "
+                         "scores need one hypothesis per reference")
+    if not references:
+        raise ValueError("no sentences to score")
     return {"bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
             "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}

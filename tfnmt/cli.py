@@ -1,0 +1,18 @@
+"""What the entry points (train.py, export.py, translate.py, evaluate.py) share."""
+import os
+import sys
+
+from absl import app
+
+
+def run(main):
+    """absl's app.run(main), with an app.UsageError printed as one line, `<program>: <message>`,
+    and exit code 1 (absl would print the module's help before it)."""
+    def main_with_one_line_usage_errors(argv):
+        try:
+            return main(argv)
+        except app.UsageError as error:
+            print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
+            return 1
+
+    app.run(main_with_one_line_usage_errors)
