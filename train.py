@@ -49,6 +49,8 @@ flags.DEFINE_float("dropout", None, "Override: residual/embedding dropout.")
 flags.DEFINE_float("attention_dropout", None, "Override: dropout on attention weights.")
 flags.DEFINE_bool("norm_first", None, "Override: pre-norm layers instead of the paper's post-norm.")
 flags.DEFINE_enum("position", None, ["sinusoidal", "learned"], "Override: position encoding.")
+flags.DEFINE_bool("share_embeddings", None, "Override: one embedding matrix for source, target "
+                  "and output (default true); false gives source and target their own.")
 # Optimisation.
 flags.DEFINE_integer("batch_tokens", 4096, "Token budget per replica and micro-batch: "
                      "batch size x padded length of the longer side.")
@@ -87,7 +89,7 @@ flags.DEFINE_integer("average_last", 0, "Average the last N checkpoints at the e
                      "short default run: averaging a still-improving model lowers its BLEU.")
 
 MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_dropout",
-               "norm_first", "position")
+               "norm_first", "position", "share_embeddings")
 DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type", "max_length")
 TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "warmup_steps", "lr_scale",
                "label_smoothing", "mixed_precision", "shape_stable", "bucket_growth", "jit_compile",
@@ -151,7 +153,10 @@ def main(argv):
     except experiment.SettingsError as error:
         raise app.UsageError(str(error))
     strategy = distribute.make_strategy(FLAGS.strategy)
-    metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
+    try:
+        metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
+    except experiment.TrainingError as error:
+        raise app.UsageError(str(error))
     print(f"dev sacreBLEU {metrics['bleu']:.2f}  ({FLAGS.model_dir})")
 
 

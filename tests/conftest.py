@@ -38,16 +38,6 @@ def small_prepared(small_corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def embedded_prepared(tmp_path_factory):
-    """The whole embedded corpus with the default 8,000-piece vocabulary (~25 s)."""
-    from tfnmt import records
-
-    out = str(tmp_path_factory.mktemp("prepared_embedded"))
-    records.prepare(out, tfds_data_dir=str(tmp_path_factory.mktemp("tfds")))
-    return out
-
-
-@pytest.fixture(scope="session")
 def tiny_model_dir(small_prepared, tmp_path_factory):
     """A model_dir as train.py leaves it (settings.json, spm.model, a checkpoint) holding an
     untrained tiny model over the small corpus' 600-piece vocabulary."""

@@ -223,3 +223,30 @@ def test_concurrent_calls_keep_their_own_stores(model):
     for index, repeats in enumerate(results):
         for ids in repeats:
             np.testing.assert_array_equal(ids, expected[index])
+
+
+def test_searches_stop_at_the_table_of_learned_positions():
+    # Step t embeds position t: with learned positions a search cannot go past the table,
+    # whatever the default limit (source length + 50) says.
+    keras.utils.set_random_seed(5)
+    model = Transformer(vocab_size=30, **dict(get_preset("tiny", dropout=0.0),
+                                               position="learned", max_length=12))
+    model.build()
+    never_eos = NoEos(model)
+    source = tf.constant(random_ids(np.random.default_rng(2), 2, 10, 30))
+    greedy, _ = greedy_decode(never_eos, source)
+    beam, _ = beam_search(never_eos, source, beam_size=2)
+    assert greedy.shape == (2, 12) and beam.shape == (2, 1, 12)
+    assert EOS_ID not in greedy.numpy() and EOS_ID not in beam.numpy()
+
+
+class NoEos:
+    """The model with EOS forbidden: every search runs to its length limit."""
+
+    def __init__(self, model):
+        self.model, self.settings = model, model.settings
+        self.encode, self.initial_cache = model.encode, model.initial_cache
+
+    def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
+        logits, cache = self.model.decode_step(token_ids, step, cache, source_padding)
+        return logits - 1e4 * tf.one_hot(EOS_ID, tf.shape(logits)[1]), cache

@@ -73,6 +73,21 @@ def test_separate_vocabularies_keep_separate_embeddings():
         Transformer(source_vocab_size=40, target_vocab_size=30, **TINY)
 
 
+def test_untied_output_with_shared_embeddings_has_its_own_output_layer():
+    model = Transformer(vocab_size=50, tie_output=False, **TINY)
+    model.build()
+    assert model.source_embedding is model.target_embedding
+    assert model.output_projection is not None
+    # The logits are the decoder states times that layer's kernel, not the embedding.
+    source, target = tf.constant([[5, 6, 8, 3]]), tf.constant([[2, 9, 4]])
+    memory, padding = model.encode(source)
+    states, _ = model.decoder_states(target, memory, padding)
+    logits = model.decode(target, memory, padding)
+    np.testing.assert_allclose(logits, states @ model.output_projection.kernel, atol=1e-5)
+    assert np.abs(logits - tf.einsum("btd,vd->btv", states,
+                                     model.source_embedding.embeddings)).max() > 1e-2
+
+
 def test_dense_kernels_use_glorot_uniform():
     model = Transformer(vocab_size=30, **get_preset("small"))
     model.build()

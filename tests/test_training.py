@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -63,6 +64,55 @@ def test_mirrored_two_devices_equal_one_device():
     assert moved.sum() > 1000
     np.testing.assert_allclose(np.array(mirrored["weights"])[moved],
                                np.array(single["weights"])[moved], atol=1e-6)
+
+
+def test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy():
+    # Post-/pre-norm x sinusoidal/learned positions x shared/separate embeddings, each on 2
+    # replicas (2 logical CPUs) with 2 micro-batches, and the one with every flag on also on
+    # 1 device and with 1 micro-batch: the loop's gradients (custom GEMM, LayerNorm and loss
+    # gradients, accumulation, all-reduce) against autodiff of the per-token mean loss
+    # written out in plain ops.
+    result = python("tests/distributed_check.py", "matrix", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(runs["matrix"]) == 8
+    for run in runs["matrix"]:
+        assert run["largest_gradient"] > 1e-3, run
+        assert max(run["errors"].values()) < 2e-5, run
+    assert sum(len(run["errors"]) for run in runs["matrix"]) == 8 + 3
+    # Two replicas, the same batch, dropout 0.3: different masks, so different losses.
+    first, second = runs["dropout_replica_losses"]
+    assert first != second and abs(first - second) > 1e-3 * abs(first)
+
+
+def test_learned_positions_get_one_adam_step_of_their_summed_gradient():
+    # The encoder and decoder gather rows of one position table, so its gradient arrives as
+    # slices with repeated rows. Adam's first step moves each weight by lr * g / (|g| + eps)
+    # of its summed gradient g: about lr wherever g is clearly non-zero. (Squaring each slice
+    # before summing, as Adam does on raw slices, moves rows with several slices less.)
+    batch = {"source": np.array([[5, 6, 7, 3], [8, 9, 3, 0]], "int32"),
+             "target_in": np.array([[2, 5, 6, 7], [2, 8, 9, 0]], "int32"),
+             "target_out": np.array([[5, 6, 7, 3], [8, 9, 3, 0]], "int32")}
+    keras.utils.set_random_seed(0)
+    model = Transformer(vocab_size=30, **dict(TINY, position="learned", max_length=8))
+    model.build()
+    optimizer = paper_adam(64, 10, 1.0, PreReducedAdam)
+    optimizer.build(model.trainable_variables)
+    strategy = tf.distribute.get_strategy()
+    trainer = Trainer(model, optimizer, strategy, 0.1)
+    table = model.positions.position_embeddings
+    before, lr = table.numpy(), float(optimizer.learning_rate)  # the first update's rate
+    _, _, _, grads = strategy.run(trainer.replica_gradients, args=([batch],))
+    gradient = grads[[v.path for v in model.trainable_variables].index(table.path)].numpy()
+    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+    metrics = trainer.train_step(iterator)
+    moved = before - table.numpy()
+    clear = np.abs(gradient) > 1e-5
+    # Rows 0-3 are used, by both stacks (a weight's gradient may still be ~0 by chance).
+    assert clear[:4].mean() > 0.9 and not gradient[4:].any()
+    np.testing.assert_allclose(moved[clear], lr * np.sign(gradient[clear]), rtol=1e-3)
+    norm = np.sqrt(sum(float(np.sum(np.square(g))) for g in grads))
+    assert float(metrics["grad_norm"]) == pytest.approx(norm, rel=1e-5)
 
 
 def test_accumulating_micro_batches_equals_one_large_batch():
@@ -156,6 +206,80 @@ def test_train_py_end_to_end(small_corpus, train_data, tmp_path):
     assert time.time() - start < 60
 
 
+def train_with_loss_scale(flags, initial_scale, max_skipped_in_a_row=None):
+    """train.py with Keras's LossScaleOptimizer starting at `initial_scale`."""
+    script = ("import functools, runpy, sys, keras\n"
+              "scaled = functools.partial(keras.optimizers.LossScaleOptimizer, "
+              f"initial_scale=float({str(initial_scale)!r}))\n"
+              "keras.optimizers.LossScaleOptimizer = scaled\n")
+    if max_skipped_in_a_row is not None:
+        script += ("import tfnmt.experiment\n"
+                   f"tfnmt.experiment.MAX_SKIPPED_IN_A_ROW = {max_skipped_in_a_row}\n")
+    script += (f"sys.argv = {flags!r}\n"
+               "runpy.run_path('train.py', run_name='__main__')\n")
+    return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+def test_fp16_skipped_updates_are_not_counted_as_steps(small_corpus, train_data, tmp_path):
+    # A loss scale of 2^30 overflows float16 gradients: Keras's LossScaleOptimizer skips those
+    # updates (and halves the scale) without counting them. The run must still apply
+    # --train_steps updates, and each checkpoint's number must be the optimizer's count.
+    overrides = dict(train_steps=4, checkpoint_every=2, log_every=2, eval_every=0,
+                     bleu_sentences=2, average_last=0, mixed_precision="fp16")
+    flags = train_flags(small_corpus, train_data, str(tmp_path / "run"), **overrides)
+    result = train_with_loss_scale(flags, 2.0 ** 30)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "overflowing updates skipped" in result.stdout
+    checkpoints = os.path.join(tmp_path, "run", "checkpoints")
+    assert tf.train.latest_checkpoint(checkpoints).endswith("ckpt-4")
+    for number in (2, 4):
+        reader = tf.train.load_checkpoint(os.path.join(checkpoints, f"ckpt-{number}"))
+        # LossScaleOptimizer.iterations is its inner optimizer's count (its own stays unused).
+        count = reader.get_tensor("optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")
+        assert int(count) == number
+
+    # Gradients that stay non-finite at every scale (here: an infinite one) are divergence:
+    # one line and exit 1 after MAX_SKIPPED_IN_A_ROW skips, not an endless loop.
+    flags = train_flags(small_corpus, train_data, str(tmp_path / "diverged"), **overrides)
+    result = train_with_loss_scale(flags, float("inf"), max_skipped_in_a_row=3)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "train.py: step 1: 4 updates in a row had non-finite gradients at every loss scale; the "
+        "loss has diverged (lower --lr_scale or use --mixed_precision=bf16|none)")
+
+
+def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus, train_data, tmp_path):
+    # Pre-norm, learned positions, separate embeddings, 2 micro-batches, 2 replicas at once
+    # (test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy checks their
+    # gradients in every combination; test_train_py_end_to_end runs the defaults).
+    import tensorflow_text  # noqa: F401
+
+    from tfnmt.checkpoints import load_model
+    from tfnmt.serving import TranslationModule, export_saved_model
+
+    model_dir = str(tmp_path / "run")
+    overrides = dict(train_steps=1, checkpoint_every=1, log_every=1, eval_every=0,
+                     bleu_sentences=2, average_last=0, norm_first=True, position="learned",
+                     share_embeddings=False, accum_steps=2, strategy="mirrored", cpu_devices=2)
+    first = python(*train_flags(small_corpus, train_data, model_dir, **overrides))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "2 replica(s)" in first.stdout and "step      1/1 | loss" in first.stdout
+    resumed = python(*train_flags(small_corpus, train_data, model_dir,
+                                  **dict(overrides, train_steps=2)))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "ckpt-1 at step 1" in resumed.stdout and "step      2/2 | loss" in resumed.stdout
+    model, proto, path = load_model(model_dir)
+    assert path.endswith("ckpt-2")
+    assert model.settings["norm_first"] and model.settings["position"] == "learned"
+    assert not model.settings["share_embeddings"]
+    assert model.source_embedding is not model.target_embedding
+    # Published only after TensorFlow's C++ loader ran both signatures (ExportCheckError else).
+    exported = export_saved_model(TranslationModule(model, proto, beam_size=2, n_best=1),
+                                  str(tmp_path / "export"))
+    assert os.path.basename(exported) == "1"
+
+
 @pytest.mark.parametrize("flag, message", [
     ("--batch_tokens=-5", "--batch_tokens must be positive"),
     ("--strategy=gpu_magic", "strategy"),
@@ -176,8 +300,8 @@ def test_flagfile_is_read(tmp_path):
 
 def test_killed_run_resumes_from_its_last_checkpoint(small_corpus, train_data, tmp_path):
     model_dir = str(tmp_path / "run")
-    args = train_flags(small_corpus, train_data, model_dir, train_steps=200, checkpoint_every=5,
-                       log_every=50, eval_every=0, average_last=0)
+    args = train_flags(small_corpus, train_data, model_dir, train_steps=40, checkpoint_every=5,
+                       log_every=20, eval_every=0, average_last=0)
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     process = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=environment,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -191,13 +315,13 @@ def test_killed_run_resumes_from_its_last_checkpoint(small_corpus, train_data, t
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
     killed_at = int(tf.train.latest_checkpoint(checkpoint_dir).rsplit("-", 1)[1])
-    assert 10 <= killed_at < 200, "the run should be killed mid-way"
+    assert 10 <= killed_at < 40, "the run should be killed mid-way"
 
     result = python(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resumed from {checkpoint_dir}/ckpt-{killed_at} at step {killed_at}" in result.stdout
-    assert "step    200/200" in result.stdout
-    assert tf.train.latest_checkpoint(checkpoint_dir).endswith("ckpt-200")
+    assert "step     40/40" in result.stdout
+    assert tf.train.latest_checkpoint(checkpoint_dir).endswith("ckpt-40")
 
 
 def free_ports(count):

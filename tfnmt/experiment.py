@@ -32,10 +32,16 @@ SETTINGS = "settings.json"
 # Settings that a run in an existing model_dir must share with it (others may change).
 FIXED = {"model": None, "data": ("dataset", "files", "vocab_size", "vocab_type")}
 POLICIES = {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+# fp16 loss scaling halves the scale at each skipped update: this many in a row is divergence.
+MAX_SKIPPED_IN_A_ROW = 64
 
 
 class SettingsError(ValueError):
     pass
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (the checkpoints written so far are kept)."""
 
 
 def load_settings(model_dir):
@@ -189,15 +195,26 @@ def run(settings, strategy, log=print):
 
     window = {"loss": 0.0, "tokens": 0.0, "grad_norm": 0.0, "padding": 0.0, "steps": 0}
     window_start = run_start = time.time()
-    first_step = step
+    first_step, skipped, streak = step, 0, 0
     while step < t["train_steps"]:
         out = {k: float(v) for k, v in trainer.train_step(iterator).items()}
-        step += 1
         window["loss"] += out["loss"] * out["target_tokens"]
         window["tokens"] += out["target_tokens"]
         window["grad_norm"] += out["grad_norm"]
         window["padding"] += out["padding_fraction"]
         window["steps"] += 1
+        # Steps count applied updates: with fp16 loss scaling an overflowing update is skipped
+        # (and the scale lowered), so the optimizer's count is the truth, not the loop's.
+        applied = int(optimizer.iterations.numpy())
+        if applied == step:
+            skipped += 1
+            streak += 1
+            if streak > MAX_SKIPPED_IN_A_ROW:  # the scale is ~2^-50 by now: not an overflow
+                raise TrainingError(f"step {step + 1}: {streak} updates in a row had non-finite "
+                                    "gradients at every loss scale; the loss has diverged "
+                                    "(lower --lr_scale or use --mixed_precision=bf16|none)")
+            continue
+        step, streak = applied, 0
         if step % t["log_every"] == 0 or step == t["train_steps"]:
             elapsed = time.time() - window_start
             speed = window["tokens"] / max(elapsed, 1e-9)
@@ -208,7 +225,8 @@ def run(settings, strategy, log=print):
             rss_gib = rss_bytes() / 2 ** 30
             log(f"step {step:6d}/{t['train_steps']} | loss {loss:.3f} | lr {lr:.2e} | "
                 f"{speed:,.0f} tgt tok/s | RSS {rss_gib:.2f} GiB | "
-                f"ETA {int(eta // 60)}m{int(eta % 60):02d}s")
+                f"ETA {int(eta // 60)}m{int(eta % 60):02d}s"
+                + (f" | {skipped} overflowing updates skipped" if skipped else ""))
             with train_writer.as_default():
                 tf.summary.scalar("loss", loss, step=step)
                 tf.summary.scalar("learning_rate", lr, step=step)

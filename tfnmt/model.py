@@ -20,9 +20,11 @@ class Transformer(keras.Model):
     """Token ids in, float32 logits out.
 
     `vocab_size` with `share_embeddings=True` (the default) is the paper's shared vocabulary: one
-    matrix embeds source and target tokens and projects to the softmax (§3.4). With separate
-    vocabularies pass `source_vocab_size`/`target_vocab_size`; the target embedding is still tied
-    to the softmax unless `tie_output=False`.
+    matrix embeds source and target tokens and projects to the softmax (§3.4). With
+    `share_embeddings=False` the source and target get their own embeddings (and may have
+    their own vocabularies: `source_vocab_size`/`target_vocab_size`). The target embedding
+    projects to the softmax unless `tie_output=False`, which gives the model its own output
+    layer (with shared embeddings too).
     """
 
     def __init__(self, vocab_size=None, num_layers=6, d_model=512, num_heads=8, d_ff=2048,
@@ -62,7 +64,7 @@ class Transformer(keras.Model):
             self.target_embedding = TokenEmbedding(target_vocab_size, d_model, dtype=policy,
                                                    name="target_embedding")
         self.output_projection = None
-        if not (share_embeddings or tie_output):
+        if not tie_output:  # its own [D, V] output layer, shared embeddings or not
             self.output_projection = keras.layers.Dense(target_vocab_size, use_bias=False,
                                                         dtype=policy, name="output_projection")
         self.positions = PositionalEncoding(d_model, position, max_length, dtype=policy,

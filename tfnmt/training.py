@@ -50,7 +50,8 @@ class Trainer:
                 batch_loss, _ = masked_projected_loss_sum(
                     batch["target_out"], states, self.model.output_kernel(), self.label_smoothing)
                 scaled = self.optimizer.scale_loss(batch_loss / global_tokens)
-            step_grads = tape.gradient(scaled, variables)
+            step_grads = [dense_gradient(g, v) for g, v in
+                          zip(tape.gradient(scaled, variables), variables)]
             grads = step_grads if grads is None else [a + b for a, b in zip(grads, step_grads)]
             loss_sum += batch_loss
             padded += tf.cast(tf.size(batch["source"]) + tf.size(batch["target_in"]), tf.float32)
@@ -79,6 +80,20 @@ class Trainer:
                 "padding_fraction": 1.0 - totals["real"] / tf.maximum(totals["padded"], 1.0),
                 "grad_norm": self.strategy.reduce(tf.distribute.ReduceOp.MEAN, out["grad_norm"],
                                                   axis=None)}
+
+
+def dense_gradient(gradient, variable):
+    """A variable's gradient as a dense tensor. Embedding lookups give tf.IndexedSlices whose
+    rows repeat (the encoder and decoder gather from one position table; a batch repeats
+    tokens): summed here into one row per index, so that micro-batches can be added, Adam
+    squares the summed gradient ((Σg)², not Σg²), and the global norm is the true one.
+    An unused variable's None becomes zeros."""
+    if gradient is None:
+        return tf.zeros_like(variable)
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.math.unsorted_segment_sum(gradient.values, gradient.indices,
+                                            tf.shape(variable)[0])
+    return gradient
 
 
 class CheckpointKeeper:

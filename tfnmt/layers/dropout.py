@@ -39,7 +39,8 @@ def dropout(x, rate, seed):
 @keras.saving.register_keras_serializable(package="tfnmt")
 class Dropout(keras.layers.Dropout):
     """keras.layers.Dropout (same arguments, config and seed handling) with the cheaper mask
-    above; without noise_shape only."""
+    above; without noise_shape only. Under a tf.distribute strategy with several replicas,
+    each replica draws its own mask, as one large batch on one device would."""
 
     def __init__(self, rate, noise_shape=None, seed=None, **kwargs):
         if noise_shape is not None:
@@ -52,4 +53,10 @@ class Dropout(keras.layers.Dropout):
         if not training or self.rate == 0:
             return inputs
         seed = tf.cast(self.seed_generator.next(), tf.int32)
+        # The seed generator's state is the same on every replica (and every worker seeds
+        # alike), so replicas would drop the same elements: each folds in its global index.
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            seed = tf.random.experimental.stateless_fold_in(
+                seed, tf.cast(context.replica_id_in_sync_group, tf.int32))
         return dropout(inputs, self.rate, seed)
