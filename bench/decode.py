@@ -41,6 +41,9 @@ flags.DEFINE_integer("check", 64, "Sentences compared with eager beam search (0:
 flags.DEFINE_integer("rounds", 3, "Timed passes over the sentences per export and batch size; "
                      "the median is reported (single passes here vary by up to 13%).")
 flags.register_validator("rounds", lambda v: v >= 1, "--rounds must be >= 1")
+flags.DEFINE_enum("loader", "session", ["session", "python"], "How the exports are loaded: "
+                  "'session', TensorFlow's C++ loader as TF Serving loads them "
+                  "(tfnmt/session_loader.py); 'python', tf.saved_model.load.")
 flags.DEFINE_integer("parallel_searches", 2, "export.py's --parallel_searches (1: a batch is "
                      "one search).")
 
@@ -71,6 +74,7 @@ def main(argv):
     sources, references = [s for s, _ in pairs], [r for _, r in pairs]
     tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, "spm.model"))
     result = {"machine": cpu_description(), "model_dir": FLAGS.model_dir, "split": FLAGS.split,
+              "loader": FLAGS.loader,
               "rss_gib_before_loading": round(rss_bytes() / 2 ** 30, 2)}
     scratch = tempfile.mkdtemp(prefix="tfnmt-bench-")
     beam_translators = {}  # matmul dtype -> the export's translate function
@@ -79,13 +83,8 @@ def main(argv):
                                           ("greedy_bf16", 1, "bfloat16")):
         if matmul_dtype not in FLAGS.matmul_dtypes:
             continue
-        signature = tf.saved_model.load(export(FLAGS.model_dir, os.path.join(scratch, name),
-                                               beam_size, matmul_dtype)
-                                        ).signatures["serving_default"]
-
-        def translate(sentences, signature=signature):  # bound now, not at call time
-            out = signature(sentences=tf.constant(sentences, tf.string))
-            return out["translations"], out["scores"]
+        translate = load_translate(export(FLAGS.model_dir, os.path.join(scratch, name),
+                                          beam_size, matmul_dtype))
 
         for batch_size in map(int, FLAGS.batch_sizes):
             lines = sources[:FLAGS.batch1_limit] if batch_size == 1 and FLAGS.batch1_limit \
@@ -115,6 +114,30 @@ def main(argv):
             result[f"same_as_eager_beam_search_{matmul_dtype}"] = same_as_eager(
                 sources[:FLAGS.check], translate, matmul_dtype)
     print(json.dumps(result))
+
+
+def load_translate(path):
+    """The export's serving_default as str [B] -> (translations tensor [B], scores [B]),
+    loaded by --loader."""
+    import numpy as np
+    import tensorflow as tf
+
+    if FLAGS.loader == "session":
+        from tfnmt.session_loader import SessionModel
+
+        served = SessionModel(path)
+
+        def translate(sentences):
+            out = served.run("serving_default", {"sentences": np.array(
+                [s.encode() for s in sentences], object)})
+            return tf.constant(out["translations"].tolist(), tf.string), out["scores"]
+        return translate
+    signature = tf.saved_model.load(path).signatures["serving_default"]
+
+    def translate(sentences):
+        out = signature(sentences=tf.constant(sentences, tf.string))
+        return out["translations"], out["scores"]
+    return translate
 
 
 def same_as_eager(sources, translate_exported, matmul_dtype):
