@@ -1,6 +1,9 @@
-"""Loading a trained model from a model_dir: its settings, vocabulary and a checkpoint."""
+"""Loading a trained model from a model_dir: its settings, vocabulary and the newest checkpoint
+that reads back; finding and indexing a model_dir's checkpoint files."""
 import json
+import logging
 import os
+import re
 
 import tensorflow as tf
 
@@ -11,28 +14,60 @@ class ModelDirError(ValueError):
     pass
 
 
-def resolve_checkpoint(model_dir, which="auto"):
-    """'latest', 'averaged', 'auto' (averaged if present, else latest) or a path prefix."""
+def checkpoint_prefixes(directory, name="ckpt"):
+    """The `<name>-N` checkpoints whose index file exists in `directory`, oldest first, found
+    from the files themselves (the `checkpoint` state file is only an index of them)."""
+    if not os.path.isdir(directory):
+        return []
+    pattern = re.compile(re.escape(name) + r"-(\d+)\.index$")
+    numbers = sorted(int(m.group(1)) for m in map(pattern.match, os.listdir(directory)) if m)
+    return [os.path.join(directory, f"{name}-{n}") for n in numbers]
+
+
+def repair_checkpoint_state(directory, name="ckpt"):
+    """Rewrites `directory`'s `checkpoint` state file from the checkpoint files when it is
+    missing, unreadable or names other checkpoints than those on disk (so that a damaged state
+    file never makes a run start over). Returns a one-line description of the repair, or
+    None when the state file was right."""
+    prefixes = checkpoint_prefixes(directory, name)
+    if not prefixes:
+        return None
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+        problem = None if state else "missing or unreadable"
+    except (ValueError, UnicodeDecodeError, tf.errors.OpError) as error:
+        state, problem = None, f"unreadable ({type(error).__name__})"
+    if state:
+        listed = [os.path.basename(p) for p in state.all_model_checkpoint_paths]
+        on_disk = [os.path.basename(p) for p in prefixes]
+        if listed != on_disk or os.path.basename(state.model_checkpoint_path) != on_disk[-1]:
+            problem = f"out of date (it lists {listed or 'nothing'}, the files are {on_disk})"
+    if problem is None:
+        return None
+    # Timestamps after last_preserved_timestamp: CheckpointManager keeps rotating these (it
+    # would count checkpoints without one as preserved forever and list none of them).
+    times = [os.path.getmtime(p + ".index") for p in prefixes]
+    tf.compat.v1.train.update_checkpoint_state(  # written atomically
+        directory, prefixes[-1], prefixes, all_model_checkpoint_timestamps=times,
+        last_preserved_timestamp=min(times) - 1.0)
+    return (f"{os.path.join(directory, 'checkpoint')} was {problem}; rebuilt from the "
+            f"{len(prefixes)} checkpoint file(s) there (newest {os.path.basename(prefixes[-1])})")
+
+
+def candidate_checkpoints(model_dir, which="auto"):
+    """Checkpoint prefixes to try, best first: 'latest' (the run's checkpoints, newest first),
+    'averaged', 'auto' (averaged ones, then the latest ones) or a path prefix. Found from the
+    files, so a damaged state file does not hide them."""
     if which not in ("auto", "latest", "averaged"):
         if not tf.io.gfile.exists(which + ".index"):
             raise ModelDirError(f"no checkpoint at {which}")
-        return which
-    averaged = tf.train.latest_checkpoint(os.path.join(model_dir, "averaged")) or \
-        _newest_prefix(os.path.join(model_dir, "averaged"))
-    latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-    path = {"averaged": averaged, "latest": latest, "auto": averaged or latest}[which]
-    if not path:
+        return [which]
+    averaged = checkpoint_prefixes(os.path.join(model_dir, "averaged"))[::-1]
+    latest = checkpoint_prefixes(os.path.join(model_dir, "checkpoints"))[::-1]
+    paths = {"averaged": averaged, "latest": latest, "auto": averaged + latest}[which]
+    if not paths:
         raise ModelDirError(f"{model_dir} has no {which} checkpoint")
-    return path
-
-
-def _newest_prefix(directory):
-    """Averaged checkpoints are written with Checkpoint.write (no state file): newest by step."""
-    if not os.path.isdir(directory):
-        return None
-    prefixes = [f[:-len(".index")] for f in os.listdir(directory) if f.endswith(".index")]
-    prefixes.sort(key=lambda p: int(p.rsplit("-", 1)[-1]) if p[-1].isdigit() else -1)
-    return os.path.join(directory, prefixes[-1]) if prefixes else None
+    return paths
 
 
 def load_model(model_dir, which="auto"):
@@ -46,9 +81,19 @@ def load_model(model_dir, which="auto"):
         settings = json.load(f)
     with open(os.path.join(model_dir, "spm.model"), "rb") as f:
         proto = f.read()
-    path = resolve_checkpoint(model_dir, which)
     model = Transformer(**settings["model"], dtype="float32")
     model.build()
-    tf.train.Checkpoint(model=model).read(path).expect_partial().assert_existing_objects_matched()
-    return model, proto, path
+    failures = []
+    for path in candidate_checkpoints(model_dir, which):
+        try:
+            tf.train.Checkpoint(model=model).read(path).expect_partial() \
+                .assert_existing_objects_matched()
+        except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as error:
+            failures.append(f"{os.path.basename(path)}: {str(error).splitlines()[0][:120]}")
+            continue
+        if failures:
+            logging.warning("using %s: newer checkpoints do not read back (%s)", path,
+                            "; ".join(failures))
+        return model, proto, path
+    raise ModelDirError(f"no checkpoint of {model_dir} reads back ({'; '.join(failures)})")
 

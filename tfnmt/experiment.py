@@ -9,6 +9,7 @@ model_dir layout:
   train/, eval/      TensorBoard event files
   workers/<id>/      non-chief workers' checkpoints under multi_worker
 """
+import inspect
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from tfnmt import data, records
+from tfnmt.checkpoints import checkpoint_prefixes
 from tfnmt.corpus import read_corpus
 from tfnmt.distribute import PreReducedAdam, resolve_mixed_precision, task_role
 from tfnmt.evaluation import Translator, corpus_scores, evaluate_loss
@@ -29,8 +31,12 @@ from tfnmt.tokenizer import Tokenizer
 from tfnmt.training import CheckpointKeeper, Trainer, average_checkpoints
 
 SETTINGS = "settings.json"
-# Settings that a run in an existing model_dir must share with it (others may change).
-FIXED = {"model": None, "data": ("dataset", "files", "vocab_size", "vocab_type")}
+# Settings a run in an existing model_dir must share with it: every model and training setting
+# but those meant to change on resume, and the data that defines the vocabulary.
+FIXED_DATA = ("dataset", "files", "vocab_size", "vocab_type")
+RESUMABLE_TRAIN = ("train_steps", "log_every", "eval_every", "bleu_sentences",
+                   "checkpoint_every", "keep_checkpoints", "average_last", "jit_compile",
+                   "mixed_precision")
 POLICIES = {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 # fp16 loss scaling halves the scale at each skipped update: this many in a row is divergence.
 MAX_SKIPPED_IN_A_ROW = 64
@@ -52,25 +58,50 @@ def load_settings(model_dir):
         return json.load(f)
 
 
+MODEL_DEFAULTS = {name: parameter.default for name, parameter
+                  in inspect.signature(Transformer.__init__).parameters.items()
+                  if parameter.default is not inspect.Parameter.empty and name != "dtype"}
+
+
+def is_fixed(section, key):
+    """Whether a resumed run must keep this setting (section "model", "data" or "train")."""
+    return (section == "model" or (section == "data" and key in FIXED_DATA)
+            or (section == "train" and key not in RESUMABLE_TRAIN))
+
+
+def _fp16_switch(name, new, old):
+    # fp16 adds loss-scale state to the checkpoints: a switch to or from it cannot resume.
+    return name == "train.mixed_precision" and new != old and "fp16" in (new, old)
+
+
 def resolve_settings(requested, explicit, model_dir):
     """Settings for this run: `requested` (from flags), where the flags not given explicitly
     (`explicit`: set of "section.key") take the values saved in model_dir. An explicit value
-    that contradicts a fixed saved setting is an error, raised before any work."""
+    that changes a fixed saved setting (`is_fixed`; a setting the saved file does not record
+    counts as changed) is an error, raised before any work, as are checkpoints without a
+    saved settings file (nothing could tell whether they fit these settings)."""
     saved = load_settings(model_dir)
     if saved is None:
+        if checkpoint_prefixes(os.path.join(model_dir, "checkpoints")):
+            raise SettingsError(f"{model_dir} holds checkpoints but no {SETTINGS}: nothing says "
+                                "which model they hold. Restore the file or use a new "
+                                "--model_dir.")
         return requested
     resolved = json.loads(json.dumps(requested))
     conflicts = []
-    for section, values in saved.items():
-        if not isinstance(values, dict):
-            continue
-        for key, value in values.items():
+    for section in ("model", "data", "train"):
+        ours, theirs = resolved.setdefault(section, {}), saved.get(section) or {}
+        if section == "model":  # the saved model was built with the defaults of what it omits
+            theirs = dict(MODEL_DEFAULTS, **theirs)
+        for key in sorted(set(ours) | set(theirs)):
             name = f"{section}.{key}"
-            fixed = section in FIXED and (FIXED[section] is None or key in FIXED[section])
             if name not in explicit:
-                resolved.setdefault(section, {})[key] = value
-            elif fixed and resolved[section].get(key) != value:
-                conflicts.append(f"{key}={resolved[section].get(key)!r} (saved: {value!r})")
+                if key in theirs:
+                    ours[key] = theirs[key]
+            elif (is_fixed(section, key) or _fp16_switch(name, ours.get(key), theirs.get(key))) \
+                    and (key not in theirs or ours.get(key) != theirs[key]):
+                before = repr(theirs[key]) if key in theirs else "not recorded"
+                conflicts.append(f"{key}={ours.get(key)!r} (saved: {before})")
     if conflicts:
         raise SettingsError(f"{model_dir} holds a run with other settings: "
                             f"{', '.join(conflicts)}. Use a new --model_dir, or drop these flags "
@@ -81,7 +112,9 @@ def resolve_settings(requested, explicit, model_dir):
 def _write_json(path, value):
     with open(path + ".tmp", "w") as f:
         json.dump(value, f, indent=1, sort_keys=True)
-    os.replace(path + ".tmp", path)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)  # atomic: the old file or the new one, never half of one
 
 
 def _wait_for_data(data_dir, timeout):
@@ -155,7 +188,6 @@ def run(settings, strategy, log=print):
     settings["model"]["vocab_size"] = tokenizer.vocab_size
     if is_chief:
         shutil.copyfile(tokenizer.model_path, os.path.join(model_dir, records.VOCAB))
-        _write_json(os.path.join(model_dir, SETTINGS), settings)
     precision = resolve_mixed_precision(t["mixed_precision"])
     log(f"data: {manifest['splits']['train']['examples']:,d} training pairs, "
         f"vocabulary {tokenizer.vocab_size:,d}, {strategy.num_replicas_in_sync} replica(s), "
@@ -173,6 +205,8 @@ def run(settings, strategy, log=print):
     keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
                               t["keep_checkpoints"] if is_chief else 1)
     restored = keeper.restore()
+    if is_chief:  # only once the checkpoint has read back into a model of these settings
+        _write_json(os.path.join(model_dir, SETTINGS), settings)
     step = int(optimizer.iterations.numpy())
     log(f"resumed from {restored} at step {step}" if restored else "starting from scratch")
 

@@ -5,6 +5,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
+from tfnmt.checkpoints import repair_checkpoint_state
 from tfnmt.losses import masked_projected_loss_sum
 from tfnmt.tokenizer import PAD_ID
 
@@ -101,6 +102,11 @@ class CheckpointKeeper:
     reads back; a corrupt or half-written newest one is skipped with a warning."""
 
     def __init__(self, directory, model, optimizer, keep=5):
+        # The checkpoint files are the truth: a damaged state file is rebuilt from them first
+        # (else the manager would see no checkpoint, start over and rotate the run away).
+        repair = repair_checkpoint_state(directory)
+        if repair:
+            logging.warning("%s", repair)
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep,
                                                   step_counter=optimizer.iterations,

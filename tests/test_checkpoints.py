@@ -1,0 +1,111 @@
+import json
+import logging
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes, load_model
+from tfnmt.model import Transformer
+from tfnmt.presets import get_preset
+from tfnmt.schedule import paper_adam
+from tfnmt.training import CheckpointKeeper
+
+TINY = dict(get_preset("tiny", dropout=0.0), vocab_size=30)
+
+
+def new_model():
+    model = Transformer(**TINY)
+    model.build()
+    optimizer = paper_adam(64, 10)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def save_steps(directory, steps, keep=3):
+    """Checkpoints at `steps`, the weights shifted by each step; returns the first weight
+    matrix as each checkpoint holds it."""
+    model, optimizer = new_model()
+    keeper = CheckpointKeeper(directory, model, optimizer, keep=keep)
+    held = {}
+    for step in steps:
+        model.trainable_variables[0].assign_add(tf.fill(model.trainable_variables[0].shape,
+                                                        float(step)))
+        keeper.save(step)
+        held[step] = model.trainable_variables[0].numpy()
+    return held
+
+
+@pytest.mark.parametrize("damage", ["junk text", "0xFF byte", "empty", "deleted", "stale"])
+def test_a_damaged_state_file_is_rebuilt_and_the_newest_checkpoint_restored(damage, tmp_path,
+                                                                           caplog):
+    # The state file is an index of the checkpoint files: whatever happens to it, the run
+    # resumes from its newest checkpoint and no checkpoint is lost. (With the state file read
+    # as is, the manager saw no checkpoint, started at step 0 and rotated the run away.)
+    directory = str(tmp_path)
+    held = save_steps(directory, [1, 2, 3])
+    state = os.path.join(directory, "checkpoint")
+    if damage == "junk text":
+        open(state, "w").write("these are not the checkpoints\n")
+    elif damage == "0xFF byte":
+        open(state, "wb").write(b"\xff")
+    elif damage == "empty":
+        open(state, "w").close()
+    elif damage == "deleted":
+        os.remove(state)
+    else:  # a kill between the files of ckpt-3 and the state update
+        tf.compat.v1.train.update_checkpoint_state(
+            directory, os.path.join(directory, "ckpt-2"),
+            [os.path.join(directory, f"ckpt-{n}") for n in (1, 2)])
+    model, optimizer = new_model()
+    with caplog.at_level(logging.WARNING):
+        keeper = CheckpointKeeper(directory, model, optimizer, keep=3)
+    assert "rebuilt from the 3 checkpoint file(s) there (newest ckpt-3)" in caplog.text
+    assert keeper.restore().endswith("ckpt-3")
+    np.testing.assert_array_equal(model.trainable_variables[0].numpy(), held[3])
+    # Training goes on from there: the next save rotates out the oldest only.
+    keeper.save(4)
+    assert [os.path.basename(p) for p in checkpoint_prefixes(directory)] == \
+        ["ckpt-2", "ckpt-3", "ckpt-4"]
+    assert tf.train.latest_checkpoint(directory).endswith("ckpt-4")
+
+
+def test_a_good_state_file_is_left_alone(tmp_path, caplog):
+    save_steps(str(tmp_path), [1, 2])
+    before = open(tmp_path / "checkpoint").read()
+    with caplog.at_level(logging.WARNING):
+        CheckpointKeeper(str(tmp_path), *new_model())
+    assert "rebuilt" not in caplog.text and open(tmp_path / "checkpoint").read() == before
+
+
+def model_dir_with_checkpoints(tiny_model_dir, tmp_path, steps):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    shutil.copy(os.path.join(tiny_model_dir, "spm.model"), model_dir)
+    settings = {"model": dict(TINY, max_length=64)}
+    (model_dir / "settings.json").write_text(json.dumps(settings))
+    return str(model_dir), save_steps(str(model_dir / "checkpoints"), steps)
+
+
+def test_models_load_from_the_newest_checkpoint_that_reads_back(tiny_model_dir, tmp_path,
+                                                                 caplog):
+    # What export.py, translate.py and evaluate.py load: a truncated newest data file, a
+    # missing newest index file or a damaged state file fall back, and say which was used.
+    model_dir, held = model_dir_with_checkpoints(tiny_model_dir, tmp_path, [1, 2, 3])
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    open(os.path.join(checkpoints, "checkpoint"), "wb").write(b"\xff")
+    model, _, path = load_model(model_dir)
+    assert path.endswith("ckpt-3")
+    with open(os.path.join(checkpoints, "ckpt-3.data-00000-of-00001"), "r+b") as f:
+        f.truncate(100)
+    with caplog.at_level(logging.WARNING):
+        model, _, path = load_model(model_dir, "latest")
+    assert path.endswith("ckpt-2") and "newer checkpoints do not read back (ckpt-3:" in caplog.text
+    np.testing.assert_array_equal(model.trainable_variables[0].numpy(), held[2])
+    os.remove(os.path.join(checkpoints, "ckpt-2.index"))
+    assert load_model(model_dir)[2].endswith("ckpt-1")
+    os.remove(os.path.join(checkpoints, "ckpt-1.index"))
+    with pytest.raises(ModelDirError, match="no checkpoint of .* reads back"):
+        load_model(model_dir)

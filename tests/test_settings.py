@@ -1,0 +1,67 @@
+import json
+
+import pytest
+
+from tfnmt.experiment import SettingsError, resolve_settings
+from tfnmt.presets import get_preset
+
+
+def requested(**train):
+    model = dict(get_preset("tiny"), max_length=64)
+    return {"model_dir": "run", "preset": "tiny", "model": model,
+            "data": {"dataset": "files", "files": {"train": "t.tsv"}, "vocab_size": 600,
+                     "vocab_type": "unigram", "max_length": 64, "data_dir": None},
+            "train": dict({"train_steps": 10, "warmup_steps": 5, "batch_tokens": 512,
+                           "eval_every": 4, "mixed_precision": "none"}, **train)}
+
+
+def saved_run(tmp_path):
+    # The presets do not name norm_first, position or attention_dropout: the saved file does
+    # not either, and the model was built with the Transformer's defaults for them.
+    settings = requested()
+    assert not {"norm_first", "position", "attention_dropout"} & set(settings["model"])
+    settings["model"]["vocab_size"] = 600
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("section, key, value, saved", [
+    ("model", "norm_first", True, "False"),  # not in the saved file: the default it was built with
+    ("model", "position", "learned", "'sinusoidal'"),
+    ("model", "attention_dropout", 0.2, "0.0"),
+    ("model", "num_heads", 8, "4"),
+    ("train", "warmup_steps", 50, "5"),
+    ("train", "batch_tokens", 1024, "512"),
+    ("data", "vocab_size", 800, "600"),
+    ("train", "mixed_precision", "fp16", "'none'"),  # loss-scale state in the checkpoints
+])
+def test_a_resumed_run_refuses_other_settings_in_one_line(tmp_path, section, key, value, saved):
+    model_dir = saved_run(tmp_path)
+    flags = requested()
+    flags[section][key] = value
+    with pytest.raises(SettingsError) as error:
+        resolve_settings(flags, {f"{section}.{key}"}, model_dir)
+    assert f"{key}={value!r} (saved: {saved})" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_settings_meant_to_change_on_resume_change_and_the_rest_are_kept(tmp_path):
+    model_dir = saved_run(tmp_path)
+    flags = requested(train_steps=99, eval_every=7, warmup_steps=1234, mixed_precision="bf16")
+    flags["model"]["num_layers"] = 6
+    resolved = resolve_settings(flags, {"train.train_steps", "train.eval_every",
+                                        "train.mixed_precision"}, model_dir)
+    assert resolved["train"]["train_steps"] == 99 and resolved["train"]["eval_every"] == 7
+    assert resolved["train"]["mixed_precision"] == "bf16"
+    # Flags not given take the saved values, whatever their defaults are now.
+    assert resolved["train"]["warmup_steps"] == 5
+    assert resolved["model"]["num_layers"] == get_preset("tiny")["num_layers"]
+    assert resolved["model"]["vocab_size"] == 600
+
+
+def test_checkpoints_without_settings_are_refused(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "ckpt-3.index").write_bytes(b"")
+    with pytest.raises(SettingsError, match="holds checkpoints but no settings.json"):
+        resolve_settings(requested(), set(), str(tmp_path))
+    assert resolve_settings(requested(), set(), str(tmp_path / "new")) == requested()
