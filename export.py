@@ -68,6 +68,9 @@ def main(argv):
     if matmul_dtype == "auto":
         matmul_dtype = "bfloat16" if resolve_mixed_precision("auto") == "bf16" else "float32"
 
+    export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, "export")
+    if os.path.exists(export_dir) and not os.path.isdir(export_dir):
+        raise app.UsageError(f"--export_dir={export_dir} is a file, not a directory")
     try:
         model, proto, path = checkpoints.load_model(FLAGS.model_dir, FLAGS.checkpoint)
     except checkpoints.ModelDirError as error:
@@ -76,10 +79,9 @@ def main(argv):
                                FLAGS.max_decode_length, FLAGS.n_best,
                                parallel_searches=FLAGS.parallel_searches,
                                matmul_dtype=matmul_dtype, chunk_size=FLAGS.chunk_size)
-    export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, "export")
     try:
         final = export_saved_model(module, export_dir, FLAGS.version, check=FLAGS.check)
-    except FileExistsError as error:
+    except (FileExistsError, OSError) as error:
         raise app.UsageError(str(error))
     except ExportCheckError as error:
         print(f"export.py: nothing published: {error}", file=sys.stderr)

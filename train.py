@@ -13,7 +13,6 @@ may change only --train_steps, --log_every, --eval_every, --bleu_sentences, --ch
   python train.py --flagfile=my.flags
 """
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -132,12 +131,36 @@ def requested_settings():
     settings["data"]["files"] = files or None
     explicit = {f"train.{k}" for k in TRAIN_FLAGS if FLAGS[k].present}
     explicit |= {f"data.{k}" for k in DATA_FLAGS if FLAGS[k].present}
-    explicit |= {f"data.files" for s in ("train", "dev", "test") if FLAGS[f"{s}_files"].present}
+    explicit |= {"data.files" for s in ("train", "dev", "test") if FLAGS[f"{s}_files"].present}
     explicit |= {f"model.{k}" for k in MODEL_FLAGS if FLAGS[k].present}
     if FLAGS["preset"].present:  # a preset sets every size
         explicit |= {f"model.{k}" for k in model}
     explicit.add("model.max_length") if FLAGS["max_length"].present else None
     return settings, explicit
+
+
+def check_paths():
+    """One line (app.UsageError) for a path that cannot work, before any work starts."""
+    from tfnmt.corpus import CorpusError, check_files
+
+    if FLAGS.dataset == "files":
+        for split in ("train", "dev", "test"):
+            if FLAGS[f"{split}_files"].value:
+                try:
+                    check_files(FLAGS[f"{split}_files"].value)
+                except CorpusError as error:
+                    raise app.UsageError(f"--{split}_files: {error}")
+    if not FLAGS.model_dir:
+        raise app.UsageError("--model_dir must name a directory")
+    for flag in ("model_dir", "data_dir"):
+        path = FLAGS[flag].value
+        if path and os.path.exists(path) and not os.path.isdir(path):
+            raise app.UsageError(f"--{flag}={path} is a file, not a directory")
+        try:
+            if path:
+                os.makedirs(path, exist_ok=True)
+        except OSError as error:
+            raise app.UsageError(f"--{flag}={path}: cannot create it ({error.strerror})")
 
 
 def main(argv):
@@ -147,7 +170,10 @@ def main(argv):
         raise app.UsageError("--dataset=files needs --train_files (and --dev_files for BLEU)")
     if FLAGS.dataset == "files" and not FLAGS.dev_files:
         raise app.UsageError("--dataset=files needs --dev_files: evaluation reports dev BLEU")
-    from tfnmt import distribute, experiment
+    check_paths()
+    from tfnmt import distribute, experiment, records
+    from tfnmt.checkpoints import ModelDirError
+    from tfnmt.corpus import CorpusError
 
     distribute.split_cpu(FLAGS.cpu_devices)
     settings, explicit = requested_settings()
@@ -158,7 +184,8 @@ def main(argv):
     strategy = distribute.make_strategy(FLAGS.strategy)
     try:
         metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
-    except experiment.TrainingError as error:
+    except (experiment.TrainingError, experiment.SettingsError, ModelDirError, CorpusError,
+            records.PreparedDataError) as error:
         raise app.UsageError(str(error))
     print(f"dev sacreBLEU {metrics['bleu']:.2f}  ({FLAGS.model_dir})")
 

@@ -38,6 +38,16 @@ def small_prepared(small_corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def train_data(small_corpus, tmp_path_factory):
+    """Prepared data for train.py runs on the small corpus (train.py finds it up to date)."""
+    from tfnmt import records
+
+    out = str(tmp_path_factory.mktemp("train_data"))
+    records.prepare(out, dataset="files", files=small_corpus, vocab_size=600)
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(small_prepared, tmp_path_factory):
     """A model_dir as train.py leaves it (settings.json, spm.model, a checkpoint) holding an
     untrained tiny model over the small corpus' 600-piece vocabulary."""

@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -75,7 +76,16 @@ def test_only_core_and_tf_text_ops(exported):
 def test_versions_are_new_directories_never_overwritten(module, exported, tmp_path):
     export_dir = os.path.dirname(exported)
     assert os.path.basename(exported) == "1"
+    # What an export killed mid-write leaves (its process is gone), and one still being written.
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    abandoned = os.path.join(export_dir, f".tmp-2-{finished.pid}")
+    in_progress = os.path.join(export_dir, f".tmp-3-{os.getpid()}")
+    for path in (abandoned, in_progress):
+        os.makedirs(os.path.join(path, "variables"))
     assert export_saved_model(module, export_dir).endswith(os.sep + "2")
+    assert not os.path.exists(abandoned) and os.path.isdir(in_progress)
+    shutil.rmtree(in_progress)
     with pytest.raises(FileExistsError):
         export_saved_model(module, export_dir, version=1)
     assert sorted(os.listdir(export_dir)) == ["1", "2"]  # no temporary left behind

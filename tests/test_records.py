@@ -83,7 +83,7 @@ def test_truncated_shard_is_detected(small_prepared, tmp_path):
 def test_vocabulary_change_is_detected(small_prepared, tmp_path):
     manifest = records.load_manifest(small_prepared)
     with pytest.raises(records.PreparedDataError, match="another vocabulary"):
-        records.load_manifest(small_prepared, vocab_sha256="0" * 64)
+        records.load_manifest(small_prepared, vocab_fingerprint="0" * 64)
     out = str(tmp_path / "copy")
     copy_prepared(small_prepared, out)
     with open(os.path.join(out, records.VOCAB), "ab") as f:

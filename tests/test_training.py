@@ -1,50 +1,23 @@
 """The training loop: distribution, accumulation, checkpoints, averaging, train.py itself."""
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfnmt import records
+from helpers import ROOT, python, train_flags
 from tfnmt.distribute import PreReducedAdam
 from tfnmt.model import Transformer
 from tfnmt.presets import get_preset
 from tfnmt.schedule import paper_adam
 from tfnmt.training import CheckpointKeeper, Trainer, average_checkpoints
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = get_preset("tiny", dropout=0.0)
-
-
-def python(script, *args, env=None, timeout=300, cwd=ROOT):
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd,
-                          env=environment, timeout=timeout, capture_output=True, text=True)
-
-
-@pytest.fixture(scope="module")
-def train_data(small_corpus, tmp_path_factory):
-    """Prepared data shared by the train.py runs below (train.py finds it up to date)."""
-    out = str(tmp_path_factory.mktemp("train_data"))
-    records.prepare(out, dataset="files", files=small_corpus, vocab_size=600)
-    return out
-
-
-def train_flags(small_corpus, train_data, model_dir, **overrides):
-    flags = {"model_dir": model_dir, "dataset": "files", "train_files": small_corpus["train"],
-             "dev_files": small_corpus["dev"], "data_dir": train_data, "vocab_size": 600,
-             "preset": "tiny", "batch_tokens": 512, "max_length": 64, "train_steps": 12,
-             "warmup_steps": 5, "log_every": 4, "checkpoint_every": 4, "eval_every": 8,
-             "bleu_sentences": 8, "average_last": 3}
-    flags.update(overrides)
-    return ["train.py"] + [f"--{k}={v}" for k, v in flags.items()]
 
 
 def test_mirrored_two_devices_equal_one_device():
@@ -197,14 +170,6 @@ def test_train_py_end_to_end(small_corpus, train_data, tmp_path):
                          "attention/encoder_self/layer_0", "attention/decoder_self/layer_1",
                          "attention/decoder_cross/layer_1"}
 
-    # Incompatible settings in the same model_dir fail at once, before any training.
-    start = time.time()
-    clash = python(*train_flags(small_corpus, train_data, "run", preset="small"),
-                   cwd=str(tmp_path))
-    assert clash.returncode != 0 and "holds a run with other settings" in clash.stderr
-    assert "d_model=256 (saved: 64)" in clash.stderr
-    assert time.time() - start < 60
-
 
 def train_with_loss_scale(flags, initial_scale, max_skipped_in_a_row=None):
     """train.py with Keras's LossScaleOptimizer starting at `initial_scale`."""
@@ -296,32 +261,6 @@ def test_flagfile_is_read(tmp_path):
     flagfile.write_text(f"--model_dir={tmp_path}\n--accum_steps=0\n")
     result = python("train.py", f"--flagfile={flagfile}", timeout=60)
     assert result.returncode != 0 and "--accum_steps must be positive" in result.stderr
-
-
-def test_killed_run_resumes_from_its_last_checkpoint(small_corpus, train_data, tmp_path):
-    model_dir = str(tmp_path / "run")
-    args = train_flags(small_corpus, train_data, model_dir, train_steps=40, checkpoint_every=5,
-                       log_every=20, eval_every=0, average_last=0)
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    process = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=environment,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoint_dir = os.path.join(model_dir, "checkpoints")
-    deadline = time.time() + 240
-    while time.time() < deadline and process.poll() is None:
-        latest = tf.train.latest_checkpoint(checkpoint_dir) if os.path.isdir(checkpoint_dir) else None
-        if latest and int(latest.rsplit("-", 1)[1]) >= 10:
-            break
-        time.sleep(0.2)
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=30)
-    killed_at = int(tf.train.latest_checkpoint(checkpoint_dir).rsplit("-", 1)[1])
-    assert 10 <= killed_at < 40, "the run should be killed mid-way"
-
-    result = python(*args)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"resumed from {checkpoint_dir}/ckpt-{killed_at} at step {killed_at}" in result.stdout
-    assert "step     40/40" in result.stdout
-    assert tf.train.latest_checkpoint(checkpoint_dir).endswith("ckpt-40")
 
 
 def free_ports(count):

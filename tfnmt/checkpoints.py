@@ -1,9 +1,12 @@
 """Loading a trained model from a model_dir: its settings, vocabulary and the newest checkpoint
-that reads back; finding and indexing a model_dir's checkpoint files."""
+that reads back; finding, indexing and cleaning up a model_dir's checkpoint files; a lock that
+keeps a checkpoint directory to one writer."""
+import fcntl
 import json
 import logging
 import os
 import re
+import shutil
 
 import tensorflow as tf
 
@@ -22,6 +25,65 @@ def checkpoint_prefixes(directory, name="ckpt"):
     pattern = re.compile(re.escape(name) + r"-(\d+)\.index$")
     numbers = sorted(int(m.group(1)) for m in map(pattern.match, os.listdir(directory)) if m)
     return [os.path.join(directory, f"{name}-{n}") for n in numbers]
+
+
+def newest_readable_checkpoint(directory, name="ckpt"):
+    """The newest `<name>-N` in `directory` whose index and data files read, or None."""
+    for prefix in reversed(checkpoint_prefixes(directory, name)):
+        try:
+            reader = tf.train.load_checkpoint(prefix)
+            for key in reader.get_variable_to_shape_map():
+                reader.get_tensor(key)
+            return prefix
+        except (tf.errors.OpError, ValueError, IndexError):
+            continue
+    return None
+
+
+def remove_interrupted_saves(directory, name="ckpt"):
+    """Removes `<name>-N_temp/` folders: TensorFlow writes a checkpoint's shards there and
+    moves them into place when complete, so one is left only by a save that was interrupted.
+    Call only as the directory's one writer (DirectoryLock). Returns the folders removed."""
+    if not os.path.isdir(directory):
+        return []
+    pattern = re.compile(re.escape(name) + r"-\d+_temp$")
+    removed = [os.path.join(directory, entry) for entry in sorted(os.listdir(directory))
+               if pattern.match(entry) and os.path.isdir(os.path.join(directory, entry))]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+class DirectoryLock:
+    """An exclusive lock on `directory` (a `.lock` file in it, flock'ed) for the time of a
+    `with` block: a second process that tries to write the same checkpoints gets ModelDirError
+    at once, naming the process that holds it. The operating system releases it when the
+    holder exits, however it exits."""
+
+    def __init__(self, directory):
+        self.path = os.path.join(directory, ".lock")
+        self.directory = directory
+        self._file = None
+
+    def __enter__(self):
+        os.makedirs(self.directory, exist_ok=True)
+        self._file = open(self.path, "a+")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "another process"
+            self._file.close()
+            raise ModelDirError(f"{self.directory} is in use by {holder} (one training run "
+                                "per model_dir)") from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"pid {os.getpid()}\n")
+        self._file.flush()
+        return self
+
+    def __exit__(self, *exc_info):
+        self._file.close()  # releases the lock
 
 
 def repair_checkpoint_state(directory, name="ckpt"):

@@ -2,12 +2,21 @@
 import os
 import sys
 
-from absl import app
+from absl import app, flags
+
+
+def _parse_flags(argv):
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
+        sys.exit(1)
 
 
 def run(main):
-    """absl's app.run(main), with an app.UsageError printed as one line, `<program>: <message>`,
-    and exit code 1 (absl would print the module's help before it)."""
+    """absl's app.run(main), with flag errors and an app.UsageError printed as one line,
+    `<program>: <message>`, and exit code 1 (absl would print the module's help before a
+    UsageError, and a hint after a flag error)."""
     def main_with_one_line_usage_errors(argv):
         try:
             return main(argv)
@@ -15,4 +24,4 @@ def run(main):
             print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
             return 1
 
-    app.run(main_with_one_line_usage_errors)
+    app.run(main_with_one_line_usage_errors, flags_parser=_parse_flags)

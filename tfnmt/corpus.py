@@ -70,6 +70,39 @@ def read_files(paths):
     raise CorpusError(f"expected one TSV file or two aligned files, got {paths}")
 
 
+def _count_lines(path):
+    count, last = 0, b"\n"
+    with _open_text(path) as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")  # a last line without a newline counts too
+
+
+def check_files(spec):
+    """Raises CorpusError (one line naming the file) unless `spec` names one existing,
+    non-empty TSV or two non-empty files with as many lines each (two files are read once
+    to count them). Invalid lines are found, with their number, when the text is read."""
+    paths = [p for p in spec.split(",") if p]
+    if len(paths) not in (1, 2):
+        raise CorpusError(f"expected one TSV file or two aligned files, got {spec!r}")
+    for path in paths:
+        if os.path.isdir(path):
+            raise CorpusError(f"{path} is a directory, not a file")
+        try:
+            with _open_text(path) as f:
+                empty = not f.read(1)
+        except OSError as error:  # unreadable, or .gz that is not gzip
+            raise CorpusError(f"{path}: {error.strerror or error}") from None
+        if empty:
+            raise CorpusError(f"{path} is empty")
+    if len(paths) == 2:
+        counts = [_count_lines(path) for path in paths]
+        if counts[0] != counts[1]:
+            raise CorpusError(f"{paths[0]} has {counts[0]:,d} lines but {paths[1]} has "
+                              f"{counts[1]:,d}: the files are not line-aligned")
+
+
 def network_available(host="storage.googleapis.com", port=443, timeout=3.0):
     """Whether a TFDS download could start at all (checked before tfds retries for minutes)."""
     try:

@@ -65,7 +65,7 @@ def dropped_by_length(manifest, split, max_length):
 
 
 def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=True, seed=None,
-                 repeat=False, shuffle_buffer=20000, input_context=None, vocab_sha256=None,
+                 repeat=False, shuffle_buffer=20000, input_context=None, vocab_fingerprint=None,
                  boundaries=None, shape_stable=False, bucket_growth=1.1):
     """Batches of {"source" [B, S], "target_in" [B, T], "target_out" [B, T]} int32, PAD-padded.
 
@@ -74,7 +74,7 @@ def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=Tru
     programs) is then done once per bucket rather than once per batch. Bucket edges are
     `boundaries`, else bucket_boundaries(max_length, growth=bucket_growth).
     """
-    manifest = records.load_manifest(data_dir, vocab_sha256)
+    manifest = records.load_manifest(data_dir, vocab_fingerprint)
     files = records.shard_paths(data_dir, manifest, split)
     dropped = dropped_by_length(manifest, split, max_length)
     if dropped:

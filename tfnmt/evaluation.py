@@ -24,10 +24,13 @@ def translate_lines(translate_batch, lines, batch_size=32):
     return results
 
 
-def evaluate_loss(model, dataset, label_smoothing=0.1):
-    """Over a dataset of batches: smoothed loss per token, perplexity (from the unsmoothed
-    cross-entropy) and token accuracy."""
-    @tf.function(reduce_retracing=True)
+def loss_sums_function(model, label_smoothing=0.1):
+    """A tf.function: batch -> [smoothed loss sum, nll sum, correct tokens, tokens]. Traced once
+    for every batch shape ([None, None] ids), so an evaluation costs one trace, not one per
+    length bucket; keep it to reuse that trace across evaluations."""
+    ids = tf.TensorSpec([None, None], tf.int32)
+
+    @tf.function(input_signature=[{"source": ids, "target_in": ids, "target_out": ids}])
     def sums(batch):
         logits = model((batch["source"], batch["target_in"]), training=False)
         smoothed, tokens = masked_loss_sum(batch["target_out"], logits, label_smoothing)
@@ -35,6 +38,13 @@ def evaluate_loss(model, dataset, label_smoothing=0.1):
         correct, _ = masked_accuracy_sum(batch["target_out"], logits)
         return tf.stack([smoothed, nll, correct, tokens])
 
+    return sums
+
+
+def evaluate_loss(model, dataset, label_smoothing=0.1, sums=None):
+    """Over a dataset of batches: smoothed loss per token, perplexity (from the unsmoothed
+    cross-entropy) and token accuracy. `sums`: a loss_sums_function to reuse."""
+    sums = sums or loss_sums_function(model, label_smoothing)
     totals = np.zeros(4)
     for batch in dataset:
         totals += sums(batch).numpy()

@@ -4,15 +4,17 @@ model_dir layout:
   settings.json      every setting of the run (export and evaluation read it)
   spm.model          the shared vocabulary
   data/              prepared TFRecords (unless --data_dir points elsewhere)
-  checkpoints/       ckpt-<step> written by tf.train.CheckpointManager
+  checkpoints/       ckpt-<step> written by tf.train.CheckpointManager; .lock held by the
+                     process that trains (one writer per model_dir)
   averaged/          the average of the last N checkpoints (--average_last)
   train/, eval/      TensorBoard event files
   workers/<id>/      non-chief workers' checkpoints under multi_worker
 """
+import errno
 import inspect
 import json
-import logging
 import os
+import re
 import shutil
 import time
 
@@ -20,14 +22,14 @@ import keras
 import tensorflow as tf
 
 from tfnmt import data, records
-from tfnmt.checkpoints import checkpoint_prefixes
+from tfnmt.checkpoints import DirectoryLock, checkpoint_prefixes, newest_readable_checkpoint
 from tfnmt.corpus import read_corpus
 from tfnmt.distribute import PreReducedAdam, resolve_mixed_precision, task_role
-from tfnmt.evaluation import Translator, corpus_scores, evaluate_loss
+from tfnmt.evaluation import Translator, corpus_scores, evaluate_loss, loss_sums_function
 from tfnmt.model import Transformer
 from tfnmt.schedule import paper_adam
 from tfnmt.summaries import rss_bytes, write_attention_images
-from tfnmt.tokenizer import Tokenizer
+from tfnmt.tokenizer import Tokenizer, file_fingerprint
 from tfnmt.training import CheckpointKeeper, Trainer, average_checkpoints
 
 SETTINGS = "settings.json"
@@ -141,13 +143,14 @@ class Evaluator:
         limit = settings["train"].get("bleu_sentences") or len(self.pairs)
         self.pairs = self.pairs[:limit]
         self.translator = Translator(model, tokenizer, d["max_length"])
+        self.loss_sums = loss_sums_function(model, settings["train"]["label_smoothing"])
         self.tokenizer = tokenizer
 
     def __call__(self, step, writer=None):
         t = self.settings["train"]
         dev = data.make_dataset(self.data_dir, "dev", t["batch_tokens"],
                                 self.settings["data"]["max_length"], shuffle=False)
-        metrics = evaluate_loss(self.model, dev, t["label_smoothing"])
+        metrics = evaluate_loss(self.model, dev, sums=self.loss_sums)
         sources = [s for s, _ in self.pairs]
         hypotheses = self.translator.translate(sources)
         metrics.update(corpus_scores(hypotheses, [r for _, r in self.pairs]))
@@ -166,25 +169,79 @@ class Evaluator:
         return metrics
 
 
+def is_disk_full(error):
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(error, tf.errors.OpError) and "No space left on device" in str(error)
+
+
+def _unwritable_file(error):
+    """The file a disk-full error is about: OSError says; TensorFlow names it in its message
+    (the word that is a path in an existing directory)."""
+    if isinstance(error, OSError) and error.filename:
+        return error.filename
+    for word in re.split(r"[\s;'\"]+", str(error)):
+        if os.sep in word and os.path.isdir(os.path.dirname(word) or "."):
+            return re.sub(r"\.tempstate\d+$", "", word)
+    return "a file"
+
+
 def run(settings, strategy, log=print):
-    """Trains (or resumes) until settings["train"]["train_steps"]; returns the final metrics."""
+    """Trains (or resumes) until settings["train"]["train_steps"]; returns the final metrics.
+    A full disk or damaged prepared data stop it with TrainingError (one line; the
+    checkpoints written so far are kept)."""
+    model_dir = settings["model_dir"]
+    is_chief, task_id = task_role(strategy)
+    checkpoint_dir = (os.path.join(model_dir, "checkpoints") if is_chief
+                      else os.path.join(model_dir, "workers", str(task_id)))
+    data_dir = settings["data"].get("data_dir") or os.path.join(model_dir, "data")
+    try:
+        with DirectoryLock(checkpoint_dir):  # one writer per checkpoint directory
+            return _run(settings, strategy, log, checkpoint_dir, data_dir)
+    except tf.errors.DataLossError:  # TensorFlow names no file: find the shard that is damaged
+        manifest = records.load_manifest(data_dir, check_shards=False)
+        damaged = records.damaged_shards(data_dir, manifest)
+        if not damaged:
+            raise
+        newest = newest_readable_checkpoint(checkpoint_dir)
+        raise TrainingError(f"{damaged[0][1]}; stopped with the newest intact checkpoint "
+                            f"{newest or 'none'} (run again: the damaged split is rewritten "
+                            "and training resumes)") from None
+    except (OSError, tf.errors.OpError) as error:
+        if not is_disk_full(error):
+            raise
+        newest = newest_readable_checkpoint(checkpoint_dir)
+        raise TrainingError(f"no space left on the device to write {_unwritable_file(error)}; "
+                            f"the newest intact checkpoint is {newest or 'none'} (free space "
+                            "and run again to resume from it)") from None
+
+
+def _run(settings, strategy, log, checkpoint_dir, data_dir):
     model_dir = settings["model_dir"]
     d, t = settings["data"], settings["train"]
     is_chief, task_id = task_role(strategy)
     # Seed before any tokenizer exists: tf.random.set_seed deletes their TF resources.
     keras.utils.set_random_seed(t["seed"])
     os.makedirs(model_dir, exist_ok=True)
-    data_dir = d.get("data_dir") or os.path.join(model_dir, "data")
+    saved = load_settings(model_dir)
+    # A trained model's vocabulary is its own: data rebuilt for it is tokenized with it.
+    model_vocab = os.path.join(model_dir, records.VOCAB)
+    if saved and not os.path.exists(model_vocab):
+        model_vocab = None
     if is_chief:
         manifest = records.prepare(data_dir, d["dataset"], d.get("files"), d.get("tfds_data_dir"),
-                                   d["vocab_size"], d["vocab_type"])
+                                   d["vocab_size"], d["vocab_type"],
+                                   model_vocab=model_vocab if saved else None)
     else:
         manifest = _wait_for_data(data_dir, t.get("data_wait_secs", 1800))
     tokenizer = Tokenizer(os.path.join(data_dir, records.VOCAB))
-    saved = load_settings(model_dir)
-    if saved and saved.get("vocab_sha256") not in (None, tokenizer.sha256):
-        raise SettingsError(f"{model_dir} was trained with another vocabulary than {data_dir}")
-    settings["vocab_sha256"] = tokenizer.sha256
+    if saved:
+        trained_with = file_fingerprint(model_vocab) if model_vocab \
+            else saved.get("vocab_fingerprint")
+        if trained_with not in (None, tokenizer.fingerprint):
+            raise SettingsError(f"{model_dir} was trained with another vocabulary than "
+                                f"{data_dir}")
+    settings["vocab_fingerprint"] = tokenizer.fingerprint
     settings["model"]["vocab_size"] = tokenizer.vocab_size
     if is_chief:
         shutil.copyfile(tokenizer.model_path, os.path.join(model_dir, records.VOCAB))
@@ -200,8 +257,6 @@ def run(settings, strategy, log=print):
         if precision == "fp16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
-    checkpoint_dir = (os.path.join(model_dir, "checkpoints") if is_chief
-                      else os.path.join(model_dir, "workers", str(task_id)))
     keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
                               t["keep_checkpoints"] if is_chief else 1)
     restored = keeper.restore()
@@ -214,7 +269,7 @@ def run(settings, strategy, log=print):
         # A resumed run reshuffles with a new seed rather than replaying the first batches.
         return data.make_dataset(data_dir, "train", t["batch_tokens"], d["max_length"],
                                  shuffle=True, seed=t["seed"] + step, repeat=True,
-                                 input_context=context, vocab_sha256=tokenizer.sha256,
+                                 input_context=context, vocab_fingerprint=tokenizer.fingerprint,
                                  shape_stable=t.get("shape_stable", True),
                                  bucket_growth=t.get("bucket_growth", 1.1))
 

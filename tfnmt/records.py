@@ -1,11 +1,14 @@
 """Tokenized splits as sharded TFRecord files of tf.train.Example, with a manifest.
 
 A prepared directory holds `spm.model` (the shared vocabulary), `<split>-SSSSS-of-NNNNN.tfrecord`
-shards and `manifest.json`, written last. Every file is written under a temporary name and renamed
-when complete, and the old manifest is removed before anything is rewritten, so an interrupted
-run leaves no manifest and is never read as complete. Re-running with the same inputs and
-settings does nothing. Readers check the manifest against the vocabulary they tokenize with and
-each shard's size, so a changed vocabulary or a truncated shard is an error, not mixed data.
+shards and `manifest.json`, written last, which records each shard's size and sha256 and the
+vocabulary's fingerprint. Every file is written under a temporary name and renamed when
+complete, and the old manifest is removed before anything is rewritten, so an interrupted run
+leaves no manifest and is never read as complete. Re-running with the same inputs and settings
+checks the shards against their checksums and rewrites only the splits that hold a damaged one,
+with the same vocabulary; a damaged manifest rebuilds the directory. Readers check the manifest
+against the vocabulary they tokenize with and each shard's size, so a changed vocabulary or a
+truncated shard is an error, not mixed data.
 """
 import collections
 import hashlib
@@ -16,11 +19,11 @@ import os
 import tensorflow as tf
 
 from tfnmt import corpus
-from tfnmt.tokenizer import Tokenizer, train_sentencepiece
+from tfnmt.tokenizer import Tokenizer, file_fingerprint, train_sentencepiece
 
 MANIFEST = "manifest.json"
 VOCAB = "spm.model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a sha256 per shard; the vocabulary by its fingerprint
 
 
 class PreparedDataError(RuntimeError):
@@ -88,17 +91,22 @@ def _write_split(tokenizer, pairs, out_dir, split, num_shards):
     shards = []
     for name, writer, count in zip(names, writers, counts):
         writer.close()
-        os.replace(os.path.join(out_dir, name + ".tmp"), os.path.join(out_dir, name))
-        shards.append({"file": name, "examples": count,
-                       "bytes": os.path.getsize(os.path.join(out_dir, name))})
+        path = os.path.join(out_dir, name)
+        os.replace(path + ".tmp", path)
+        shards.append({"file": name, "examples": count, "bytes": os.path.getsize(path),
+                       "sha256": _sha256_file(path)})
     return {"examples": sum(counts), "shards": shards, "tokens": tokens,
             "length_histogram": {str(k): v for k, v in sorted(histogram.items())}}
 
 
 def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vocab_size=8000,
-            vocab_type="unigram", train_shards=8, vocab_path=None):
+            vocab_type="unigram", train_shards=8, vocab_path=None, model_vocab=None):
     """Learns the vocabulary on the train split (unless `vocab_path` is given) and writes all
-    splits as TFRecords under `out_dir`. Returns the manifest (a dict)."""
+    splits as TFRecords under `out_dir`. Returns the manifest (a dict).
+
+    `model_vocab`: the vocabulary of a model already trained on this data (its model_dir's
+    spm.model). A rebuild then tokenizes with it instead of learning one again, which could
+    differ (SentencePiece samples its input) and so no longer fit the model."""
     settings = {"format": FORMAT_VERSION, "dataset": dataset,
                 "inputs": input_fingerprint(dataset, files, tfds_data_dir),
                 "vocab_size": vocab_size, "vocab_type": vocab_type, "train_shards": train_shards,
@@ -106,27 +114,40 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
     manifest_path = os.path.join(out_dir, MANIFEST)
     if os.path.exists(manifest_path):
         try:
-            manifest = load_manifest(out_dir)
-            if manifest["settings"] == settings:
-                logging.info("%s is up to date", out_dir)
-                return manifest
+            manifest = load_manifest(out_dir, check_shards=False)  # damaged_shards does
         except PreparedDataError as error:
             logging.warning("rebuilding %s: %s", out_dir, error)
+            manifest = None
+        if manifest is not None and manifest["settings"] == settings:
+            damaged = damaged_shards(out_dir, manifest)
+            if not damaged:
+                logging.info("%s is up to date", out_dir)
+                return manifest
+            splits = sorted({split for split, _ in damaged})
+            logging.warning("%s; rewriting the %s split%s with the same vocabulary",
+                            "; ".join(problem for _, problem in damaged), " and ".join(splits),
+                            "s" if len(splits) > 1 else "")
+            os.remove(manifest_path)
+            tokenizer = Tokenizer(os.path.join(out_dir, manifest["vocab"]["file"]))
+            for split in splits:
+                manifest["splits"][split] = _write_split(
+                    tokenizer, _split_pairs(dataset, split, files, tfds_data_dir), out_dir,
+                    split, len(manifest["splits"][split]["shards"]))
+            _write_manifest(manifest_path, manifest)
+            return manifest
         os.remove(manifest_path)  # from here on the directory reads as incomplete
     os.makedirs(out_dir, exist_ok=True)
 
-    def split_files(split):
-        return (files or {}).get(split)
-
     model_path = os.path.join(out_dir, VOCAB)
-    if vocab_path:
-        with open(vocab_path, "rb") as src, open(model_path + ".tmp", "wb") as dst:
+    if vocab_path or (model_vocab and os.path.exists(model_vocab)):
+        if not vocab_path:
+            logging.warning("%s: tokenizing with the model's vocabulary %s", out_dir, model_vocab)
+        with open(vocab_path or model_vocab, "rb") as src, open(model_path + ".tmp", "wb") as dst:
             dst.write(src.read())
         os.replace(model_path + ".tmp", model_path)
     else:
         def sentences():
-            for source, target in corpus.read_corpus(dataset, "train", split_files("train"),
-                                                     tfds_data_dir):
+            for source, target in _split_pairs(dataset, "train", files, tfds_data_dir):
                 yield source
                 yield target
         train_sentencepiece(sentences(), model_path, vocab_size, vocab_type)
@@ -134,44 +155,88 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
 
     splits = {}
     for split in corpus.SPLITS:
-        if dataset == "files" and not split_files(split):
+        if dataset == "files" and not (files or {}).get(split):
             continue  # local files: dev/test are optional
-        pairs = corpus.read_corpus(dataset, split, split_files(split), tfds_data_dir)
-        splits[split] = _write_split(tokenizer, pairs, out_dir, split,
-                                     train_shards if split == "train" else 1)
+        splits[split] = _write_split(tokenizer, _split_pairs(dataset, split, files, tfds_data_dir),
+                                     out_dir, split, train_shards if split == "train" else 1)
         logging.info("%s: %d pairs", split, splits[split]["examples"])
-    manifest = {"settings": settings, "vocab": {"file": VOCAB, "sha256": tokenizer.sha256,
+    manifest = {"settings": settings, "vocab": {"file": VOCAB, "fingerprint": tokenizer.fingerprint,
                                                 "size": tokenizer.vocab_size},
                 "splits": splits}
-    with open(manifest_path + ".tmp", "w") as f:
-        json.dump(manifest, f, indent=1)
-    os.replace(manifest_path + ".tmp", manifest_path)
+    _write_manifest(manifest_path, manifest)
     return manifest
 
 
-def load_manifest(data_dir, vocab_sha256=None):
+def _split_pairs(dataset, split, files, tfds_data_dir):
+    return corpus.read_corpus(dataset, split, (files or {}).get(split), tfds_data_dir)
+
+
+def _write_manifest(path, manifest):
+    with open(path + ".tmp", "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
+def load_manifest(data_dir, vocab_fingerprint=None, check_shards=True):
     """The manifest of a complete prepared directory; PreparedDataError otherwise. With
-    `vocab_sha256`, also checks the records were made with that vocabulary."""
+    `vocab_fingerprint`, also checks the records were made with that vocabulary. With
+    `check_shards`, checks each shard's size (cheap; `damaged_shards` reads them against their
+    checksums)."""
     path = os.path.join(data_dir, MANIFEST)
     if not os.path.exists(path):
         raise PreparedDataError(f"{data_dir} holds no complete prepared data (no {MANIFEST}); "
                                 "run the preparation again")
-    with open(path) as f:
-        manifest = json.load(f)
-    vocab_file = os.path.join(data_dir, manifest["vocab"]["file"])
-    if not os.path.exists(vocab_file) or _sha256_file(vocab_file) != manifest["vocab"]["sha256"]:
+    try:
+        with open(path, "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+        if manifest["settings"]["format"] != FORMAT_VERSION:
+            raise PreparedDataError(f"{path} is of format {manifest['settings']['format']}, "
+                                    f"this tfnmt reads {FORMAT_VERSION}")
+        vocab_file = os.path.join(data_dir, manifest["vocab"]["file"])
+        expected_vocab = manifest["vocab"]["fingerprint"]
+        shards = [(s["file"], s["bytes"], s["sha256"]) for split in manifest["splits"].values()
+                  for s in split["shards"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as error:  # JSONDecodeError too
+        raise PreparedDataError(f"{path} is damaged ({type(error).__name__}: {error})")
+    if _readable_fingerprint(vocab_file) != expected_vocab:
         raise PreparedDataError(f"{vocab_file} is missing or differs from the vocabulary the "
                                 "records were made with")
-    if vocab_sha256 and vocab_sha256 != manifest["vocab"]["sha256"]:
+    if vocab_fingerprint and vocab_fingerprint != expected_vocab:
         raise PreparedDataError(f"the records in {data_dir} were tokenized with another "
                                 "vocabulary than the model's: prepare the data with the model's "
                                 "spm.model, or start a new model_dir")
-    for split in manifest["splits"].values():
-        for shard in split["shards"]:
-            file = os.path.join(data_dir, shard["file"])
-            if not os.path.exists(file) or os.path.getsize(file) != shard["bytes"]:
-                raise PreparedDataError(f"{file} is missing or not the size the manifest records")
+    for name, size, _ in shards if check_shards else ():
+        file = os.path.join(data_dir, name)
+        if not os.path.exists(file) or os.path.getsize(file) != size:
+            raise PreparedDataError(f"{file} is missing or not the size the manifest records")
     return manifest
+
+
+def _readable_fingerprint(vocab_file):
+    """The vocabulary's fingerprint; None if the file is missing or not a SentencePiece model."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        return file_fingerprint(vocab_file)
+    except (OSError, DecodeError):
+        return None
+
+
+def damaged_shards(data_dir, manifest):
+    """[(split, "<file> is …")] for each shard that is missing or whose bytes are not those the
+    manifest records (streams every shard through sha256: ~1 s per GB)."""
+    damaged = []
+    for split, entry in sorted(manifest["splits"].items()):
+        for shard in entry["shards"]:
+            file = os.path.join(data_dir, shard["file"])
+            if not os.path.exists(file):
+                damaged.append((split, f"{file} is missing"))
+            elif os.path.getsize(file) != shard["bytes"] or _sha256_file(file) != shard["sha256"]:
+                damaged.append((split, f"{file} is damaged (its checksum differs from the "
+                                       "manifest's)"))
+    return damaged
 
 
 def shard_paths(data_dir, manifest, split):

@@ -16,6 +16,7 @@ outputs; invalid UTF-8 bytes become U+FFFD; a source longer than the model's max
 subwords is truncated to them (the rest is not translated); an input that is not a rank-1
 string tensor is an InvalidArgument error.
 """
+import logging
 import os
 import re
 import shutil
@@ -205,6 +206,7 @@ def export_saved_model(module, export_dir, version=None, check=True):
     if os.path.exists(final):
         raise FileExistsError(f"{final} exists; versions are never overwritten")
     os.makedirs(export_dir, exist_ok=True)
+    remove_abandoned_exports(export_dir)
     temporary = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
     try:
         write_saved_model(module, temporary)
@@ -215,6 +217,31 @@ def export_saved_model(module, export_dir, version=None, check=True):
         if os.path.exists(temporary):
             shutil.rmtree(temporary)
     return final
+
+
+def _process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def remove_abandoned_exports(export_dir):
+    """Removes `.tmp-<version>-<pid>/` folders whose exporting process is gone (killed
+    mid-export); ones a live process is still writing stay. Returns the folders removed."""
+    removed = []
+    for entry in sorted(os.listdir(export_dir)):
+        match = re.fullmatch(r"\.tmp-\d+-(\d+)", entry)
+        path = os.path.join(export_dir, entry)
+        if match and os.path.isdir(path) and not _process_alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        logging.warning("removed %s, left by interrupted exports", ", ".join(removed))
+    return removed
 
 
 def write_saved_model(module, path):

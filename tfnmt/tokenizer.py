@@ -19,23 +19,56 @@ EOS_ID = 3  # ends every source and target
 def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unigram",
                         max_sentences=2_000_000, seed_sentencepiece_size=1_000_000):
     """Learns a joint model from an iterable of strings and writes it to `model_path`
-    (atomically: a `.tmp` name renamed when complete). Returns `model_path`."""
+    (atomically: a `.tmp` name renamed when complete) without the paths of this machine
+    (`portable_model_proto`), so copying a model_dir keeps its bytes. Returns `model_path`."""
     import sentencepiece as spm
 
     if model_type not in ("unigram", "bpe"):
         raise ValueError(f"model_type must be 'unigram' or 'bpe', got {model_type!r}")
     os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
     prefix = model_path + ".tmp"
+    count, failures = 0, []
+
+    def checked(sentences):
+        # An error raised while SentencePiece iterates reaches us wrapped in its RuntimeError
+        # ("INTERNAL: ..."): keep the original to raise it as it was.
+        nonlocal count
+        try:
+            for sentence in sentences:
+                count += 1
+                yield sentence
+        except Exception as error:
+            failures.append(error)
+            raise
+
+    try:
+        _train(spm, checked(sentences), prefix, vocab_size, model_type, max_sentences,
+               seed_sentencepiece_size)
+    except RuntimeError:
+        if failures:
+            raise failures[0] from None
+        if count == 0:
+            raise ValueError("no training text to learn the vocabulary from (the train split "
+                             "is empty)") from None
+        raise
+    with open(prefix + ".model", "rb") as f:
+        proto = portable_model_proto(f.read())
+    with open(prefix + ".model", "wb") as f:
+        f.write(proto)
+    os.replace(prefix + ".model", model_path)
+    os.remove(prefix + ".vocab")
+    return model_path
+
+
+def _train(spm, sentences, prefix, vocab_size, model_type, max_sentences,
+           seed_sentencepiece_size):
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
+        sentence_iterator=sentences, model_prefix=prefix, vocab_size=vocab_size,
         model_type=model_type, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
         byte_fallback=True, character_coverage=0.9999, normalization_rule_name="nmt_nfkc",
         input_sentence_size=max_sentences, shuffle_input_sentence=True,
         seed_sentencepiece_size=seed_sentencepiece_size, num_threads=os.cpu_count() or 1,
         minloglevel=2)
-    os.replace(prefix + ".model", model_path)
-    os.remove(prefix + ".vocab")
-    return model_path
 
 
 def portable_model_proto(model_proto):
@@ -48,7 +81,19 @@ def portable_model_proto(model_proto):
     model.ParseFromString(model_proto)
     model.trainer_spec.ClearField("model_prefix")
     model.trainer_spec.ClearField("input")
-    return model.SerializeToString()
+    return model.SerializeToString(deterministic=True)
+
+
+def fingerprint(model_proto):
+    """sha256 of what makes a SentencePiece model tokenize as it does (pieces, scores,
+    normalizer and trainer settings), not of where it was trained: a model's fingerprint
+    survives `cp -r`/`mv` of the directory it was written in."""
+    return hashlib.sha256(portable_model_proto(model_proto)).hexdigest()
+
+
+def file_fingerprint(model_path):
+    with open(model_path, "rb") as f:
+        return fingerprint(f.read())
 
 
 # Characters that carry no text: separators and blanks (\s, \p{Z}: NBSP, U+3000, U+2028, ...),
@@ -91,7 +136,7 @@ class Tokenizer:
         with open(model_path, "rb") as f:
             self.model_proto = f.read()
         self.model_path = model_path
-        self.sha256 = hashlib.sha256(self.model_proto).hexdigest()
+        self.fingerprint = fingerprint(self.model_proto)
         self._sp = tf_text.SentencepieceTokenizer(model=self.model_proto, out_type=tf.int32)
         self.vocab_size = int(self._sp.vocab_size())
 

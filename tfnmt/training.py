@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from tfnmt.checkpoints import repair_checkpoint_state
+from tfnmt.checkpoints import remove_interrupted_saves, repair_checkpoint_state
 from tfnmt.losses import masked_projected_loss_sum
 from tfnmt.tokenizer import PAD_ID
 
@@ -99,7 +99,9 @@ def dense_gradient(gradient, variable):
 
 class CheckpointKeeper:
     """tf.train.CheckpointManager over model + optimizer, restoring the newest checkpoint that
-    reads back; a corrupt or half-written newest one is skipped with a warning."""
+    reads back; a corrupt or half-written newest one is skipped with a warning. It repairs the
+    directory first (state file, interrupted saves): use it as the directory's one writer
+    (experiment.run holds a DirectoryLock)."""
 
     def __init__(self, directory, model, optimizer, keep=5):
         # The checkpoint files are the truth: a damaged state file is rebuilt from them first
@@ -107,6 +109,8 @@ class CheckpointKeeper:
         repair = repair_checkpoint_state(directory)
         if repair:
             logging.warning("%s", repair)
+        for path in remove_interrupted_saves(directory):
+            logging.warning("removed %s, left by an interrupted save", path)
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep,
                                                   step_counter=optimizer.iterations,
@@ -116,7 +120,7 @@ class CheckpointKeeper:
         """Restores the newest good checkpoint; returns its path, or None to start fresh."""
         for path in reversed(self.manager.checkpoints):
             try:
-                self.checkpoint.read(path).assert_existing_objects_matched()
+                self.checkpoint.read(path).assert_existing_objects_matched().expect_partial()
                 return path
             except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as error:
                 logging.warning("checkpoint %s does not read back (%s); trying the previous one",

@@ -1,0 +1,268 @@
+"""Faults a model_dir must survive: each is injected into a tiny train.py run (in a subprocess
+where a kill, a full disk or the command line itself is the point), and the run either recovers
+from the newest checkpoint that reads back or stops with one line naming what is wrong."""
+import fcntl
+import logging
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from helpers import ROOT, python, train_flags
+from tfnmt import records
+from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes, load_model,
+                               newest_readable_checkpoint)
+
+FAST = dict(log_every=2, checkpoint_every=2, eval_every=0, bleu_sentences=2, average_last=0,
+            keep_checkpoints=3)
+
+
+def last_line(result):
+    return result.stderr.strip().splitlines()[-1]
+
+
+def checkpoint_numbers(model_dir):
+    return [int(p.rsplit("-", 1)[1])
+            for p in checkpoint_prefixes(os.path.join(model_dir, "checkpoints"))]
+
+
+def flip_bytes(path, count=64):
+    """Inverts `count` bytes in the middle of the file (its size stays the same)."""
+    with open(path, "r+b") as f:
+        middle = os.path.getsize(path) // 2
+        f.seek(middle)
+        data = bytes(255 - b for b in f.read(count))
+        f.seek(middle)
+        f.write(data)
+
+
+@pytest.fixture(scope="session")
+def trained(small_corpus, train_data, tmp_path_factory):
+    """A model_dir after 6 steps (ckpt-2, 4, 6) with its prepared data inside, as
+    `python train.py` leaves one; tests damage copies of it. Trained once for all pytest-xdist
+    workers (the first takes the lock and trains; the others wait for it)."""
+    shared = tmp_path_factory.getbasetemp().parent / "faults_trained"
+    shared.mkdir(exist_ok=True)
+    model_dir = str(shared / "run")
+    with open(shared / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(os.path.join(shared, "done")):
+            shutil.rmtree(model_dir, ignore_errors=True)
+            # Records prepared by the same settings: train.py finds them up to date.
+            shutil.copytree(train_data, os.path.join(model_dir, "data"))
+            result = python(*train_flags(small_corpus, None, model_dir, train_steps=6, **FAST))
+            assert result.returncode == 0, result.stderr[-3000:]
+            open(os.path.join(shared, "done"), "w").close()
+    assert checkpoint_numbers(model_dir) == [2, 4, 6]
+    return model_dir
+
+
+@pytest.fixture
+def copied(trained, tmp_path):
+    """A `cp -r` of the trained model_dir, somewhere else."""
+    copy = str(tmp_path / "copied")
+    shutil.copytree(trained, copy)
+    os.remove(os.path.join(copy, "checkpoints", ".lock"))
+    return copy
+
+
+def test_damaged_state_file_shard_and_interrupted_save_are_recovered(small_corpus, copied):
+    # Three faults at once, each with its own recovery: a state file that is not text, a train
+    # shard with 64 flipped bytes (same size) in a copied model_dir, and the folder an
+    # interrupted checkpoint save leaves.
+    checkpoints = os.path.join(copied, "checkpoints")
+    with open(os.path.join(checkpoints, "checkpoint"), "wb") as f:
+        f.write(b"\xff")
+    shard = records.shard_paths(os.path.join(copied, "data"),
+                                records.load_manifest(os.path.join(copied, "data")), "train")[1]
+    flip_bytes(shard)
+    os.makedirs(os.path.join(checkpoints, "ckpt-7_temp"))
+    open(os.path.join(checkpoints, "ckpt-7_temp", "part-00000-of-00001.index"), "wb").close()
+
+    result = python(*train_flags(small_corpus, None, copied, train_steps=8, **FAST))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (f"{checkpoints}/checkpoint was unreadable (UnicodeDecodeError); rebuilt from the 3 "
+            "checkpoint file(s) there (newest ckpt-6)") in result.stderr
+    assert (f"{shard} is damaged (its checksum differs from the manifest's); rewriting the "
+            "train split with the same vocabulary") in result.stderr
+    assert f"removed {checkpoints}/ckpt-7_temp, left by an interrupted save" in result.stderr
+    assert f"resumed from {checkpoints}/ckpt-6 at step 6" in result.stdout
+    # Only the oldest checkpoint was rotated out (keep 3), never one newer than the restored.
+    assert checkpoint_numbers(copied) == [4, 6, 8]
+    assert not records.damaged_shards(os.path.join(copied, "data"),
+                                      records.load_manifest(os.path.join(copied, "data")))
+
+
+def test_a_shard_damaged_during_training_is_named(small_corpus, copied):
+    # Damage after the start-of-run checksums (records.prepare) passed: the read error
+    # TensorFlow raises names no file; the one line must.
+    flags = train_flags(small_corpus, None, copied, train_steps=10, **FAST)
+    script = ("import runpy, sys, tfnmt.records as records\n"
+              "prepare = records.prepare\n"
+              "def prepare_then_damage(out_dir, *args, **kwargs):\n"
+              "    manifest = prepare(out_dir, *args, **kwargs)\n"
+              f"    sys.path.insert(0, {os.path.join(ROOT, 'tests')!r})\n"
+              "    from test_faults import flip_bytes\n"
+              "    for path in records.shard_paths(out_dir, manifest, 'train'):\n"
+              "        flip_bytes(path)\n"
+              "    return manifest\n"
+              "records.prepare = prepare_then_damage\n"
+              f"sys.argv = {flags!r}\n"
+              "runpy.run_path('train.py', run_name='__main__')\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 1
+    assert re.fullmatch(
+        rf"train\.py: {re.escape(copied)}/data/train-\d+-of-\d+\.tfrecord is damaged \(its "
+        rf"checksum differs from the manifest's\); stopped with the newest intact checkpoint "
+        rf"{re.escape(copied)}/checkpoints/ckpt-6 \(run again: the damaged split is rewritten "
+        r"and training resumes\)", last_line(result)), last_line(result)
+    assert "Traceback" not in result.stderr
+
+
+def test_changed_settings_are_refused_and_leave_the_model_dir_usable(small_corpus, copied):
+    settings = open(os.path.join(copied, "settings.json"), "rb").read()
+    result = python(*train_flags(small_corpus, None, copied, train_steps=8, norm_first=True,
+                                 attention_dropout=0.2, **FAST))
+    assert result.returncode == 1
+    assert last_line(result) == (
+        f"train.py: {copied} holds a run with other settings: attention_dropout=0.2 (saved: "
+        "0.0), norm_first=True (saved: False). Use a new --model_dir, or drop these flags to "
+        "continue the saved run.")
+    assert open(os.path.join(copied, "settings.json"), "rb").read() == settings
+    assert load_model(copied)[2].endswith("ckpt-6")
+
+    os.remove(os.path.join(copied, "settings.json"))
+    result = python(*train_flags(small_corpus, None, copied, train_steps=8, num_heads=8, **FAST))
+    assert result.returncode == 1
+    assert last_line(result) == (
+        f"train.py: {copied} holds checkpoints but no settings.json: nothing says which model "
+        "they hold. Restore the file or use a new --model_dir.")
+
+
+def test_a_second_run_in_the_same_model_dir_is_refused(small_corpus, copied):
+    with DirectoryLock(os.path.join(copied, "checkpoints")):
+        result = python(*train_flags(small_corpus, None, copied, train_steps=8, **FAST))
+    assert result.returncode == 1
+    assert last_line(result) == (f"train.py: {copied}/checkpoints is in use by pid "
+                                 f"{os.getpid()} (one training run per model_dir)")
+    assert checkpoint_numbers(copied) == [2, 4, 6]
+
+
+def test_export_uses_the_newest_checkpoint_that_reads_back(copied, caplog):
+    # What export.py, translate.py and evaluate.py load (tests/test_checkpoints.py: each case).
+    checkpoints = os.path.join(copied, "checkpoints")
+    with open(os.path.join(checkpoints, "ckpt-6.data-00000-of-00001"), "r+b") as f:
+        f.truncate(100)
+    os.remove(os.path.join(checkpoints, "ckpt-4.index"))
+    with caplog.at_level(logging.WARNING):
+        model, _, path = load_model(copied)
+    assert path == os.path.join(checkpoints, "ckpt-2")
+    assert f"using {path}: newer checkpoints do not read back (ckpt-6: " in caplog.text
+    expected, _, _ = load_model(copied, path)
+    for ours, theirs in zip(model.trainable_variables, expected.trainable_variables):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+def test_full_disk_stops_with_one_line(small_corpus, train_data, tmp_path):
+    # A 6 MiB file system (tmpfs in a private mount namespace): room for two checkpoints.
+    mount_point = tmp_path / "small_disk"
+    mount_point.mkdir()
+    model_dir = str(mount_point / "run")
+    flags = train_flags(small_corpus, train_data, model_dir, train_steps=12, **FAST)
+    command = (f"mount -t tmpfs -o size=6m none {mount_point} && exec {sys.executable} "
+               + " ".join(f"'{a}'" for a in [os.path.join(ROOT, flags[0])] + flags[1:]))
+    result = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", command],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    match = re.fullmatch(
+        rf"train\.py: no space left on the device to write {re.escape(model_dir)}/checkpoints/"
+        rf"ckpt-(\d+)_temp/part-00000-of-00001\.data-00000-of-00001; the newest intact "
+        rf"checkpoint is {re.escape(model_dir)}/checkpoints/ckpt-(\d+) \(free space and run "
+        r"again to resume from it\)", last_line(result))
+    assert match, last_line(result)
+    failed, newest = int(match.group(1)), int(match.group(2))
+    assert newest >= 2 and failed == newest + 2
+    assert "Traceback" not in result.stderr
+    assert f"step {failed:6d}/12" in result.stdout  # it stopped at the failed save
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("directory", "--train_files: {dir} is a directory, not a file"),
+    ("empty", "--train_files: {dir}/empty.tsv is empty"),
+    ("unaligned", "--train_files: {dir}/src.txt has 3 lines but {dir}/tgt.txt has 2: the files "
+                  "are not line-aligned"),
+    ("model_dir_file", "--model_dir={dir}/file is a file, not a directory"),
+    ("model_dir_empty", "--model_dir must name a directory"),
+])
+def test_bad_paths_fail_in_one_line_before_any_work(fault, expected, small_corpus, tmp_path):
+    directory = str(tmp_path)
+    (tmp_path / "empty.tsv").write_text("")
+    (tmp_path / "src.txt").write_text("a\nb\nc\n")
+    (tmp_path / "tgt.txt").write_text("x\ny\n")
+    (tmp_path / "file").write_text("not a directory")
+    train_files = {"directory": directory, "empty": f"{directory}/empty.tsv",
+                   "unaligned": f"{directory}/src.txt,{directory}/tgt.txt"}
+    flags = train_flags(small_corpus, None, str(tmp_path / "run"),
+                        train_files=train_files.get(fault, small_corpus["train"]))
+    if fault == "model_dir_file":
+        flags[1] = f"--model_dir={directory}/file"
+    if fault == "model_dir_empty":
+        flags[1] = "--model_dir="
+    result = python(*flags, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "train.py: " + expected.format(dir=directory)
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_export_to_a_file_fails_in_one_line(tiny_model_dir, tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    result = python("export.py", f"--model_dir={tiny_model_dir}",
+                    f"--export_dir={tmp_path}/file", timeout=120)
+    assert result.returncode == 1
+    assert last_line(result) == f"export.py: --export_dir={tmp_path}/file is a file, not a directory"
+
+
+def test_killed_three_times_then_a_damaged_manifest_and_the_run_finishes(small_corpus, tmp_path):
+    # kill -9 at random moments of a run that prepares its own data (vocabulary, shards,
+    # tracing, steps and checkpoint writes can all be hit); each rerun resumes from the newest
+    # checkpoint that reads back. Before the last run the data's manifest is cut off mid-write:
+    # that run rebuilds the data (with the model's vocabulary once a model exists) and finishes.
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    model_dir = str(tmp_path / "run")
+    data_dir = os.path.join(model_dir, "data")
+    flags = train_flags(small_corpus, None, model_dir, train_steps=16, **FAST)
+    command = [sys.executable, os.path.join(ROOT, flags[0]), *flags[1:]]
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    for attempt in range(4):
+        newest = newest_readable_checkpoint(os.path.join(model_dir, "checkpoints"))
+        if attempt == 3:
+            os.makedirs(data_dir, exist_ok=True)
+            with open(os.path.join(data_dir, records.MANIFEST), "w") as f:
+                f.write('{"settings": {"format": 2,')
+            has_model = os.path.exists(os.path.join(model_dir, "settings.json"))
+        process = subprocess.Popen(command, cwd=ROOT, env=environment, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if attempt < 3:
+            time.sleep(rng.uniform(1.0, 12.0))
+            process.kill()
+        out, err = process.communicate(timeout=300)
+        started = "starting from scratch" if newest is None else f"resumed from {newest} at"
+        if attempt == 3 or "resumed from" in out or "starting from scratch" in out:
+            assert started in out, f"seed {seed}, attempt {attempt}: {out}{err[-2000:]}"
+    assert process.returncode == 0, f"seed {seed}: {err[-3000:]}"
+    assert "step     16/16" in out
+    assert checkpoint_numbers(model_dir)[-1] == 16
+    assert not [n for n in os.listdir(os.path.join(model_dir, "checkpoints")) if "_temp" in n]
+    assert (f"rebuilding {data_dir}: {data_dir}/{records.MANIFEST} is damaged (JSONDecodeError"
+            in err)
+    if has_model:  # not learned again: it could differ, and no longer fit the model
+        assert f"{data_dir}: tokenizing with the model's vocabulary {model_dir}/spm.model" in err
