@@ -60,6 +60,8 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if not 1 <= FLAGS.n_best <= FLAGS.beam_size:
         raise app.UsageError(f"--n_best must be in [1, --beam_size={FLAGS.beam_size}]")
+    import tensorflow as tf
+
     from tfnmt import checkpoints
     from tfnmt.distribute import resolve_mixed_precision
     from tfnmt.serving import ExportCheckError, TranslationModule, export_saved_model
@@ -81,10 +83,10 @@ def main(argv):
                                matmul_dtype=matmul_dtype, chunk_size=FLAGS.chunk_size)
     try:
         final = export_saved_model(module, export_dir, FLAGS.version, check=FLAGS.check)
-    except (FileExistsError, OSError) as error:
+    except FileExistsError as error:
         raise app.UsageError(str(error))
-    except ExportCheckError as error:
-        print(f"export.py: nothing published: {error}", file=sys.stderr)
+    except (ExportCheckError, OSError, tf.errors.OpError) as error:  # e.g. a full disk
+        print(f"export.py: nothing published: {str(error).splitlines()[0]}", file=sys.stderr)
         return 1
     print(f"exported {path} to {final} (weight matmuls in {matmul_dtype})")
 

@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import ROOT, python, train_flags
+from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes
 from tfnmt.distribute import PreReducedAdam
 from tfnmt.model import Transformer
 from tfnmt.presets import get_preset
@@ -142,6 +143,13 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
     assert keeper.restore().endswith("ckpt-1")
     assert "does not read back" in caplog.text
     np.testing.assert_allclose(model.trainable_variables[0].numpy(), good[0])
+    # None reads back: an error, never a start from scratch over the run's checkpoints.
+    with open(os.path.join(str(tmp_path), "ckpt-1.data-00000-of-00001"), "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(ModelDirError, match="no checkpoint in .* reads back; none was changed"):
+        keeper.restore()
+    assert sorted(checkpoint_prefixes(str(tmp_path))) == [str(tmp_path / "ckpt-1"),
+                                                         str(tmp_path / "ckpt-2")]
 
 
 def event_tags(directory):

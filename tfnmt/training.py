@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from tfnmt.checkpoints import remove_interrupted_saves, repair_checkpoint_state
+from tfnmt.checkpoints import ModelDirError, remove_interrupted_saves, repair_checkpoint_state
 from tfnmt.losses import masked_projected_loss_sum
 from tfnmt.tokenizer import PAD_ID
 
@@ -126,7 +126,8 @@ class CheckpointKeeper:
                 logging.warning("checkpoint %s does not read back (%s); trying the previous one",
                                 path, str(error).splitlines()[0][:200])
         if self.manager.checkpoints:
-            raise RuntimeError(f"no checkpoint in {self.manager.directory} reads back")
+            raise ModelDirError(f"no checkpoint in {self.manager.directory} reads back; none "
+                                "was changed (move them away to start this run over)")
         return None
 
     def save(self, step):
