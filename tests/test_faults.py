@@ -73,9 +73,10 @@ def copied(trained, tmp_path):
 
 
 def test_damaged_state_file_shard_and_interrupted_save_are_recovered(small_corpus, copied):
-    # Three faults at once, each with its own recovery: a state file that is not text, a train
-    # shard with 64 flipped bytes (same size) in a copied model_dir, and the folder an
-    # interrupted checkpoint save leaves.
+    # Faults at once, each with its own recovery: a state file that is not text, a train shard
+    # with 64 flipped bytes (same size) in a copied model_dir, the folder an interrupted
+    # checkpoint save leaves, and a truncated copy of the vocabulary in the model_dir (the run
+    # recognises the data's vocabulary by the fingerprint in settings.json and copies it back).
     checkpoints = os.path.join(copied, "checkpoints")
     with open(os.path.join(checkpoints, "checkpoint"), "wb") as f:
         f.write(b"\xff")
@@ -84,6 +85,9 @@ def test_damaged_state_file_shard_and_interrupted_save_are_recovered(small_corpu
     flip_bytes(shard)
     os.makedirs(os.path.join(checkpoints, "ckpt-7_temp"))
     open(os.path.join(checkpoints, "ckpt-7_temp", "part-00000-of-00001.index"), "wb").close()
+    vocab = os.path.join(copied, records.VOCAB)
+    with open(vocab, "r+b") as f:  # the model's vocabulary copy, cut off mid-write
+        f.truncate(1000)
 
     result = python(*train_flags(small_corpus, None, copied, train_steps=8, **FAST))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -97,6 +101,8 @@ def test_damaged_state_file_shard_and_interrupted_save_are_recovered(small_corpu
     assert checkpoint_numbers(copied) == [4, 6, 8]
     assert not records.damaged_shards(os.path.join(copied, "data"),
                                       records.load_manifest(os.path.join(copied, "data")))
+    with open(vocab, "rb") as ours, open(os.path.join(copied, "data", records.VOCAB), "rb") as data:
+        assert ours.read() == data.read()
 
 
 def test_a_shard_damaged_during_training_is_named(small_corpus, copied):

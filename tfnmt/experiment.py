@@ -29,7 +29,7 @@ from tfnmt.evaluation import Translator, corpus_scores, evaluate_loss, loss_sums
 from tfnmt.model import Transformer
 from tfnmt.schedule import paper_adam
 from tfnmt.summaries import rss_bytes, write_attention_images
-from tfnmt.tokenizer import Tokenizer, file_fingerprint
+from tfnmt.tokenizer import Tokenizer
 from tfnmt.training import CheckpointKeeper, Trainer, average_checkpoints
 
 SETTINGS = "settings.json"
@@ -219,32 +219,32 @@ def run(settings, strategy, log=print):
 def _run(settings, strategy, log, checkpoint_dir, data_dir):
     model_dir = settings["model_dir"]
     d, t = settings["data"], settings["train"]
-    is_chief, task_id = task_role(strategy)
+    is_chief, _ = task_role(strategy)
     # Seed before any tokenizer exists: tf.random.set_seed deletes their TF resources.
     keras.utils.set_random_seed(t["seed"])
     os.makedirs(model_dir, exist_ok=True)
     saved = load_settings(model_dir)
     # A trained model's vocabulary is its own: data rebuilt for it is tokenized with it.
     model_vocab = os.path.join(model_dir, records.VOCAB)
-    if saved and not os.path.exists(model_vocab):
-        model_vocab = None
+    model_fingerprint = records.readable_fingerprint(model_vocab) if saved else None
     if is_chief:
         manifest = records.prepare(data_dir, d["dataset"], d.get("files"), d.get("tfds_data_dir"),
                                    d["vocab_size"], d["vocab_type"],
-                                   model_vocab=model_vocab if saved else None)
+                                   model_vocab=model_vocab if model_fingerprint else None)
     else:
         manifest = _wait_for_data(data_dir, t.get("data_wait_secs", 1800))
     tokenizer = Tokenizer(os.path.join(data_dir, records.VOCAB))
     if saved:
-        trained_with = file_fingerprint(model_vocab) if model_vocab \
-            else saved.get("vocab_fingerprint")
+        trained_with = model_fingerprint or saved.get("vocab_fingerprint")
         if trained_with not in (None, tokenizer.fingerprint):
             raise SettingsError(f"{model_dir} was trained with another vocabulary than "
                                 f"{data_dir}")
     settings["vocab_fingerprint"] = tokenizer.fingerprint
     settings["model"]["vocab_size"] = tokenizer.vocab_size
-    if is_chief:
-        shutil.copyfile(tokenizer.model_path, os.path.join(model_dir, records.VOCAB))
+    if is_chief:  # atomically: a kill mid-copy must not leave the model a truncated vocabulary
+        vocab_copy = os.path.join(model_dir, records.VOCAB)
+        shutil.copyfile(tokenizer.model_path, vocab_copy + ".tmp")
+        os.replace(vocab_copy + ".tmp", vocab_copy)
     precision = resolve_mixed_precision(t["mixed_precision"])
     log(f"data: {manifest['splits']['train']['examples']:,d} training pairs, "
         f"vocabulary {tokenizer.vocab_size:,d}, {strategy.num_replicas_in_sync} replica(s), "

@@ -200,7 +200,7 @@ def load_manifest(data_dir, vocab_fingerprint=None, check_shards=True):
                   for s in split["shards"]]
     except (ValueError, KeyError, TypeError, AttributeError) as error:  # JSONDecodeError too
         raise PreparedDataError(f"{path} is damaged ({type(error).__name__}: {error})")
-    if _readable_fingerprint(vocab_file) != expected_vocab:
+    if readable_fingerprint(vocab_file) != expected_vocab:
         raise PreparedDataError(f"{vocab_file} is missing or differs from the vocabulary the "
                                 "records were made with")
     if vocab_fingerprint and vocab_fingerprint != expected_vocab:
@@ -214,7 +214,7 @@ def load_manifest(data_dir, vocab_fingerprint=None, check_shards=True):
     return manifest
 
 
-def _readable_fingerprint(vocab_file):
+def readable_fingerprint(vocab_file):
     """The vocabulary's fingerprint; None if the file is missing or not a SentencePiece model."""
     from google.protobuf.message import DecodeError
 
