@@ -2,6 +2,7 @@
 where a kill, a full disk or the command line itself is the point), and the run either recovers
 from the newest checkpoint that reads back or stops with one line naming what is wrong."""
 import fcntl
+import json
 import logging
 import os
 import random
@@ -47,8 +48,12 @@ def trained(small_corpus, train_data, tmp_path_factory):
     """A model_dir after 6 steps (ckpt-2, 4, 6) with its prepared data inside, as
     `python train.py` leaves one; tests damage copies of it. Trained once for all pytest-xdist
     workers (the first takes the lock and trains; the others wait for it)."""
-    shared = tmp_path_factory.getbasetemp().parent / "faults_trained"
-    shared.mkdir(exist_ok=True)
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # the same in every worker of a run
+    if run_id:
+        shared = tmp_path_factory.getbasetemp().parent / f"faults_trained-{run_id}"
+        shared.mkdir(exist_ok=True)
+    else:
+        shared = tmp_path_factory.mktemp("faults_trained")
     model_dir = str(shared / "run")
     with open(shared / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -58,9 +63,18 @@ def trained(small_corpus, train_data, tmp_path_factory):
             shutil.copytree(train_data, os.path.join(model_dir, "data"))
             result = python(*train_flags(small_corpus, None, model_dir, train_steps=6, **FAST))
             assert result.returncode == 0, result.stderr[-3000:]
-            open(os.path.join(shared, "done"), "w").close()
+            with open(os.path.join(shared, "done"), "w") as f:
+                json.dump(small_corpus, f)
     assert checkpoint_numbers(model_dir) == [2, 4, 6]
     return model_dir
+
+
+@pytest.fixture
+def corpus(trained):
+    """The text files `trained` was trained on (another worker's copy of the small corpus:
+    the same bytes under other paths would count as other data and rebuild it)."""
+    with open(os.path.join(os.path.dirname(trained), "done")) as f:
+        return json.load(f)
 
 
 @pytest.fixture
@@ -72,7 +86,7 @@ def copied(trained, tmp_path):
     return copy
 
 
-def test_damaged_state_file_shard_and_interrupted_save_are_recovered(small_corpus, copied):
+def test_damaged_state_file_shard_and_interrupted_save_are_recovered(corpus, copied):
     # Faults at once, each with its own recovery: a state file that is not text, a train shard
     # with 64 flipped bytes (same size) in a copied model_dir, the folder an interrupted
     # checkpoint save leaves, and a truncated copy of the vocabulary in the model_dir (the run
@@ -89,7 +103,7 @@ def test_damaged_state_file_shard_and_interrupted_save_are_recovered(small_corpu
     with open(vocab, "r+b") as f:  # the model's vocabulary copy, cut off mid-write
         f.truncate(1000)
 
-    result = python(*train_flags(small_corpus, None, copied, train_steps=8, **FAST))
+    result = python(*train_flags(corpus, None, copied, train_steps=8, **FAST))
     assert result.returncode == 0, result.stderr[-3000:]
     assert (f"{checkpoints}/checkpoint was unreadable (UnicodeDecodeError); rebuilt from the 3 "
             "checkpoint file(s) there (newest ckpt-6)") in result.stderr
@@ -105,10 +119,10 @@ def test_damaged_state_file_shard_and_interrupted_save_are_recovered(small_corpu
         assert ours.read() == data.read()
 
 
-def test_a_shard_damaged_during_training_is_named(small_corpus, copied):
+def test_a_shard_damaged_during_training_is_named(corpus, copied):
     # Damage after the start-of-run checksums (records.prepare) passed: the read error
     # TensorFlow raises names no file; the one line must.
-    flags = train_flags(small_corpus, None, copied, train_steps=10, **FAST)
+    flags = train_flags(corpus, None, copied, train_steps=10, **FAST)
     script = ("import runpy, sys, tfnmt.records as records\n"
               "prepare = records.prepare\n"
               "def prepare_then_damage(out_dir, *args, **kwargs):\n"
@@ -132,9 +146,9 @@ def test_a_shard_damaged_during_training_is_named(small_corpus, copied):
     assert "Traceback" not in result.stderr
 
 
-def test_changed_settings_are_refused_and_leave_the_model_dir_usable(small_corpus, copied):
+def test_changed_settings_are_refused_and_leave_the_model_dir_usable(corpus, copied):
     settings = open(os.path.join(copied, "settings.json"), "rb").read()
-    result = python(*train_flags(small_corpus, None, copied, train_steps=8, norm_first=True,
+    result = python(*train_flags(corpus, None, copied, train_steps=8, norm_first=True,
                                  attention_dropout=0.2, **FAST))
     assert result.returncode == 1
     assert last_line(result) == (
@@ -145,16 +159,16 @@ def test_changed_settings_are_refused_and_leave_the_model_dir_usable(small_corpu
     assert load_model(copied)[2].endswith("ckpt-6")
 
     os.remove(os.path.join(copied, "settings.json"))
-    result = python(*train_flags(small_corpus, None, copied, train_steps=8, num_heads=8, **FAST))
+    result = python(*train_flags(corpus, None, copied, train_steps=8, num_heads=8, **FAST))
     assert result.returncode == 1
     assert last_line(result) == (
         f"train.py: {copied} holds checkpoints but no settings.json: nothing says which model "
         "they hold. Restore the file or use a new --model_dir.")
 
 
-def test_a_second_run_in_the_same_model_dir_is_refused(small_corpus, copied):
+def test_a_second_run_in_the_same_model_dir_is_refused(corpus, copied):
     with DirectoryLock(os.path.join(copied, "checkpoints")):
-        result = python(*train_flags(small_corpus, None, copied, train_steps=8, **FAST))
+        result = python(*train_flags(corpus, None, copied, train_steps=8, **FAST))
     assert result.returncode == 1
     assert last_line(result) == (f"train.py: {copied}/checkpoints is in use by pid "
                                  f"{os.getpid()} (one training run per model_dir)")
