@@ -242,9 +242,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     settings["vocab_fingerprint"] = tokenizer.fingerprint
     settings["model"]["vocab_size"] = tokenizer.vocab_size
     if is_chief:  # atomically: a kill mid-copy must not leave the model a truncated vocabulary
-        vocab_copy = os.path.join(model_dir, records.VOCAB)
-        shutil.copyfile(tokenizer.model_path, vocab_copy + ".tmp")
-        os.replace(vocab_copy + ".tmp", vocab_copy)
+        shutil.copyfile(tokenizer.model_path, model_vocab + ".tmp")
+        os.replace(model_vocab + ".tmp", model_vocab)
     precision = resolve_mixed_precision(t["mixed_precision"])
     log(f"data: {manifest['splits']['train']['examples']:,d} training pairs, "
         f"vocabulary {tokenizer.vocab_size:,d}, {strategy.num_replicas_in_sync} replica(s), "

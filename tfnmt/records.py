@@ -226,7 +226,8 @@ def readable_fingerprint(vocab_file):
 
 def damaged_shards(data_dir, manifest):
     """[(split, "<file> is …")] for each shard that is missing or whose bytes are not those the
-    manifest records (streams every shard through sha256: ~1 s per GB)."""
+    manifest records. Streams every shard through sha256 (1.36 GB/s from memory on a
+    2-core AVX2 EPYC; the embedded corpus' 7.6 MB in 0.04 s), else at the disk's read speed."""
     damaged = []
     for split, entry in sorted(manifest["splits"].items()):
         for shard in entry["shards"]:
