@@ -7,8 +7,8 @@ core TensorFlow and tensorflow-text ops only. Loading it needs `import tensorflo
 Before the version is published, TensorFlow's C++ loader (the one TF Serving uses) loads it and
 both signatures translate two sentences; if that fails, nothing is published (exit code 1).
 
-  python export.py --model_dir=runs/small-de-en                  # averaged weights if any
-  python export.py --model_dir=runs/small-de-en --checkpoint=latest --beam_size=5
+  python export.py --model_dir=runs/de-en                  # averaged weights if any
+  python export.py --model_dir=runs/de-en --checkpoint=latest --beam_size=5
 """
 import os
 import sys
@@ -19,9 +19,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli  # noqa: E402
+from tfnmt.paths import DEFAULT_MODEL_DIR, EXPORT  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", "runs/small-de-en", "Training directory (settings.json, "
+flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory (settings.json, "
                     "spm.model, checkpoints/, averaged/).")
 flags.DEFINE_string("checkpoint", "auto", "'auto' (the averaged checkpoint if there is one, "
                     "else the latest), 'latest', 'averaged', or a checkpoint path prefix.")
@@ -70,7 +71,7 @@ def main(argv):
     if matmul_dtype == "auto":
         matmul_dtype = "bfloat16" if resolve_mixed_precision("auto") == "bf16" else "float32"
 
-    export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, "export")
+    export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, EXPORT)
     if os.path.exists(export_dir) and not os.path.isdir(export_dir):
         raise app.UsageError(f"--export_dir={export_dir} is a file, not a directory")
     try:

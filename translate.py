@@ -4,9 +4,9 @@ One sentence per line (a line ends at LF or CRLF only), from a file or stdin, to
 file, one output line per input line; sentences are batched by length for speed and written
 back in input order.
 
-  echo "Das ist ein Haus." | python translate.py --model_dir=runs/small-de-en
-  python translate.py --export=runs/small-de-en/export --input=test.de --output=test.en
-  python translate.py --model_dir=runs/small-de-en --plot_attention=plots --input=one.de
+  echo "Das ist ein Haus." | python translate.py --model_dir=runs/de-en
+  python translate.py --export=runs/de-en/export --input=test.de --output=test.en
+  python translate.py --model_dir=runs/de-en --plot_attention=plots --input=one.de
 """
 import os
 import sys

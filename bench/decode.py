@@ -13,7 +13,7 @@ each exported beam search against the plain eager one (same checkpoint and dtype
 tf.function) on the first --check sentences.
 Prints one JSON line.
 
-  python bench/decode.py                       # after `python train.py` (runs/small-de-en)
+  python bench/decode.py                       # after `python train.py` (runs/de-en)
   python bench/decode.py --batch_sizes=32 --limit=256 --matmul_dtypes=bfloat16
 """
 import json
@@ -29,7 +29,7 @@ from common import ROOT, cpu_description, peak_rss_bytes, rss_bytes
 from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", "runs/small-de-en", "Training directory to export and time.")
+flags.DEFINE_string("model_dir", "runs/de-en", "Training directory to export and time.")
 flags.DEFINE_enum("split", "test", ["dev", "test"], "Split to decode.")
 flags.DEFINE_list("batch_sizes", ["32", "1"], "Sentences per call, each timed.")
 flags.DEFINE_integer("limit", 0, "Decode only the first N sentences (0: all).")

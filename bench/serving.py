@@ -11,7 +11,7 @@ TensorFlow's C++ loader (the route TF Serving takes: tfnmt/session_loader.py).
    translated one sentence: its wall time and its peak RSS above the RSS before the call.
 Prints one JSON line.
 
-  python bench/serving.py                         # after `python train.py` (runs/small-de-en)
+  python bench/serving.py                         # after `python train.py` (runs/de-en)
   python bench/serving.py --counts=64,1024 --matmul_dtypes=float32
 """
 import json
@@ -27,7 +27,7 @@ from common import ROOT, cpu_description, rss_bytes
 from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", "runs/small-de-en", "Training directory to export and measure.")
+flags.DEFINE_string("model_dir", "runs/de-en", "Training directory to export and measure.")
 flags.DEFINE_integer("sentences", 300, "Test sentences compared alone and in batches.")
 flags.DEFINE_integer("batch_size", 64, "Sentences per batch in the batch-invariance check.")
 flags.DEFINE_list("matmul_dtypes", ["float32", "bfloat16"], "Exports checked for batch "

@@ -11,6 +11,10 @@ def test_corpus_scores_are_sacrebleus():
     assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
     assert scores["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references]).score
     assert 0 < scores["bleu"] < 100
+    full = corpus_scores(hypotheses, references, ter=True, signatures=True)
+    assert full["ter"] == sacrebleu.corpus_ter(hypotheses, [references]).score
+    assert full["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
+    assert "nc:6|nw:0" in full["chrf_signature"] and "tok:tercom" in full["ter_signature"]
     assert corpus_scores(references, references)["bleu"] == pytest.approx(100)
 
 
@@ -22,3 +26,52 @@ def test_corpus_scores_are_sacrebleus():
 def test_corpus_scores_refuse_what_cannot_be_scored(hypotheses, references, message):
     with pytest.raises(ValueError, match=message):
         corpus_scores(hypotheses, references)
+
+
+def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir, tmp_path):
+    import json
+
+    from helpers import python
+
+    sources = ["Das ist ein Haus.", "Guten Morgen!", "Er sprach zu ihnen."]
+    references = ["That is a house.", "Good morning!", "He spoke to them."]
+    (tmp_path / "src.de").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    (tmp_path / "ref.en").write_text("\n".join(references) + "\n", encoding="utf-8")
+    output = tmp_path / "hyp.en"
+    translated = python("evaluate.py", f"--model_dir={tiny_model_dir}",
+                        f"--source={tmp_path / 'src.de'}", f"--reference={tmp_path / 'ref.en'}",
+                        f"--output={output}", "--json")
+    assert translated.returncode == 0, translated.stderr[-2000:]
+    scores = json.loads(translated.stdout.strip().splitlines()[-1])
+    hypotheses = output.read_text(encoding="utf-8").splitlines()
+    assert len(hypotheses) == 3 and scores["sentences"] == 3
+    assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
+    assert scores["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references]).score
+    assert scores["ter"] == sacrebleu.corpus_ter(hypotheses, [references]).score
+
+    # Translations made elsewhere: scored without a model, with the signatures printed.
+    (tmp_path / "hyp2.en").write_text("That is a house.\nGood day!\nHe said it.\n")
+    scored = python("evaluate.py", "--model_dir=/nonexistent", f"--hypotheses={tmp_path / 'hyp2.en'}",
+                    f"--reference={tmp_path / 'ref.en'}")
+    assert scored.returncode == 0, scored.stderr[-2000:]
+    expected = sacrebleu.corpus_bleu(["That is a house.", "Good day!", "He said it."],
+                                     [references])
+    assert f"BLEU   {expected.score:6.2f}  nrefs:1|case:mixed|eff:no|tok:13a" in scored.stdout
+    assert "chrF2" in scored.stdout and "TER" in scored.stdout
+
+    (tmp_path / "short.en").write_text("one line\n")
+    misaligned = python("evaluate.py", f"--hypotheses={tmp_path / 'short.en'}",
+                        f"--reference={tmp_path / 'ref.en'}")
+    assert misaligned.returncode == 1
+    assert misaligned.stderr.strip() == ("evaluate.py: --hypotheses and --reference have 1 and "
+                                         "3 lines: they must be line-aligned")
+
+
+def test_report_samples_are_readable_and_spread():
+    from tfnmt.report import pick_samples
+
+    pairs = [(" ".join(["w"] * n), "t") for n in (2, 8, 30, 9, 7, 3, 12, 10, 1)]
+    picked = pick_samples(pairs)
+    assert len(picked) == 3 and picked == sorted(set(picked))
+    assert all(6 <= len(pairs[i][0].split()) <= 20 for i in picked)
+    assert pick_samples(pairs[:2]) == [0, 1] and pick_samples([]) == []

@@ -160,13 +160,33 @@ def event_tags(directory):
     return tags
 
 
-def test_train_py_end_to_end(small_corpus, train_data, tmp_path):
-    # A relative model_dir, as users type it (paths must not be joined twice).
-    result = python(*train_flags(small_corpus, train_data, "run"), cwd=str(tmp_path))
+def test_train_py_end_to_end(small_corpus, tmp_path):
+    # A relative model_dir, as users type it (paths must not be joined twice). With a test
+    # split (its own data dir: the shared one was prepared without it), the run ends with the
+    # report on it.
+    test_tsv = tmp_path / "test.tsv"
+    test_tsv.write_text("".join(open(small_corpus["dev"]).readlines()[:12]), encoding="utf-8")
+    result = python(*train_flags(small_corpus, None, "run", test_files=str(test_tsv)),
+                    cwd=str(tmp_path))
     model_dir = str(tmp_path / "run")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step     12/12 | loss" in result.stdout and "tgt tok/s | RSS " in result.stdout
     assert "averaged 3 checkpoints" in result.stdout and "dev sacreBLEU" in result.stdout
+    report = json.load(open(os.path.join(model_dir, "report.json")))
+    test = report["test"]
+    assert test["sentences"] == 12 and test["beam_size"] == 4
+    assert test["checkpoint"] == os.path.join("averaged", "ckpt-12")  # what export.py exports
+    assert f"test (12 sentences, beam 4, {test['checkpoint']}): sacreBLEU {test['bleu']:.2f}" \
+        in result.stdout
+    assert test["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    pairs = [[side.strip() for side in line.split("\t")[:2]]
+             for line in test_tsv.open(encoding="utf-8")]
+    assert len(test["samples"]) == 3
+    for sample in test["samples"]:
+        assert [sample["source"], sample["reference"]] in pairs
+        assert f"  translation  {sample['translation']}" in result.stdout
+    assert "python export.py --model_dir=run" in result.stdout
+    assert report["dev_greedy"]["bleu"] >= 0
     settings = json.load(open(os.path.join(model_dir, "settings.json")))
     assert settings["model"]["d_model"] == 64 and settings["data"]["vocab_size"] == 600
     assert os.path.exists(os.path.join(model_dir, "spm.model"))

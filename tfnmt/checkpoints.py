@@ -11,6 +11,7 @@ import shutil
 import tensorflow as tf
 
 from tfnmt.model import Transformer
+from tfnmt.paths import SETTINGS, VOCAB
 
 
 class ModelDirError(ValueError):
@@ -136,12 +137,12 @@ def load_model(model_dir, which="auto"):
     """(float32 Transformer with restored weights, SentencePiece model proto, checkpoint path).
     Inference in bfloat16 is chosen where the model is used (serving.TranslationModule's
     matmul_dtype)."""
-    settings_path = os.path.join(model_dir, "settings.json")
+    settings_path = os.path.join(model_dir, SETTINGS)
     if not os.path.exists(settings_path):
-        raise ModelDirError(f"{model_dir} holds no trained model (no settings.json)")
+        raise ModelDirError(f"{model_dir} holds no trained model (no {SETTINGS})")
     with open(settings_path) as f:
         settings = json.load(f)
-    with open(os.path.join(model_dir, "spm.model"), "rb") as f:
+    with open(os.path.join(model_dir, VOCAB), "rb") as f:
         proto = f.read()
     model = Transformer(**settings["model"], dtype="float32")
     model.build()

@@ -79,14 +79,23 @@ class Translator:
         return translate_lines(self.translate_batch, list(sentences), self.batch_size)
 
 
-def corpus_scores(hypotheses, references):
-    """sacreBLEU (13a tokenization, as in the sacrebleu defaults) and chrF of one hypothesis
-    per reference; ValueError for no sentences or unequal counts."""
+def corpus_scores(hypotheses, references, ter=False, signatures=False):
+    """sacreBLEU (13a tokenization, the sacrebleu defaults) and chrF of one hypothesis per
+    reference, and TER with `ter`; with `signatures` also "<metric>_signature", the strings
+    that say exactly how each score was computed. ValueError for no sentences or unequal
+    counts."""
     hypotheses, references = list(hypotheses), list(references)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references: "
                          "scores need one hypothesis per reference")
     if not references:
         raise ValueError("no sentences to score")
-    return {"bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
-            "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
+    metrics = {"bleu": sacrebleu.metrics.BLEU(), "chrf": sacrebleu.metrics.CHRF()}
+    if ter:
+        metrics["ter"] = sacrebleu.metrics.TER()
+    scores = {}
+    for name, metric in metrics.items():
+        scores[name] = metric.corpus_score(hypotheses, [references]).score
+        if signatures:
+            scores[f"{name}_signature"] = str(metric.get_signature())
+    return scores

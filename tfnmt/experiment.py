@@ -27,12 +27,12 @@ from tfnmt.corpus import read_corpus
 from tfnmt.distribute import PreReducedAdam, resolve_mixed_precision, task_role
 from tfnmt.evaluation import Translator, corpus_scores, evaluate_loss, loss_sums_function
 from tfnmt.model import Transformer
+from tfnmt.paths import SETTINGS
 from tfnmt.schedule import paper_adam
 from tfnmt.summaries import rss_bytes, write_attention_images
 from tfnmt.tokenizer import Tokenizer
 from tfnmt.training import CheckpointKeeper, Trainer, average_checkpoints
 
-SETTINGS = "settings.json"
 # Settings a run in an existing model_dir must share with it: every model and training setting
 # but those meant to change on resume, and the data that defines the vocabulary.
 FIXED_DATA = ("dataset", "files", "vocab_size", "vocab_type")

@@ -1,5 +1,9 @@
-"""Catalog of model sizes. `base` and `big` are the paper's (Table 3); `small` is sized for CPU
-training (and matches the OpenNMT-tf configuration used as the speed reference); `tiny` is for tests.
+"""Catalog of model sizes, each with the training settings it is meant to run with.
+
+`cpu` is the main job's model: the best translator found for a short float32 run on a 2-core
+CPU (pre-norm, 2+2 layers; see bench/README.md, "Quality per CPU-minute"). `small` is the
+3+3-layer post-norm model of the OpenNMT-tf speed comparison. `base` and `big` are the paper's
+(Table 3) with its schedule; `tiny` is for tests.
 
     python -m tfnmt.presets            # parameter counts with a shared 37,000-token vocabulary
 """
@@ -7,9 +11,21 @@ import argparse
 
 PRESETS = {
     "tiny": dict(num_layers=2, d_model=64, num_heads=4, d_ff=128, dropout=0.1),
+    "cpu": dict(num_layers=2, d_model=256, num_heads=4, d_ff=1024, dropout=0.1,
+                norm_first=True),
     "small": dict(num_layers=3, d_model=256, num_heads=4, d_ff=1024, dropout=0.1),
     "base": dict(num_layers=6, d_model=512, num_heads=8, d_ff=2048, dropout=0.1),
     "big": dict(num_layers=6, d_model=1024, num_heads=16, d_ff=4096, dropout=0.3),
+}
+
+# train.py's defaults per preset (flags given on the command line win). batch_tokens is per
+# replica and micro-batch; the paper's ~25k-token batches need --accum_steps or replicas.
+TRAINING = {
+    "tiny": dict(batch_tokens=2048, warmup_steps=800, lr_scale=1.0, train_steps=600),
+    "cpu": dict(batch_tokens=2048, warmup_steps=800, lr_scale=1.0, train_steps=600),
+    "small": dict(batch_tokens=4096, warmup_steps=400, lr_scale=0.4, train_steps=1000),
+    "base": dict(batch_tokens=4096, warmup_steps=4000, lr_scale=1.0, train_steps=100000),
+    "big": dict(batch_tokens=4096, warmup_steps=4000, lr_scale=1.0, train_steps=300000),
 }
 
 # Parameter counts the paper reports (Table 3), for comparison.
@@ -23,6 +39,12 @@ def get_preset(name, **overrides):
     settings = dict(PRESETS[name])
     settings.update({k: v for k, v in overrides.items() if v is not None})
     return settings
+
+
+def get_training(name):
+    """The preset's training defaults: batch_tokens, warmup_steps, lr_scale, train_steps."""
+    get_preset(name)  # the same error for an unknown name
+    return dict(TRAINING[name])
 
 
 def count_parameters(name, vocab_size=37000, **overrides):

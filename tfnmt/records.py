@@ -19,10 +19,10 @@ import os
 import tensorflow as tf
 
 from tfnmt import corpus
+from tfnmt.paths import VOCAB
 from tfnmt.tokenizer import Tokenizer, file_fingerprint, train_sentencepiece
 
 MANIFEST = "manifest.json"
-VOCAB = "spm.model"
 FORMAT_VERSION = 2  # 2: a sha256 per shard; the vocabulary by its fingerprint
 
 

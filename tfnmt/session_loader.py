@@ -8,7 +8,7 @@ request. The `tensorflow` wheel exports the C++ route as the C API `TF_LoadSessi
 and `TF_SessionRun` (libtensorflow_cc.so.2); this module calls them through ctypes.
 
     import tensorflow_text  # registers the SentencePiece ops, as TF Serving links them
-    with SessionModel("runs/small-de-en/export/1") as served:
+    with SessionModel("runs/de-en/export/1") as served:
         out = served.run("serving_default", {"sentences": np.array([b"Das ist ein Haus."])})
 
 Only `tensorflow` (and what the graph's ops need registered) is imported: nothing of tfnmt.

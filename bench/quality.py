@@ -1,0 +1,334 @@
+"""Translation quality per minute of this CPU: tfnmt's main job against OpenNMT-tf 2.32, each
+trained for the same wall-clock budget on the same machine, one after the other, on the same
+corpus, SentencePiece model and model size; both scored on the test split with beam 4 and the
+same length penalty (GNMT, alpha 0.6) by sacreBLEU.
+
+  python -m venv /tmp/onmt && /tmp/onmt/bin/pip install OpenNMT-tf==2.32.0 tensorflow==2.13.1
+  pip install -r bench/requirements.txt                          # matplotlib, for the plot
+  python bench/quality.py --onmt_python=/tmp/onmt/bin/python --minutes=15,30,60 \\
+      --mixed_precision=none
+
+Each system trains once, for the largest budget, from a fresh model, saving a checkpoint every
+--checkpoint_steps; minutes are measured from its process start. tfnmt's count its start-up and
+its data preparation (SentencePiece training, TFRecords), as the main job's do; the peer is then
+given the pieces of tfnmt's SentencePiece model, prepared outside its budget. The checkpoint written last before each budget is then
+translated and scored, outside the budget. tfnmt runs `train.py` with the main job's defaults
+(what `python train.py` trains); the peer runs `onmt-main train` on the same SentencePiece
+pieces with each --peer_configs entry (its paper-style Noam recipe, and tfnmt's recipe
+translated to its options) and the best entry is reported per budget, the others beside it.
+
+Prints one JSON line (per system and budget: step, minutes, BLEU, chrF, signatures) and writes
+--plot (PNG: test BLEU against training minutes, every checkpoint).
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from common import ROOT, cpu_description
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("onmt_python", None, "Python of an environment with OpenNMT-tf 2.32 "
+                    "(empty: tfnmt only).")
+flags.DEFINE_list("minutes", ["15", "30", "60"], "Training budgets in wall-clock minutes.")
+flags.DEFINE_integer("checkpoint_steps", 100, "Steps between the checkpoints both systems save.")
+flags.DEFINE_float("checkpoint_minutes", 2.5, "Minutes between the checkpoints scored for the "
+                   "plot (the last one saved before each multiple).")
+flags.DEFINE_enum("mixed_precision", "none", ["none", "bf16"], "Training compute dtype of both.")
+flags.DEFINE_string("work_dir", "runs/quality", "Where both systems train (emptied first).")
+flags.DEFINE_list("peer_configs", ["tfnmt_recipe", "noam4000"], "OpenNMT-tf recipes to run.")
+flags.DEFINE_list("systems", ["tfnmt", "opennmt"], "Which systems to train and score (the peer "
+                  "needs tfnmt's run: its model size and SentencePiece model).")
+flags.DEFINE_string("plot", "runs/quality/quality.png", "PNG plot of test BLEU against minutes.")
+flags.DEFINE_integer("score_sentences", 0, "Score only the first N test sentences (0: all).")
+
+PEER_MODEL = """import opennmt
+
+def model():
+    return opennmt.models.Transformer(
+        source_inputter=opennmt.inputters.WordEmbedder(embedding_size={d_model}),
+        target_inputter=opennmt.inputters.WordEmbedder(embedding_size={d_model}),
+        num_layers={num_layers}, num_units={d_model}, num_heads={num_heads},
+        ffn_inner_dim={d_ff}, dropout={dropout}, attention_dropout={attention_dropout},
+        ffn_dropout=0.0, pre_norm={norm_first},
+        share_embeddings=opennmt.models.EmbeddingsSharingLevel.ALL)
+"""
+
+PEER_CONFIG = """model_dir: {work}/model
+data:
+  train_features_file: {data}/train.de
+  train_labels_file: {data}/train.en
+  source_vocabulary: {data}/vocab.txt
+  target_vocabulary: {data}/vocab.txt
+params:
+  optimizer: Adam
+  optimizer_params: {{beta_1: 0.9, beta_2: 0.98, epsilon: 1.0e-9}}
+  learning_rate: {lr_scale}
+  decay_type: NoamDecay
+  decay_params: {{model_dim: {d_model}, warmup_steps: {warmup_steps}}}
+  label_smoothing: 0.1
+  beam_width: 4
+  length_penalty: 0.6
+  num_hypotheses: 1
+train:
+  batch_size: {batch_tokens}
+  batch_type: tokens
+  effective_batch_size: null
+  length_bucket_width: 1
+  maximum_features_length: 256
+  maximum_labels_length: 256
+  sample_buffer_size: -1
+  save_checkpoints_steps: {checkpoint_steps}
+  keep_checkpoint_max: 10000
+  max_step: 100000000
+  save_summary_steps: 100
+infer:
+  batch_size: 32
+  batch_type: examples
+  length_bucket_width: 5
+"""
+
+# OpenNMT-tf recipes: tfnmt's main-job recipe in its options, and the paper-style Noam recipe
+# OpenNMT-tf's own Transformer auto_config starts from (learning rate 2, 4,000 warm-up steps).
+PEER_RECIPES = {"tfnmt_recipe": {}, "noam4000": {"lr_scale": 2.0, "warmup_steps": 4000}}
+
+
+def train_until(command, budget_seconds, log_path, env=None):
+    """Runs `command` until it exits or `budget_seconds` have passed since it started (then
+    SIGINT, then SIGKILL); returns its start time."""
+    start = time.time()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                   env={**os.environ, **(env or {})})
+        try:
+            process.wait(timeout=budget_seconds)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    return start
+
+
+def checkpoint_times(directory, start, pattern):
+    """[(step, minutes after start)] of the checkpoints in `directory` (by their index files'
+    modification times), oldest first."""
+    found = []
+    for name in os.listdir(directory):
+        match = re.fullmatch(pattern, name)
+        if match:
+            minutes = (os.path.getmtime(os.path.join(directory, name)) - start) / 60
+            found.append((int(match.group(1)), minutes))
+    return sorted(found)
+
+
+def chosen(checkpoints, budgets, every):
+    """The checkpoints to score: the last one before each budget, and the last one before each
+    multiple of `every` minutes (for the plot)."""
+    marks = sorted(set(budgets) | {every * k for k in range(1, int(max(budgets) / every) + 1)})
+    picks = {}
+    for mark in marks:
+        before = [c for c in checkpoints if c[1] <= mark + 1e-9]
+        if before:
+            picks[before[-1][0]] = before[-1]
+    return [picks[step] for step in sorted(picks)]
+
+
+def score(hypotheses, references):
+    from tfnmt.evaluation import corpus_scores
+
+    scores = corpus_scores(hypotheses, references, signatures=True)
+    return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in scores.items()}
+
+
+def test_pairs():
+    from tfnmt.corpus import read_corpus
+
+    pairs = list(read_corpus("embedded", "test"))
+    return pairs[:FLAGS.score_sentences] if FLAGS.score_sentences else pairs
+
+
+def run_tfnmt(work, budgets):
+    """Trains the main job for max(budgets) minutes; -> [{step, minutes, bleu, chrf, ...}]."""
+    model_dir = os.path.join(work, "tfnmt")
+    command = [sys.executable, os.path.join(ROOT, "train.py"), f"--model_dir={model_dir}",
+               "--train_steps=100000000", "--eval_every=0",
+               f"--checkpoint_every={FLAGS.checkpoint_steps}", "--keep_checkpoints=10000",
+               f"--mixed_precision={FLAGS.mixed_precision}", "--test_report=false"]
+    start = train_until(command, max(budgets) * 60, os.path.join(work, "tfnmt.log"))
+    checkpoints = checkpoint_times(os.path.join(model_dir, "checkpoints"), start,
+                                   r"ckpt-(\d+)\.index")
+    # Imported only now: TensorFlow's thread pools must not compete with the training process.
+    from tfnmt.checkpoints import load_model
+    from tfnmt.evaluation import translate_lines
+    from tfnmt.serving import TranslationModule
+
+    pairs = test_pairs()
+    results = []
+    for step, minutes in chosen(checkpoints, budgets, FLAGS.checkpoint_minutes):
+        path = os.path.join(model_dir, "checkpoints", f"ckpt-{step}")
+        model, proto, _ = load_model(model_dir, path)
+        module = TranslationModule(model, proto, beam_size=4, alpha=0.6, n_best=1)
+
+        def translate(sentences, module=module):
+            out = module.serve(sentences)
+            return out["translations"], out["scores"]
+
+        hypotheses = translate_lines(translate, [s for s, _ in pairs], 64)
+        results.append({"step": step, "minutes": round(minutes, 2),
+                        **score(hypotheses, [t for _, t in pairs])})
+    with open(os.path.join(model_dir, "settings.json")) as f:
+        settings = json.load(f)
+    return results, settings, os.path.join(model_dir, "spm.model")
+
+
+def write_peer_data(work, spm_path):
+    """The train and test splits as space-separated pieces of tfnmt's SentencePiece model, and
+    the pieces as OpenNMT-tf's vocabulary."""
+    import sentencepiece
+
+    from tfnmt.corpus import read_corpus
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
+    for split in ("train", "test"):
+        pairs = list(read_corpus("embedded", split))
+        if split == "test":
+            pairs = test_pairs()
+        for side, language in ((0, "de"), (1, "en")):
+            with open(os.path.join(work, f"{split}.{language}"), "w", encoding="utf-8") as f:
+                f.writelines(" ".join(processor.encode(pair[side], out_type=str)) + "\n"
+                             for pair in pairs)
+    with open(os.path.join(work, "vocab.txt"), "w", encoding="utf-8") as f:
+        # OpenNMT-tf adds its own <blank>, <s>, </s> in front; the pieces follow.
+        f.writelines(processor.id_to_piece(i) + "\n" for i in range(4, processor.get_piece_size()))
+
+
+def run_peer(work, data_work, settings, recipe_name, budgets):
+    """Trains OpenNMT-tf with one recipe for max(budgets) minutes and scores its checkpoints."""
+    model = settings["model"]
+    train = settings["train"]
+    recipe = {"lr_scale": train["lr_scale"], "warmup_steps": train["warmup_steps"],
+              **PEER_RECIPES[recipe_name]}
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(work, "model.py"), "w") as f:
+        f.write(PEER_MODEL.format(
+            d_model=model["d_model"], num_layers=model["num_layers"],
+            num_heads=model["num_heads"], d_ff=model["d_ff"], dropout=model["dropout"],
+            attention_dropout=model.get("attention_dropout", 0.0),
+            norm_first=bool(model.get("norm_first", False))))
+    with open(os.path.join(work, "config.yml"), "w") as f:
+        f.write(PEER_CONFIG.format(work=work, data=data_work, d_model=model["d_model"],
+                                   batch_tokens=train["batch_tokens"],
+                                   checkpoint_steps=FLAGS.checkpoint_steps, **recipe))
+    with open(os.path.join(work, "launcher.py"), "w") as f:
+        f.write(LAUNCHER)
+    launcher = [FLAGS.onmt_python, os.path.join(work, "launcher.py"), "--model",
+                os.path.join(work, "model.py"), "--config", os.path.join(work, "config.yml")]
+    policy = {"bf16": "mixed_bfloat16", "none": ""}[FLAGS.mixed_precision]
+    start = train_until([*launcher, "train"], max(budgets) * 60,
+                        os.path.join(work, "train.log"), env={"PEER_POLICY": policy})
+    checkpoints = checkpoint_times(os.path.join(work, "model"), start, r"ckpt-(\d+)\.index")
+    references = [t for _, t in test_pairs()]
+    results = []
+    for step, minutes in chosen(checkpoints, budgets, FLAGS.checkpoint_minutes):
+        predictions = os.path.join(work, f"test.{step}.en")
+        with open(os.path.join(work, f"infer.{step}.log"), "w") as log:
+            subprocess.run([*launcher, "infer", "--features_file",
+                            os.path.join(data_work, "test.de"), "--predictions_file",
+                            predictions, "--checkpoint_path",
+                            os.path.join(work, "model", f"ckpt-{step}")],
+                           check=True, stdout=log, stderr=subprocess.STDOUT)
+        with open(predictions, encoding="utf-8") as f:
+            hypotheses = ["".join(line.split()).replace("\u2581", " ").strip() for line in f]
+        results.append({"step": step, "minutes": round(minutes, 2),
+                        **score(hypotheses, references)})
+    return {"recipe": recipe, "checkpoints": results}
+
+
+LAUNCHER = """import os, sys
+import tensorflow as tf
+if os.environ.get("PEER_POLICY"):
+    tf.keras.mixed_precision.set_global_policy(os.environ["PEER_POLICY"])
+from opennmt.bin.main import main
+sys.exit(main())
+"""
+
+
+def at_budget(checkpoints, budget):
+    before = [c for c in checkpoints if c["minutes"] <= budget + 1e-9]
+    return before[-1] if before else None
+
+
+def plot(path, curves):
+    try:
+        import matplotlib
+    except ImportError:
+        print("no plot: pip install -r bench/requirements.txt (matplotlib)", file=sys.stderr)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for label, checkpoints in curves.items():
+        axes.plot([c["minutes"] for c in checkpoints], [c["bleu"] for c in checkpoints],
+                  marker="o", label=label)
+    axes.set_xlabel("training wall-clock minutes")
+    axes.set_ylabel("test sacreBLEU (beam 4)")
+    axes.set_title(cpu_description() + f", {FLAGS.mixed_precision}", fontsize=9)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv):
+    del argv
+    budgets = sorted(float(m) for m in FLAGS.minutes)
+    work = os.path.abspath(FLAGS.work_dir)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    result = {"machine": cpu_description(), "mixed_precision": FLAGS.mixed_precision,
+              "budgets_minutes": budgets}
+    curves = {}
+    settings = None
+    if "tfnmt" in FLAGS.systems:
+        checkpoints, settings, spm_path = run_tfnmt(work, budgets)
+        result["tfnmt"] = {"checkpoints": checkpoints,
+                           "at": {str(b): at_budget(checkpoints, b) for b in budgets}}
+        curves["tfnmt"] = checkpoints
+    if "opennmt" in FLAGS.systems and FLAGS.onmt_python:
+        if settings is None:
+            raise app.UsageError("the peer is sized from tfnmt's run: include tfnmt in "
+                                 "--systems")
+        data_work = os.path.join(work, "opennmt-data")
+        os.makedirs(data_work)
+        write_peer_data(data_work, spm_path)
+        peers = {}
+        for name in FLAGS.peer_configs:
+            peers[name] = run_peer(os.path.join(work, f"opennmt-{name}"), data_work, settings,
+                                   name, budgets)
+            curves[f"OpenNMT-tf ({name})"] = peers[name]["checkpoints"]
+        result["opennmt"] = peers
+        result["opennmt_best_at"] = {}
+        for budget in budgets:
+            scored = [(at_budget(p["checkpoints"], budget), name) for name, p in peers.items()]
+            scored = [(c, name) for c, name in scored if c]
+            if scored:
+                best, name = max(scored, key=lambda pair: pair[0]["bleu"])
+                result["opennmt_best_at"][str(budget)] = dict(best, recipe=name)
+    if FLAGS.plot and curves:
+        plot(FLAGS.plot, curves)
+        result["plot"] = FLAGS.plot
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    app.run(main)

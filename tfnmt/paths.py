@@ -1,0 +1,12 @@
+"""Names of the files in a model_dir, in one place (every entry point and module reads them
+from here)."""
+import os
+
+# Where train.py, export.py, translate.py and evaluate.py look when --model_dir is not given.
+DEFAULT_MODEL_DIR = os.path.join("runs", "de-en")
+SETTINGS = "settings.json"    # every setting of the run
+VOCAB = "spm.model"           # the SentencePiece model (also in each prepared data dir)
+CHECKPOINTS = "checkpoints"   # ckpt-<step>, written by tf.train.CheckpointManager
+AVERAGED = "averaged"         # the average of the last N checkpoints
+EXPORT = "export"             # export.py's default export_dir: numbered SavedModel versions
+REPORT = "report.json"        # the final evaluation of the main job's end-of-run report

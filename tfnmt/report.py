@@ -1,0 +1,85 @@
+"""The end of a training run, told to its user: test scores of what export.py would export
+(beam search, as served), a few translations beside their references, and what to run next.
+
+Written to <model_dir>/report.json as well as printed."""
+import json
+import os
+
+from tfnmt import paths
+from tfnmt.checkpoints import load_model
+from tfnmt.corpus import read_corpus
+from tfnmt.evaluation import corpus_scores, translate_lines
+from tfnmt.serving import TranslationModule
+
+SAMPLES = 3
+
+
+def pick_samples(pairs, count=SAMPLES, min_words=6, max_words=20):
+    """Indices of `count` pairs spread evenly over the split, among those whose source has
+    min_words..max_words words (a sentence long enough to show something, short enough to
+    read); any pairs when too few qualify."""
+    readable = [i for i, (source, _) in enumerate(pairs)
+                if min_words <= len(source.split()) <= max_words]
+    pool = readable if len(readable) >= count else list(range(len(pairs)))
+    if not pool:
+        return []
+    step = len(pool) / min(count, len(pool))
+    return [pool[int(step * k + step / 2)] for k in range(min(count, len(pool)))]
+
+
+def test_report(model_dir, settings, beam_size=4, alpha=0.6, batch_size=64):
+    """{"split", "sentences", "beam_size", "bleu", "chrf", signatures, "samples", "checkpoint"}
+    for the test split of the run's dataset with the checkpoint export.py picks by default;
+    None when the dataset has no test split (--dataset=files without --test_files)."""
+    d = settings["data"]
+    files = (d.get("files") or {}).get("test")
+    if d["dataset"] == "files" and not files:
+        return None
+    pairs = list(read_corpus(d["dataset"], "test", files, d.get("tfds_data_dir")))
+    if not pairs:
+        return None
+    model, proto, checkpoint = load_model(model_dir)
+    module = TranslationModule(model, proto, beam_size, alpha, n_best=1)
+
+    def translate(sentences):
+        out = module.serve(sentences)
+        return out["translations"], out["scores"]
+
+    hypotheses = translate_lines(translate, [s for s, _ in pairs], batch_size)
+    report = {"split": "test", "sentences": len(pairs), "beam_size": beam_size, "alpha": alpha,
+              "checkpoint": os.path.relpath(checkpoint, model_dir)}
+    report.update(corpus_scores(hypotheses, [t for _, t in pairs], signatures=True))
+    report["samples"] = [{"source": pairs[i][0], "reference": pairs[i][1],
+                          "translation": hypotheses[i]} for i in pick_samples(pairs)]
+    return report
+
+
+def next_commands(model_dir):
+    export_dir = os.path.join(model_dir, paths.EXPORT)
+    return [f"python export.py --model_dir={model_dir}",
+            f'echo "Das ist ein Haus." | python translate.py --export={export_dir}',
+            f"python evaluate.py --model_dir={model_dir} --source=my.de --reference=my.en"]
+
+
+def format_report(report, model_dir):
+    lines = []
+    if report:
+        lines.append(f"test ({report['sentences']:,d} sentences, beam {report['beam_size']}, "
+                     f"{report['checkpoint']}): sacreBLEU {report['bleu']:.2f} | chrF "
+                     f"{report['chrf']:.2f}")
+        lines.append(f"  BLEU  {report['bleu_signature']}")
+        lines.append(f"  chrF2 {report['chrf_signature']}")
+        for sample in report["samples"]:
+            lines.append(f"  source       {sample['source']}")
+            lines.append(f"  reference    {sample['reference']}")
+            lines.append(f"  translation  {sample['translation']}")
+    lines.append("next:")
+    lines.extend(f"  {command}" for command in next_commands(model_dir))
+    return "\n".join(lines)
+
+
+def write_report(model_dir, report):
+    path = os.path.join(model_dir, paths.REPORT)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1, ensure_ascii=False)
+    os.replace(path + ".tmp", path)
