@@ -1,12 +1,13 @@
 """Train a Transformer translation model (tfnmt).
 
-With no flags: the `cpu` preset on the embedded German->English corpus for 600 steps, then dev
+With no flags: the `cpu` preset on the embedded German->English corpus for 520 steps, then dev
 scores and a report on the test split (beam 4: sacreBLEU, chrF, sample translations, the
-commands to export and translate). Re-running the same command resumes from the newest checkpoint in --model_dir. Flags
-not given on the command line take the values saved in <model_dir>/settings.json. A resumed run
-may change only --train_steps, --log_every, --eval_every, --bleu_sentences, --checkpoint_every,
---keep_checkpoints, --average_last, --jit_compile, --mixed_precision (not to or from fp16),
---data_dir and --tfds_data_dir; any other change is refused in one line.
+commands to export and translate). Re-running the same command resumes from the newest
+checkpoint in --model_dir. Flags not given on the command line take the values saved in
+<model_dir>/settings.json. A resumed run may change only --train_steps, --log_every,
+--eval_every, --bleu_sentences, --checkpoint_every, --keep_checkpoints, --average_last,
+--jit_compile, --mixed_precision (not to or from fp16), --data_dir and --tfds_data_dir; any
+other change is refused in one line.
 
   python train.py
   python train.py --model_dir=runs/base --preset=base --train_steps=100000 --batch_tokens=25000
@@ -87,7 +88,7 @@ flags.DEFINE_bool("jit_compile", False, "XLA-compile the replica's train step (o
 flags.DEFINE_integer("seed", 1234, "Seed for initialisation and data order.")
 # Bookkeeping.
 flags.DEFINE_integer("log_every", 50, "Steps between progress lines and train summaries.")
-flags.DEFINE_integer("eval_every", 300, "Steps between dev evaluations (0: only at the end).")
+flags.DEFINE_integer("eval_every", 260, "Steps between dev evaluations (0: only at the end).")
 flags.DEFINE_integer("bleu_sentences", 0, "Dev sentences translated for BLEU (0: all).")
 flags.DEFINE_integer("checkpoint_every", 100, "Steps between checkpoints.")
 flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept.")
@@ -207,9 +208,14 @@ def final_report(settings, dev_metrics):
     import keras
 
     from tfnmt import report
+    from tfnmt.corpus import CorpusError
 
     keras.config.set_dtype_policy("float32")  # the model as exported
-    result = report.test_report(FLAGS.model_dir, settings) if FLAGS.test_report else None
+    result = None
+    try:
+        result = report.test_report(FLAGS.model_dir, settings) if FLAGS.test_report else None
+    except (CorpusError, OSError) as error:  # training succeeded: say why, keep its results
+        print(f"no test report: {error}", flush=True)
     report.write_report(FLAGS.model_dir, {"dev_greedy": dev_metrics, "test": result})
     print(report.format_report(result, FLAGS.model_dir), flush=True)
 

@@ -10,12 +10,13 @@ same length penalty (GNMT, alpha 0.6) by sacreBLEU.
 
 Each system trains once, for the largest budget, from a fresh model, saving a checkpoint every
 --checkpoint_steps; minutes are measured from its process start. tfnmt's count its start-up and
-its data preparation (SentencePiece training, TFRecords), as the main job's do; the peer is then
-given the pieces of tfnmt's SentencePiece model, prepared outside its budget. The checkpoint written last before each budget is then
-translated and scored, outside the budget. tfnmt runs `train.py` with the main job's defaults
-(what `python train.py` trains); the peer runs `onmt-main train` on the same SentencePiece
-pieces with each --peer_configs entry (its paper-style Noam recipe, and tfnmt's recipe
-translated to its options) and the best entry is reported per budget, the others beside it.
+its data preparation (SentencePiece training, TFRecords), as the main job's do; the peer is
+then given the pieces of tfnmt's SentencePiece model, prepared outside its budget. The
+checkpoint written last before each budget is then translated and scored, outside the budget.
+tfnmt runs `train.py` with the main job's defaults (what `python train.py` trains); the peer
+runs `onmt-main train` on the same SentencePiece pieces with each --peer_configs entry (its
+paper-style Noam recipe, and tfnmt's recipe translated to its options) and the best entry is
+reported per budget, the others beside it.
 
 Prints one JSON line (per system and budget: step, minutes, BLEU, chrF, signatures) and writes
 --plot (PNG: test BLEU against training minutes, every checkpoint).
@@ -241,10 +242,11 @@ def run_peer(work, data_work, settings, recipe_name, budgets):
     for step, minutes in chosen(checkpoints, budgets, FLAGS.checkpoint_minutes):
         predictions = os.path.join(work, f"test.{step}.en")
         with open(os.path.join(work, f"infer.{step}.log"), "w") as log:
-            subprocess.run([*launcher, "infer", "--features_file",
-                            os.path.join(data_work, "test.de"), "--predictions_file",
-                            predictions, "--checkpoint_path",
-                            os.path.join(work, "model", f"ckpt-{step}")],
+            # --checkpoint_path is an option of onmt-main itself, before the command.
+            subprocess.run([*launcher, "--checkpoint_path",
+                            os.path.join(work, "model", f"ckpt-{step}"), "infer",
+                            "--features_file", os.path.join(data_work, "test.de"),
+                            "--predictions_file", predictions],
                            check=True, stdout=log, stderr=subprocess.STDOUT)
         with open(predictions, encoding="utf-8") as f:
             hypotheses = ["".join(line.split()).replace("\u2581", " ").strip() for line in f]
@@ -282,7 +284,8 @@ def plot(path, curves):
                   marker="o", label=label)
     axes.set_xlabel("training wall-clock minutes")
     axes.set_ylabel("test sacreBLEU (beam 4)")
-    axes.set_title(cpu_description() + f", {FLAGS.mixed_precision}", fontsize=9)
+    precision = {"none": "float32", "bf16": "bfloat16"}[FLAGS.mixed_precision]
+    axes.set_title(f"{cpu_description()}, {precision}", fontsize=9)
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()

@@ -51,8 +51,8 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
 
     # Translations made elsewhere: scored without a model, with the signatures printed.
     (tmp_path / "hyp2.en").write_text("That is a house.\nGood day!\nHe said it.\n")
-    scored = python("evaluate.py", "--model_dir=/nonexistent", f"--hypotheses={tmp_path / 'hyp2.en'}",
-                    f"--reference={tmp_path / 'ref.en'}")
+    scored = python("evaluate.py", "--model_dir=/nonexistent",
+                    f"--hypotheses={tmp_path / 'hyp2.en'}", f"--reference={tmp_path / 'ref.en'}")
     assert scored.returncode == 0, scored.stderr[-2000:]
     expected = sacrebleu.corpus_bleu(["That is a house.", "Good day!", "He said it."],
                                      [references])

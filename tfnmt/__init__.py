@@ -3,7 +3,7 @@
 Modules by role:
   layers/         one Keras layer per file (embeddings, attention, FFN, encoder/decoder layers)
   model.py        the encoder-decoder Transformer (encode / decode / decode_step / call)
-  presets.py      tiny / small / base / big configurations
+  presets.py      tiny / cpu / small / base / big: model sizes with their training defaults
   schedule.py     Noam learning-rate schedule and the paper's Adam
   losses.py       label-smoothed, padding-masked cross-entropy and token accuracy
   corpus.py       raw parallel text: embedded corpus, TFDS datasets, local files
@@ -20,6 +20,8 @@ Modules by role:
   kv_cache.py     decoder self-attention keys/values of a search, written in place
   beam_search.py  batched beam search with length penalty
   checkpoints.py  loading a trained model from a model_dir
+  paths.py        the names of the files in a model_dir
+  report.py       the end-of-run report: test scores, samples, next commands
   serving.py      the in-graph translator and versioned SavedModel export
   copy_task.py    the Annotated Transformer's synthetic copy task
 """
