@@ -193,6 +193,7 @@ def main(argv):
     except experiment.SettingsError as error:
         raise app.UsageError(str(error))
     strategy = distribute.make_strategy(FLAGS.strategy)
+    print(f"memory allocator: {cli.allocator_summary()}", flush=True)
     try:
         metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
     except (experiment.TrainingError, experiment.SettingsError, ModelDirError, CorpusError,

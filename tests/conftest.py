@@ -4,6 +4,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import pytest  # noqa: E402
+
+from tfnmt import allocator  # noqa: E402
+
+# The suite's own process gets the entry points' glibc tuning (tfnmt/allocator.py).
+allocator.tune_glibc()
+
 import tensorflow as tf  # noqa: E402
 
 

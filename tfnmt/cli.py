@@ -4,6 +4,11 @@ import sys
 
 from absl import app, flags
 
+from tfnmt import allocator
+
+# What use_fast_allocator() chose for this process (set by run()).
+ALLOCATOR = "system"
+
 
 def _parse_flags(argv):
     try:
@@ -13,10 +18,26 @@ def _parse_flags(argv):
         sys.exit(1)
 
 
+def allocator_summary():
+    """One line for the log: the allocator in use, and how to get a faster one."""
+    if ALLOCATOR.startswith("glibc") and allocator.find_tcmalloc() is None:
+        return (f"{ALLOCATOR}; installing tcmalloc makes CPU steps faster (Debian/Ubuntu: "
+                "apt install libtcmalloc-minimal4)")
+    return ALLOCATOR
+
+
 def run(main):
     """absl's app.run(main), with flag errors and an app.UsageError printed as one line,
     `<program>: <message>`, and exit code 1 (absl would print the module's help before a
-    UsageError, and a hint after a flag error)."""
+    UsageError, and a hint after a flag error). First the process gets its memory allocator
+    (tfnmt/allocator.py; may re-execute the process once)."""
+    global ALLOCATOR
+    try:
+        ALLOCATOR = allocator.use_fast_allocator()
+    except allocator.AllocatorError as error:
+        print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
+        sys.exit(1)
+
     def main_with_one_line_usage_errors(argv):
         try:
             return main(argv)
