@@ -7,8 +7,13 @@ core TensorFlow and tensorflow-text ops only. Loading it needs `import tensorflo
 Before the version is published, TensorFlow's C++ loader (the one TF Serving uses) loads it and
 both signatures translate two sentences; if that fails, nothing is published (exit code 1).
 
+With --format=ctranslate2 it writes a CTranslate2 model instead (tfnmt/ctranslate2_export.py):
+<export_dir> (default <model_dir>/ctranslate2, or ctranslate2-<quantization>) with spm.model beside
+CTranslate2's files, checked by translating two sentences with CTranslate2 before it is published.
+
   python export.py --model_dir=runs/de-en                  # averaged weights if any
   python export.py --model_dir=runs/de-en --checkpoint=latest --beam_size=5
+  python export.py --model_dir=runs/de-en --format=ctranslate2 --quantization=int8
 """
 import os
 import sys
@@ -19,14 +24,21 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli  # noqa: E402
-from tfnmt.paths import DEFAULT_MODEL_DIR, EXPORT  # noqa: E402
+from tfnmt.paths import CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory (settings.json, "
                     "spm.model, checkpoints/, averaged/).")
 flags.DEFINE_string("checkpoint", "auto", "'auto' (the averaged checkpoint if there is one, "
                     "else the latest), 'latest', 'averaged', or a checkpoint path prefix.")
-flags.DEFINE_string("export_dir", None, "Where versions are written (default <model_dir>/export).")
+flags.DEFINE_enum("format", "saved_model", ["saved_model", "ctranslate2"], "saved_model: for "
+                  "TensorFlow Serving (default); ctranslate2: for the CTranslate2 engine.")
+flags.DEFINE_string("export_dir", None, "Where versions are written (default <model_dir>/export); "
+                    "with --format=ctranslate2 the new directory to write (default "
+                    "<model_dir>/ctranslate2[-<quantization>]).")
+flags.DEFINE_enum("quantization", "none", ["none", "int8", "int8_float32", "int16", "float16",
+                                           "bfloat16"],
+                  "--format=ctranslate2 only: the stored weights' type (default none: float32).")
 flags.DEFINE_integer("version", None, "Version number (default: the next integer); an "
                      "existing version is never overwritten.")
 flags.DEFINE_integer("beam_size", 4, "Beam size (paper: 4).")
@@ -61,6 +73,8 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if not 1 <= FLAGS.n_best <= FLAGS.beam_size:
         raise app.UsageError(f"--n_best must be in [1, --beam_size={FLAGS.beam_size}]")
+    if FLAGS.format != "ctranslate2" and FLAGS["quantization"].present:
+        raise app.UsageError("--quantization needs --format=ctranslate2")
     import tensorflow as tf
 
     from tfnmt import checkpoints
@@ -78,6 +92,8 @@ def main(argv):
         model, proto, path = checkpoints.load_model(FLAGS.model_dir, FLAGS.checkpoint)
     except checkpoints.ModelDirError as error:
         raise app.UsageError(str(error))
+    if FLAGS.format == "ctranslate2":
+        return export_ctranslate2(model, proto, path)
     module = TranslationModule(model, proto, FLAGS.beam_size, FLAGS.alpha,
                                FLAGS.max_decode_length, FLAGS.n_best,
                                parallel_searches=FLAGS.parallel_searches,
@@ -90,6 +106,23 @@ def main(argv):
         print(f"export.py: nothing published: {str(error).splitlines()[0]}", file=sys.stderr)
         return 1
     print(f"exported {path} to {final} (weight matmuls in {matmul_dtype})")
+
+
+def export_ctranslate2(model, proto, path):
+    from tfnmt import ctranslate2_export
+
+    quantization = None if FLAGS.quantization == "none" else FLAGS.quantization
+    default_name = CTRANSLATE2 + (f"-{quantization}" if quantization else "")
+    export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, default_name)
+    try:
+        final = ctranslate2_export.export_ctranslate2(model, proto, export_dir, quantization,
+                                                      check=FLAGS.check)
+    except FileExistsError as error:
+        raise app.UsageError(str(error))
+    except (ctranslate2_export.CTranslate2ExportError, OSError) as error:
+        print(f"export.py: nothing published: {str(error).splitlines()[0]}", file=sys.stderr)
+        return 1
+    print(f"exported {path} to {final} (CTranslate2, weights in {quantization or 'float32'})")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from tfnmt import allocator  # noqa: E402
+
+# The benchmarks measure what the entry points get: the same allocator (may re-exec once).
+MALLOC = allocator.use_fast_allocator()
+
 import tensorflow as tf  # noqa: E402
 
 from tfnmt.summaries import rss_bytes  # noqa: E402,F401  (re-exported for the benchmarks)
+
+
+def peer_environment(malloc, **extra):
+    """os.environ for an OpenNMT-tf process, plus `extra`, with its C allocator as `malloc`
+    says: 'system' (glibc, what its users get) or 'tcmalloc' (what tfnmt's entry points preload
+    where it is installed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TFNMT_MALLOC")}
+    preload = [p for p in env.pop("LD_PRELOAD", "").split(":")
+               if p and not any(name in os.path.basename(p) for name in allocator.LIBRARY_NAMES)]
+    if malloc == "tcmalloc":
+        library = allocator.find_tcmalloc()
+        if library is None:
+            raise RuntimeError("--peer_malloc=tcmalloc: no libtcmalloc on this machine")
+        preload.insert(0, library)
+    if preload:
+        env["LD_PRELOAD"] = ":".join(preload)
+    return {**env, **extra}
 
 
 def matmul_ceiling(dtype, shape=(2048, 2048, 2048), repeats=8, windows=5):

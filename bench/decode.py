@@ -11,6 +11,10 @@ does; one batch is decoded first as warm-up, then --rounds timed passes, of whic
 reported (and each pass's tokens/s). Also prints the RSS with the exports loaded, and checks
 each exported beam search against the plain eager one (same checkpoint and dtype, no
 tf.function) on the first --check sentences.
+With --ctranslate2 it also converts the same checkpoint with export.py --format=ctranslate2
+(float32 and/or int8 weights) and times CTranslate2's translate_batch the same way (beam 4,
+CTranslate2's own length penalty 0.6, --ct2_threads threads for one translator), so both engines
+decode the same model on the same sentences.
 Prints one JSON line.
 
   python bench/decode.py                       # after `python train.py` (runs/de-en)
@@ -24,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from common import ROOT, cpu_description, peak_rss_bytes, rss_bytes
+from common import MALLOC, ROOT, cpu_description, peak_rss_bytes, rss_bytes
 
 from absl import app, flags  # noqa: E402
 
@@ -44,6 +48,9 @@ flags.register_validator("rounds", lambda v: v >= 1, "--rounds must be >= 1")
 flags.DEFINE_enum("loader", "session", ["session", "python"], "How the exports are loaded: "
                   "'session', TensorFlow's C++ loader as TF Serving loads them "
                   "(tfnmt/session_loader.py); 'python', tf.saved_model.load.")
+flags.DEFINE_list("ctranslate2", ["float32", "int8"], "CTranslate2 weight types also timed "
+                  "(export.py --format=ctranslate2; empty: none).")
+flags.DEFINE_integer("ct2_threads", 0, "CTranslate2 intra-op threads (0: one per core).")
 flags.DEFINE_integer("parallel_searches", 2, "export.py's --parallel_searches (1: a batch is "
                      "one search).")
 
@@ -59,11 +66,9 @@ def export(model_dir, export_dir, beam_size, matmul_dtype):
 
 def main(argv):
     del argv
-    import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the SentencePiece ops, as a server has them)
 
     from tfnmt.corpus import read_corpus
-    from tfnmt.evaluation import corpus_scores, translate_lines
     from tfnmt.tokenizer import Tokenizer
 
     with open(os.path.join(FLAGS.model_dir, "settings.json")) as f:
@@ -73,8 +78,8 @@ def main(argv):
     pairs = pairs[:FLAGS.limit] if FLAGS.limit else pairs
     sources, references = [s for s, _ in pairs], [r for _, r in pairs]
     tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, "spm.model"))
-    result = {"machine": cpu_description(), "model_dir": FLAGS.model_dir, "split": FLAGS.split,
-              "loader": FLAGS.loader,
+    result = {"machine": cpu_description(), "malloc": MALLOC, "model_dir": FLAGS.model_dir,
+              "split": FLAGS.split, "loader": FLAGS.loader,
               "rss_gib_before_loading": round(rss_bytes() / 2 ** 30, 2)}
     scratch = tempfile.mkdtemp(prefix="tfnmt-bench-")
     beam_translators = {}  # matmul dtype -> the export's translate function
@@ -86,27 +91,14 @@ def main(argv):
         translate = load_translate(export(FLAGS.model_dir, os.path.join(scratch, name),
                                           beam_size, matmul_dtype))
 
-        for batch_size in map(int, FLAGS.batch_sizes):
-            lines = sources[:FLAGS.batch1_limit] if batch_size == 1 and FLAGS.batch1_limit \
-                else sources
-            translate_lines(translate, lines[:batch_size], batch_size)  # warm-up
-            times = []
-            for _ in range(FLAGS.rounds):
-                start = time.perf_counter()
-                outputs = translate_lines(translate, lines, batch_size)
-                times.append(time.perf_counter() - start)
-            elapsed = statistics.median(times)
-            pieces = int(tf.reduce_sum(tokenizer.tokenize(outputs).row_lengths()))
-            result[f"{name}_batch{batch_size}"] = {
-                "sentences": len(lines), "seconds": round(elapsed, 1),
-                "sentences_per_s": round(len(lines) / elapsed, 2),
-                "target_tokens_per_s": round(pieces / elapsed, 1),
-                "target_tokens_per_s_each_round": [round(pieces / t, 1) for t in times]}
-            if len(lines) == len(sources):
-                result[f"{name}_batch{batch_size}"]["sacrebleu"] = round(
-                    corpus_scores(outputs, references)["bleu"], 2)
+        time_translator(result, name, translate, sources, references, tokenizer)
         if beam_size == 4:
             beam_translators[matmul_dtype] = translate
+    for weights in FLAGS.ctranslate2:
+        name = f"ctranslate2_{weights}_beam4"
+        translate = load_ctranslate2(export_ctranslate2(FLAGS.model_dir,
+                                                        os.path.join(scratch, name), weights))
+        time_translator(result, name, translate, sources, references, tokenizer)
     result["rss_gib_exports_loaded"] = round(rss_bytes() / 2 ** 30, 2)
     result["peak_rss_gib"] = round(peak_rss_bytes() / 2 ** 30, 2)
     if FLAGS.check:
@@ -114,6 +106,60 @@ def main(argv):
             result[f"same_as_eager_beam_search_{matmul_dtype}"] = same_as_eager(
                 sources[:FLAGS.check], translate, matmul_dtype)
     print(json.dumps(result))
+
+
+def time_translator(result, name, translate, sources, references, tokenizer):
+    """Times `translate` at each batch size into result[f"{name}_batch{size}"]."""
+    import tensorflow as tf
+
+    from tfnmt.evaluation import corpus_scores, translate_lines
+
+    for batch_size in map(int, FLAGS.batch_sizes):
+        lines = sources[:FLAGS.batch1_limit] if batch_size == 1 and FLAGS.batch1_limit \
+            else sources
+        translate_lines(translate, lines[:batch_size], batch_size)  # warm-up
+        times = []
+        for _ in range(FLAGS.rounds):
+            start = time.perf_counter()
+            outputs = translate_lines(translate, lines, batch_size)
+            times.append(time.perf_counter() - start)
+        elapsed = statistics.median(times)
+        pieces = int(tf.reduce_sum(tokenizer.tokenize(outputs).row_lengths()))
+        result[f"{name}_batch{batch_size}"] = {
+            "sentences": len(lines), "seconds": round(elapsed, 1),
+            "sentences_per_s": round(len(lines) / elapsed, 2),
+            "target_tokens_per_s": round(pieces / elapsed, 1),
+            "target_tokens_per_s_each_round": [round(pieces / t, 1) for t in times]}
+        if len(lines) == len(sources):
+            result[f"{name}_batch{batch_size}"]["sacrebleu"] = round(
+                corpus_scores(outputs, references)["bleu"], 2)
+
+
+def export_ctranslate2(model_dir, export_dir, weights):
+    quantization = "none" if weights == "float32" else weights
+    subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), f"--model_dir={model_dir}",
+                    "--format=ctranslate2", f"--export_dir={export_dir}",
+                    f"--quantization={quantization}"], check=True, stdout=subprocess.DEVNULL)
+    return export_dir
+
+
+def load_ctranslate2(path):
+    """A CTranslate2 model directory as str [B] -> (translations tensor [B], scores [B])."""
+    import ctranslate2
+    import sentencepiece
+    import tensorflow as tf
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, "spm.model"))
+    translator = ctranslate2.Translator(path, device="cpu", inter_threads=1,
+                                        intra_threads=FLAGS.ct2_threads)
+
+    def translate(sentences):
+        results = translator.translate_batch(
+            [processor.encode(s, out_type=str) for s in sentences], beam_size=4,
+            length_penalty=0.6, max_batch_size=len(sentences), return_scores=True)
+        translations = [processor.decode(r.hypotheses[0]) for r in results]
+        return tf.constant(translations, tf.string), [r.scores[0] for r in results]
+    return translate
 
 
 def load_translate(path):

@@ -31,11 +31,13 @@ import statistics
 import subprocess
 import time
 
-from common import ROOT, cpu_description, prepared_data
+from common import ROOT, cpu_description, peer_environment, prepared_data
 
 from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
+flags.DEFINE_enum("peer_malloc", "system", ["system", "tcmalloc"], "C allocator of the "
+                  "OpenNMT-tf processes: system (glibc, what its users get; default) or tcmalloc.")
 flags.DEFINE_string("onmt_python", None, "Python of an environment with OpenNMT-tf 2.32.")
 flags.DEFINE_string("data_dir", "runs/bench-data", "Prepared embedded corpus (made if missing).")
 flags.DEFINE_string("work_dir", "runs/opennmt-peer", "Its data, config and model (the model "
@@ -131,7 +133,7 @@ def write_data(work, spm_path):
 def run(args, env=None, log_path=None):
     with open(log_path, "w") as log:
         subprocess.run([FLAGS.onmt_python, *args], check=True, stdout=log,
-                       stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+                       stderr=subprocess.STDOUT, env=peer_environment(FLAGS.peer_malloc, **(env or {})))
     with open(log_path) as log:
         return log.read()
 
@@ -141,7 +143,8 @@ def main(argv):
     work = os.path.abspath(FLAGS.work_dir)
     launcher = [os.path.join(work, "launcher.py"), "--model", os.path.join(work, "model.py"),
                 "--config", os.path.join(work, "config.yml")]
-    result = {"machine": cpu_description(), "peer": "OpenNMT-tf 2.32 (TensorFlow 2.13)"}
+    result = {"machine": cpu_description(), "peer": "OpenNMT-tf 2.32 (TensorFlow 2.13)",
+              "peer_malloc": FLAGS.peer_malloc}
     if FLAGS.train:
         result.update(train(work, launcher))
     elif not FLAGS.decode:

@@ -30,11 +30,13 @@ import subprocess
 import sys
 import time
 
-from common import ROOT, cpu_description
+from common import MALLOC, ROOT, cpu_description, peer_environment
 
 from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
+flags.DEFINE_enum("peer_malloc", "system", ["system", "tcmalloc"], "C allocator of the "
+                  "OpenNMT-tf processes: system (glibc, what its users get; default) or tcmalloc.")
 flags.DEFINE_string("onmt_python", None, "Python of an environment with OpenNMT-tf 2.32 "
                     "(empty: tfnmt only).")
 flags.DEFINE_list("minutes", ["15", "30", "60"], "Training budgets in wall-clock minutes.")
@@ -100,13 +102,13 @@ infer:
 PEER_RECIPES = {"tfnmt_recipe": {}, "noam4000": {"lr_scale": 2.0, "warmup_steps": 4000}}
 
 
-def train_until(command, budget_seconds, log_path, env=None):
+def train_until(command, budget_seconds, log_path, env):
     """Runs `command` until it exits or `budget_seconds` have passed since it started (then
     SIGINT, then SIGKILL); returns its start time."""
     start = time.time()
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                   env={**os.environ, **(env or {})})
+                                   env=env)
         try:
             process.wait(timeout=budget_seconds)
         except subprocess.TimeoutExpired:
@@ -164,7 +166,7 @@ def run_tfnmt(work, budgets):
                "--train_steps=100000000", "--eval_every=0",
                f"--checkpoint_every={FLAGS.checkpoint_steps}", "--keep_checkpoints=10000",
                f"--mixed_precision={FLAGS.mixed_precision}", "--test_report=false"]
-    start = train_until(command, max(budgets) * 60, os.path.join(work, "tfnmt.log"))
+    start = train_until(command, max(budgets) * 60, os.path.join(work, "tfnmt.log"), os.environ)
     checkpoints = checkpoint_times(os.path.join(model_dir, "checkpoints"), start,
                                    r"ckpt-(\d+)\.index")
     # Imported only now: TensorFlow's thread pools must not compete with the training process.
@@ -235,7 +237,8 @@ def run_peer(work, data_work, settings, recipe_name, budgets):
                 os.path.join(work, "model.py"), "--config", os.path.join(work, "config.yml")]
     policy = {"bf16": "mixed_bfloat16", "none": ""}[FLAGS.mixed_precision]
     start = train_until([*launcher, "train"], max(budgets) * 60,
-                        os.path.join(work, "train.log"), env={"PEER_POLICY": policy})
+                        os.path.join(work, "train.log"),
+                        peer_environment(FLAGS.peer_malloc, PEER_POLICY=policy))
     checkpoints = checkpoint_times(os.path.join(work, "model"), start, r"ckpt-(\d+)\.index")
     references = [t for _, t in test_pairs()]
     results = []
@@ -247,7 +250,8 @@ def run_peer(work, data_work, settings, recipe_name, budgets):
                             os.path.join(work, "model", f"ckpt-{step}"), "infer",
                             "--features_file", os.path.join(data_work, "test.de"),
                             "--predictions_file", predictions],
-                           check=True, stdout=log, stderr=subprocess.STDOUT)
+                           check=True, stdout=log, stderr=subprocess.STDOUT,
+                           env=peer_environment(FLAGS.peer_malloc))
         with open(predictions, encoding="utf-8") as f:
             hypotheses = ["".join(line.split()).replace("\u2581", " ").strip() for line in f]
         results.append({"step": step, "minutes": round(minutes, 2),
@@ -299,6 +303,7 @@ def main(argv):
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     result = {"machine": cpu_description(), "mixed_precision": FLAGS.mixed_precision,
+              "tfnmt_malloc": MALLOC, "peer_malloc": FLAGS.peer_malloc,
               "budgets_minutes": budgets}
     curves = {}
     settings = None

@@ -25,8 +25,9 @@ import sys
 
 ENV = "TFNMT_MALLOC"
 # Set in the re-executed process: says a preload was already attempted, so it never loops.
-_REEXEC_MARK = "TFNMT_MALLOC_PRELOADED"
+REEXEC_MARK = "TFNMT_MALLOC_PRELOADED"
 _TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")
+LIBRARY_NAMES = ("tcmalloc", "jemalloc", "mimalloc")  # what a loaded allocator's file is called
 _TCMALLOC_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
                   "/usr/lib", "/usr/local/lib")
 
@@ -63,7 +64,7 @@ def loaded_allocator():
         with open("/proc/self/maps") as maps:
             for line in maps:
                 path = line.split()[-1]
-                if any(key in os.path.basename(path) for key in ("tcmalloc", "jemalloc", "mimalloc")):
+                if any(name in os.path.basename(path) for name in LIBRARY_NAMES):
                     return path
     except OSError:
         pass
@@ -82,7 +83,7 @@ def tune_glibc():
 def _reexec_with_preload(library):
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(filter(None, [library, env.get("LD_PRELOAD")]))
-    env[_REEXEC_MARK] = library
+    env[REEXEC_MARK] = library
     # tcmalloc reports every allocation above 1 GiB on stderr; the decoding caches of large
     # batches are that big by design.
     env.setdefault("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(1 << 40))
@@ -109,7 +110,7 @@ def use_fast_allocator():
     loaded = loaded_allocator()
     if loaded:
         return loaded
-    if mode != "glibc" and not os.environ.get(_REEXEC_MARK):  # never more than one re-exec
+    if mode != "glibc" and not os.environ.get(REEXEC_MARK):  # never more than one re-exec
         library = mode if os.path.sep in mode else find_tcmalloc()
         if library is None and mode == "tcmalloc":
             raise AllocatorError(f"{ENV}=tcmalloc: no libtcmalloc found (Debian/Ubuntu: "

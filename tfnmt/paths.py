@@ -9,4 +9,5 @@ VOCAB = "spm.model"           # the SentencePiece model (also in each prepared d
 CHECKPOINTS = "checkpoints"   # ckpt-<step>, written by tf.train.CheckpointManager
 AVERAGED = "averaged"         # the average of the last N checkpoints
 EXPORT = "export"             # export.py's default export_dir: numbered SavedModel versions
+CTRANSLATE2 = "ctranslate2"  # export.py --format=ctranslate2 (+ "-<quantization>")
 REPORT = "report.json"        # the final evaluation of the main job's end-of-run report
