@@ -23,12 +23,13 @@ from tfnmt.summaries import rss_bytes  # noqa: E402,F401  (re-exported for the b
 def peer_environment(malloc, **extra):
     """os.environ for an OpenNMT-tf process, plus `extra`, with its C allocator as `malloc`
     says: 'system' (glibc, what its users get) or 'tcmalloc' (what tfnmt's entry points preload
-    where it is installed)."""
+    where it is installed, or the library TFNMT_MALLOC names)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TFNMT_MALLOC")}
     preload = [p for p in env.pop("LD_PRELOAD", "").split(":")
                if p and not any(name in os.path.basename(p) for name in allocator.LIBRARY_NAMES)]
     if malloc == "tcmalloc":
-        library = allocator.find_tcmalloc()
+        chosen = os.environ.get(allocator.ENV, "")
+        library = chosen if os.path.sep in chosen else allocator.find_tcmalloc()
         if library is None:
             raise RuntimeError("--peer_malloc=tcmalloc: no libtcmalloc on this machine")
         preload.insert(0, library)

@@ -23,6 +23,8 @@ Modules by role:
   paths.py        the names of the files in a model_dir
   report.py       the end-of-run report: test scores, samples, next commands
   serving.py      the in-graph translator and versioned SavedModel export
+  ctranslate2_export.py  the model as a CTranslate2 model
+  allocator.py    the C memory allocator of the entry points (tcmalloc or tuned glibc)
   copy_task.py    the Annotated Transformer's synthetic copy task
 """
 import os
