@@ -59,13 +59,18 @@ flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into, sear
 flags.DEFINE_integer("chunk_size", 64, "Sentences searched at once: a larger request is "
                      "translated in chunks of this many, one after another, so its memory stays "
                      "that of one chunk (README: serving).")
-flags.DEFINE_bool("check", True, "Before publishing the version, load it with TensorFlow's C++ "
-                  "loader (as TF Serving does) and translate two sentences with each signature.")
+flags.DEFINE_bool("check", True, "Before publishing, load the export and translate two "
+                  "sentences: a SavedModel with TensorFlow's C++ loader (as TF Serving does), "
+                  "each signature; a CTranslate2 model with CTranslate2.")
 flags.register_validator("beam_size", lambda v: v >= 1, "--beam_size must be >= 1")
 flags.register_validator("chunk_size", lambda v: v >= 1, "--chunk_size must be >= 1")
 flags.register_validator("max_decode_length", lambda v: v >= 0, "--max_decode_length must be >= 0")
 flags.register_validator("alpha", lambda v: v >= 0, "--alpha must be >= 0")
 flags.register_validator("parallel_searches", lambda v: v >= 1, "--parallel_searches must be >= 1")
+
+
+SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "max_decode_length", "matmul_dtype",
+                    "n_best", "parallel_searches", "chunk_size")
 
 
 def main(argv):
@@ -75,6 +80,11 @@ def main(argv):
         raise app.UsageError(f"--n_best must be in [1, --beam_size={FLAGS.beam_size}]")
     if FLAGS.format != "ctranslate2" and FLAGS["quantization"].present:
         raise app.UsageError("--quantization needs --format=ctranslate2")
+    if FLAGS.format == "ctranslate2":
+        for name in SAVED_MODEL_ONLY:
+            if FLAGS[name].present:
+                raise app.UsageError(f"--{name} is for SavedModel exports; CTranslate2 takes its "
+                                     "decoding options when it translates")
     import tensorflow as tf
 
     from tfnmt import checkpoints

@@ -142,3 +142,14 @@ def test_quantized_export_and_refusals(cli_export, tmp_path):
     with pytest.raises(CTranslate2ExportError, match="vocabulary of 600 ids"):
         transformer_spec(model, spm_pieces(proto)[:500])
     assert sorted(os.listdir(tmp_path)) == ["int8"]  # failures leave nothing behind
+
+
+def test_export_command_refuses_saved_model_options_for_ctranslate2(tiny_model_dir, tmp_path):
+    result = subprocess.run([sys.executable, "export.py", f"--model_dir={tiny_model_dir}",
+                             "--format=ctranslate2", "--beam_size=5",
+                             f"--export_dir={tmp_path / 'x'}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.strip() == ("export.py: --beam_size is for SavedModel exports; "
+                                     "CTranslate2 takes its decoding options when it translates")
+    assert not os.path.exists(tmp_path / "x")
