@@ -133,7 +133,8 @@ def write_data(work, spm_path):
 def run(args, env=None, log_path=None):
     with open(log_path, "w") as log:
         subprocess.run([FLAGS.onmt_python, *args], check=True, stdout=log,
-                       stderr=subprocess.STDOUT, env=peer_environment(FLAGS.peer_malloc, **(env or {})))
+                       stderr=subprocess.STDOUT,
+                       env=peer_environment(FLAGS.peer_malloc, **(env or {})))
     with open(log_path) as log:
         return log.read()
 

@@ -21,8 +21,8 @@ from tfnmt import allocator
 result = allocator.use_fast_allocator()
 
 class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split())]
 
 libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = MallInfo2

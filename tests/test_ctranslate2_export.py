@@ -20,7 +20,8 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 sentencepiece = pytest.importorskip("sentencepiece")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = ["Und Jesus sprach zu ihnen.", "Das Haus ist klein.", "Gott", "Guten Morgen, wie geht es?"]
+SOURCES = ["Und Jesus sprach zu ihnen.", "Das Haus ist klein.", "Gott",
+           "Guten Morgen, wie geht es?"]
 MAX_LENGTH = 12
 EOS_SCALE = 2.0
 
@@ -70,7 +71,8 @@ def piece_batches(proto):
     width = max(len(p) for p in pieces) + 1
     source_ids = np.full([len(pieces), width], PAD_ID, np.int32)
     for row, sentence in enumerate(pieces):
-        source_ids[row, :len(sentence) + 1] = [processor.piece_to_id(p) for p in sentence] + [EOS_ID]
+        ids = [processor.piece_to_id(p) for p in sentence] + [EOS_ID]
+        source_ids[row, :len(ids)] = ids
     return processor, pieces, source_ids
 
 
@@ -79,9 +81,9 @@ def teacher_forced_log_probs(model, source_ids, target_ids):
     memory, padding = model.encode(source_ids, training=False)
     decoder_input = tf.concat([[BOS_ID], target_ids], 0)[None]
     logits = model.decode(decoder_input, memory, padding, training=False)[0].numpy()
-    logits = logits.astype(np.float64)
-    log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
-                                keepdims=True)) - logits.max(-1, keepdims=True)
+    logits = logits.astype(np.float64)  # [T + 1, V]
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
     wanted = list(target_ids) + [EOS_ID]
     return log_probs[np.arange(len(wanted)), wanted]
 
