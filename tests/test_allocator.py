@@ -12,7 +12,8 @@ from tfnmt import allocator
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Prints its pid before and after the call (a re-exec prints "start" twice with the same pid),
-# then whether an 8 MiB malloc was served by mmap (glibc's mallinfo2().hblks counts those).
+# then whether a 96 MiB malloc (larger than glibc's largest mmap threshold, as a batch's logits
+# are) was served by mmap (glibc's mallinfo2().hblks counts those).
 PROBE = r"""
 import ctypes, json, os, sys
 sys.path.insert(0, sys.argv[1])
@@ -28,7 +29,7 @@ libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = MallInfo2
 libc.malloc.restype = ctypes.c_void_p
 before = libc.mallinfo2().hblks
-block = libc.malloc(8 << 20)
+block = libc.malloc(96 << 20)
 mmapped = libc.mallinfo2().hblks - before
 libc.free(ctypes.c_void_p(block))
 print(json.dumps(dict(pid=os.getpid(), result=result, argv=sys.argv[2:], mmapped=mmapped,

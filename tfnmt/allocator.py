@@ -1,10 +1,12 @@
 """The C memory allocator under TensorFlow's CPU kernels.
 
-Every training or search step allocates and frees hundreds of tensors of a few hundred KiB to a
-few MiB from several threads. glibc's malloc serves blocks above its (dynamic) mmap threshold
-with fresh `mmap`s, gives freed memory back to the kernel and refills it page fault by page
-fault, so a third of the CPU time of a float32 training run can go to the kernel. tcmalloc keeps
-that memory in per-thread caches; glibc can be told to keep it too.
+Every training or search step allocates and frees hundreds of tensors of a few hundred KiB to
+tens of MiB (a batch's logits) from several threads. glibc's malloc serves blocks above its
+(dynamic) mmap threshold with fresh `mmap`s, gives freed memory back to the kernel and refills
+it page fault by page fault, so a third of the CPU time of a float32 training run can go to the
+kernel. tcmalloc keeps that memory in per-thread caches; glibc can be told to keep it too: no
+mmap for single blocks at all (the threshold cannot exceed 32 MiB, and a logits tensor is
+larger), and a high trim threshold so that freed heap stays mapped.
 
 `use_fast_allocator()` (called by every entry point before TensorFlow is imported) picks one, as
 told by the environment variable TFNMT_MALLOC:
@@ -34,10 +36,11 @@ _TCMALLOC_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/u
 # mallopt parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
-_M_MMAP_THRESHOLD = -3
-# Keep blocks up to 32 MiB (glibc's largest allowed threshold) inside the heap, and keep up to
-# 1 GiB of freed heap instead of returning it to the kernel after every step.
-GLIBC_SETTINGS = {_M_MMAP_THRESHOLD: 32 << 20, _M_TRIM_THRESHOLD: 1 << 30, _M_TOP_PAD: 64 << 20}
+_M_MMAP_MAX = -4
+# Every block from the heap (mmap only where glibc must: a thread arena's block larger than its
+# 64 MiB heap, or a failed sbrk), and up to 1 GiB of freed heap kept instead of returned to the
+# kernel after every step.
+GLIBC_SETTINGS = {_M_MMAP_MAX: 0, _M_TRIM_THRESHOLD: 1 << 30, _M_TOP_PAD: 64 << 20}
 
 
 class AllocatorError(RuntimeError):
