@@ -1,6 +1,7 @@
-"""Greedy decoding, incremental and by full recomputation (the reference the cached decoders
-are checked against), and what both searches share: the exact top-k of log-probabilities,
-shape invariants, row replacement."""
+"""Incremental decoding: one loop (`dynamic_decode`) driving a `DecodingStrategy` (greedy here,
+beam search in beam_search.py), what strategies share (each sentence's limit, the exact top-k of
+log-probabilities, row replacement), and greedy decoding by full recomputation, the reference
+the incremental decoders are checked against."""
 import tensorflow as tf
 
 from tfnmt import kv_cache
@@ -79,13 +80,6 @@ def top_log_probs(logits, count, width=32):
     return top_logits - top_logits[:, :1] + tf.math.log(max_probs), ids
 
 
-def _memory_invariants(cache):
-    """tf.while_loop shape invariants of the memory keys/values of a model's initial_cache:
-    sentences may leave (axis 0); the rest of the shape stays."""
-    return [{name: tf.TensorShape([None] + t.shape[1:].as_list())
-             for name, t in layer["memory"].items()} for layer in cache]
-
-
 def replace_rows(full, rows, updates):
     """full [B, ...] with the rows `rows` [A] replaced by updates [A, ...]. A gather, since
     TensorScatterUpdate refuses tensors with an empty dimension (such as zero time steps)."""
@@ -95,76 +89,169 @@ def replace_rows(full, rows, updates):
     return tf.gather(tf.concat([full, updates], axis=0), selector)
 
 
+def loop_shape_invariants(loop_vars):
+    """tf.while_loop shape invariants for a nest of tensors and TensorArrays: each tensor keeps
+    its rank, every dimension may change (sentences leave, histories grow)."""
+    def relaxed(value):
+        if isinstance(value, tf.TensorArray):
+            return tf.TensorShape(None)
+        return tf.TensorShape([None] * value.shape.rank)
+    return tf.nest.map_structure(relaxed, loop_vars)
+
+
+class DecodingStrategy:
+    """How a search picks the next tokens; `dynamic_decode` runs the loop around it.
+
+    A strategy keeps `rows_per_sentence` hypotheses per sentence (1 for greedy, K for a beam)
+    and two nests of tensors: `sentences`, one entry [A, ...] per sentence still searched
+    ("index" [A], its row in the batch, is required), and `results`, [B, ...] for the whole
+    batch. A sentence leaves once its search is over; the decoder then runs on the others.
+    """
+
+    rows_per_sentence = 1
+
+    def __init__(self, return_attention=False, bos_id=BOS_ID, eos_id=EOS_ID):
+        self.return_attention = return_attention
+        self.bos_id, self.eos_id = bos_id, eos_id
+
+    def initialize(self, batch, limits, source_length):
+        """-> (sentences, results) before the first step; limits [B] bound each output."""
+        raise NotImplementedError
+
+    def last_tokens(self, sentences):
+        """The token each hypothesis row ends with, [A * rows_per_sentence]."""
+        raise NotImplementedError
+
+    def step(self, step, log_probs_of, attention, sentences, results):
+        """One step. log_probs_of(count) gives each row's `count` best (log-probabilities,
+        token ids) [R, count]; attention is the last layer's cross-attention [R, S] or None.
+        -> (sentences, results, parents [A, rows_per_sentence]: the row of its sentence that each
+        new hypothesis extends, staying [A] bool: the sentences whose search goes on)."""
+        raise NotImplementedError
+
+    def leave(self, results, left, length):
+        """results with the `left` sentences' (a gather of `sentences`) search, `length` steps
+        long, recorded."""
+        return results
+
+    def finalize(self, results, batch, source_length):
+        """The search's outputs from its results."""
+        raise NotImplementedError
+
+
+def dynamic_decode(model, strategy, source_ids, max_length=None):
+    """Runs `strategy` on source_ids [B, S]: encodes them, then steps the decoder one position
+    at a time over every hypothesis of the sentences still searched, with their keys and values
+    in a `kv_cache.DecoderCache`, until every sentence has left (each leaves at the latest at
+    its limit, `decode_limits`). Works eagerly and inside tf.function (one tf.while_loop).
+
+    model: `encode`, `initial_cache`, `decode_step` and `settings` of a `Transformer`.
+    Returns what strategy.finalize returns.
+    """
+    source_ids = tf.convert_to_tensor(source_ids, tf.int32)
+    batch, source_length = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
+    rows_per_sentence = strategy.rows_per_sentence
+    limits = decode_limits(model, source_ids, max_length)  # [B]
+    memory, source_padding = model.encode(source_ids, training=False)
+    cache = kv_cache.DecoderCache(model, memory, source_padding, batch * rows_per_sentence,
+                                  max_length=tf.reduce_max(tf.concat([limits, [1]], 0)))
+    sentences, results = strategy.initialize(batch, limits, source_length)
+
+    def not_done(step, sentences, results, cache_state):
+        return tf.size(sentences["index"]) > 0
+
+    def one_step(step, sentences, results, cache_state):
+        active = tf.shape(sentences["index"])[0]
+        row_slots = tf.reshape(sentences["index"][:, None] * rows_per_sentence
+                               + tf.range(rows_per_sentence), [-1])  # [A * K]
+        caches, cache_state = cache.for_step(cache_state, step, row_slots)
+        out = model.decode_step(strategy.last_tokens(sentences)[:, None], step, caches,
+                                cache_state["source_padding"],
+                                return_attention=strategy.return_attention)
+        logits, caches = out[0], out[1]  # [A * K, V]
+        cache_state = cache.update(cache_state, caches)
+        sentences, results, parents, staying = strategy.step(
+            step, lambda count: top_log_probs(logits, count),
+            out[2] if strategy.return_attention else None, sentences, results)
+        leaving = tf.cast(tf.where(tf.logical_not(staying))[:, 0], tf.int32)
+        staying = tf.cast(tf.where(staying)[:, 0], tf.int32)  # [A']
+        parent_rows = tf.gather(parents + tf.range(active)[:, None] * rows_per_sentence,
+                                staying)  # [A', K]
+        cache_state = cache.reorder(cache_state, row_slots, tf.reshape(parent_rows, [-1]),
+                                    staying)
+
+        def some_leave():
+            left = tf.nest.map_structure(lambda t: tf.gather(t, leaving), sentences)
+            return (strategy.leave(results, left, step + 1),
+                    tf.nest.map_structure(lambda t: tf.gather(t, staying), sentences))
+
+        results, sentences = tf.cond(tf.size(staying) < active, some_leave,
+                                     lambda: (results, sentences))
+        return step + 1, sentences, results, cache_state
+
+    loop_vars = (tf.constant(0), sentences, results, cache.state)
+    _, _, results, _ = tf.while_loop(not_done, one_step, loop_vars,
+                                     shape_invariants=loop_shape_invariants(loop_vars))
+    return strategy.finalize(results, batch, source_length)
+
+
+class GreedySearch(DecodingStrategy):
+    """The most likely token at each step; a sentence leaves at EOS or at its limit.
+
+    finalize -> (ids [B, L] without BOS, PAD after EOS; log-probabilities [B] of the output,
+    EOS included; with return_attention, the last decoder layer's cross-attention averaged
+    over heads [B, L, S]).
+    """
+
+    def initialize(self, batch, limits, source_length):
+        sentences = {"index": tf.range(batch), "limit": limits,
+                     "tokens": tf.fill([batch], self.bos_id)}
+        results = {"ids": tf.TensorArray(tf.int32, size=0, dynamic_size=True),
+                   "scores": tf.zeros([batch], tf.float32)}
+        if self.return_attention:
+            results["attention"] = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+        return sentences, results
+
+    def last_tokens(self, sentences):
+        return sentences["tokens"]
+
+    def step(self, step, log_probs_of, attention, sentences, results):
+        # The outputs are written for the whole batch at each step, PAD for sentences that left.
+        active = sentences["index"]  # [A]
+        batch = tf.shape(results["scores"])[0]
+        best_log_probs, best_tokens = log_probs_of(1)  # [A, 1]
+        tokens = best_tokens[:, 0]
+        results = dict(
+            results,
+            scores=tf.tensor_scatter_nd_add(results["scores"], active[:, None],
+                                            best_log_probs[:, 0]),
+            ids=results["ids"].write(step, replace_rows(tf.fill([batch], PAD_ID), active,
+                                                        tokens)))
+        if attention is not None:  # [A, S]
+            results["attention"] = results["attention"].write(step, replace_rows(
+                tf.zeros([batch, tf.shape(attention)[1]]), active, attention))
+        staying = tf.not_equal(tokens, self.eos_id) & (step + 1 < sentences["limit"])
+        parents = tf.zeros_like(tokens)[:, None]  # [A, 1]: each row extends itself
+        return dict(sentences, tokens=tokens), results, parents, staying
+
+    def finalize(self, results, batch, source_length):
+        ids = tf.cond(results["ids"].size() > 0, lambda: tf.transpose(results["ids"].stack()),
+                      lambda: tf.zeros([batch, 0], tf.int32))
+        if not self.return_attention:
+            return ids, results["scores"]
+        attention = results["attention"]
+        weights = tf.cond(attention.size() > 0,
+                          lambda: tf.transpose(attention.stack(), [1, 0, 2]),
+                          lambda: tf.zeros([batch, 0, source_length]))
+        return ids, results["scores"], weights
+
+
 def greedy_decode(model, source_ids, max_length=None, bos_id=BOS_ID, eos_id=EOS_ID,
                   return_attention=False):
     """Incremental greedy decoding: source_ids [B, S] -> (ids [B, L] without BOS, PAD after EOS;
-    log-probabilities [B] of the output, EOS included; with return_attention, the last
-    decoder layer's cross-attention averaged over heads [B, L, S]). Decoder self-attention
-    keys/values are cached per layer and the encoder's keys/values are projected once; each
-    step runs the decoder on one position, for the sentences that have not produced EOS yet
-    (a finished sentence leaves the batch). A sentence stops at EOS or at its limit
-    (`decode_limits`: its source length + 50 unless `max_length`, a scalar or [B], is given).
-    Works eagerly and inside tf.function."""
-    source_ids = tf.convert_to_tensor(source_ids, tf.int32)
-    memory, source_padding = model.encode(source_ids, training=False)
-    batch = tf.shape(source_ids)[0]
-    limits = decode_limits(model, source_ids, max_length)  # [B]
-    max_length = tf.reduce_max(tf.concat([limits, [0]], 0))
-    initial_cache = model.initial_cache(memory)
-    # Self-attention keys/values in stores written in place (kv_cache.py), slot b for
-    # sentence b; memory keys/values [A, H, S, Dh] for the sentences still decoding.
-    heads, stores = kv_cache.empty_stores(initial_cache)
-    memory_cache = [c["memory"] for c in initial_cache]
-    outputs = tf.TensorArray(tf.int32, size=0, dynamic_size=True)
-    attention = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
-
-    def keep_going(step, active, *_):  # each sentence leaves at EOS or at its limit
-        return tf.size(active) > 0
-
-    def one_step(step, active, tokens, scores, stores, memory_cache, source_padding, outputs,
-                 attention):
-        # active [A]: the sentences still decoding; tokens, memory_cache and source_padding
-        # are theirs.
-        rows = kv_cache.step_rows(step, batch, heads, active,
-                                  tf.tile(active[:, None], [1, step]))
-        stores = kv_cache.grow(stores, step, batch, heads, max_length)
-        cache = [{"self": dict(s, **rows), "memory": m} for s, m in zip(stores, memory_cache)]
-        result = model.decode_step(tokens[:, None], step, cache, source_padding,
-                                   return_attention=return_attention)
-        logits, cache = result[:2]
-        stores = [c["self"] for c in cache]
-        if return_attention:
-            attention = attention.write(step, replace_rows(
-                tf.zeros([batch, tf.shape(source_ids)[1]]), active, result[2]))
-        best_log_probs, best_tokens = top_log_probs(logits, 1)  # [A, 1]
-        next_tokens = best_tokens[:, 0]
-        scores = tf.tensor_scatter_nd_add(scores, active[:, None], best_log_probs[:, 0])
-        outputs = outputs.write(step, replace_rows(tf.fill([batch], PAD_ID), active,
-                                                   next_tokens))
-        staying = tf.cast(tf.where(tf.not_equal(next_tokens, eos_id)
-                                   & (step + 1 < tf.gather(limits, active)))[:, 0], tf.int32)
-        memory_cache, source_padding = tf.cond(
-            tf.size(staying) < tf.size(active),
-            lambda: tf.nest.map_structure(lambda t: tf.gather(t, staying),
-                                          (memory_cache, source_padding)),
-            lambda: (memory_cache, source_padding))
-        return (step + 1, tf.gather(active, staying), tf.gather(next_tokens, staying), scores,
-                stores, memory_cache, source_padding, outputs, attention)
-
-    loop_vars = (tf.constant(0), tf.range(batch), tf.fill([batch], bos_id),
-                 tf.zeros([batch], tf.float32), stores, memory_cache, source_padding, outputs,
-                 attention)
-    invariants = (tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([None]),
-                  tf.TensorShape([None]), kv_cache.store_invariants(stores),
-                  _memory_invariants(initial_cache),
-                  tf.TensorShape([None, None]), tf.TensorShape(None), tf.TensorShape(None))
-    _, _, _, scores, _, _, _, outputs, attention = tf.while_loop(
-        keep_going, one_step, loop_vars, shape_invariants=invariants)
-    ids = tf.cond(outputs.size() > 0, lambda: tf.transpose(outputs.stack()),
-                  lambda: tf.zeros([batch, 0], tf.int32))
-    if return_attention:
-        weights = tf.cond(attention.size() > 0,
-                          lambda: tf.transpose(attention.stack(), [1, 0, 2]),
-                          lambda: tf.zeros([batch, 0, tf.shape(source_ids)[1]]))
-        return ids, scores, weights
-    return ids, scores
+    log-probabilities [B] of the output, EOS included; with return_attention, the last decoder
+    layer's cross-attention averaged over heads [B, L, S]). A sentence stops at EOS or at its
+    limit (`decode_limits`: its source length + 50 unless `max_length`, a scalar or [B], is
+    given). `dynamic_decode` with `GreedySearch`."""
+    strategy = GreedySearch(return_attention=return_attention, bos_id=bos_id, eos_id=eos_id)
+    return dynamic_decode(model, strategy, source_ids, max_length)

@@ -74,3 +74,59 @@ def write_and_read(store, new, write_rows, read_rows):
     store = tf.raw_ops.InplaceUpdate(x=store, i=write_rows,
                                      v=tf.reshape(new, [-1, tf.shape(new)[-1]]))
     return store, tf.gather(store, read_rows)
+
+
+class DecoderCache:
+    """The decoder's keys and values during a search, owned in one place.
+
+    Per decoder layer: the self-attention stores above (one slot per hypothesis row of the
+    search's first batch), and the encoder keys/values of the sentences still searched, which
+    their hypotheses query together. The tensors are a tf.while_loop variable, `state`; this
+    object holds what stays fixed (slots, heads, largest capacity) and the operations:
+    `for_step` (the per-layer caches `model.decode_step` reads and appends to), `update` (its
+    new stores) and `reorder` (each new hypothesis takes the history of the one it extends;
+    sentences that left drop out).
+
+    state: {"stores": per layer {"key", "value"} [capacity * slots * H, Dh],
+            "ancestry": [R, t] int32, the slot each row's prefix held at each earlier time,
+            "memory": per layer {"key", "value"} [A, H, S, Dh],
+            "source_padding": [A, S] bool, True at real source tokens}
+    """
+
+    def __init__(self, model, memory, source_padding, slots, max_length):
+        """model: its `initial_cache`; memory [B, S, D] and source_padding [B, S] from
+        `model.encode`; slots: hypothesis rows of the first step (B * beams); max_length:
+        the longest output, which bounds the stores' capacity."""
+        initial = model.initial_cache(memory)
+        self.heads, stores = empty_stores(initial)
+        self.slots, self.max_length = slots, max_length
+        self.state = {"stores": stores, "ancestry": tf.zeros([slots, 0], tf.int32),
+                      "memory": [c["memory"] for c in initial], "source_padding": source_padding}
+
+    def for_step(self, state, step, row_slots):
+        """-> (per-layer caches for `model.decode_step` at time `step`, for the rows whose slots
+        are row_slots [R]; the state with stores grown to hold that step)."""
+        rows = step_rows(step, self.slots, self.heads, row_slots, state["ancestry"])
+        stores = grow(state["stores"], step, self.slots, self.heads, self.max_length)
+        caches = [{"self": dict(store, **rows), "memory": memory}
+                  for store, memory in zip(stores, state["memory"])]
+        return caches, dict(state, stores=stores)
+
+    @staticmethod
+    def update(state, caches):
+        """The state with the stores `model.decode_step` returned in its per-layer caches."""
+        return dict(state, stores=[cache["self"] for cache in caches])
+
+    @staticmethod
+    def reorder(state, row_slots, parents, staying):
+        """After a step: parents [R'] are the rows (of this step's R, slots row_slots) that the
+        next step's hypotheses extend, staying [A'] the sentences still searched (indices into
+        this step's A). Keys are never moved: only the [R, t] ancestry is."""
+        ancestry = tf.concat([state["ancestry"], row_slots[:, None]], axis=1)
+        memory, padding = state["memory"], state["source_padding"]
+        memory, padding = tf.cond(
+            tf.size(staying) < tf.shape(padding)[0],
+            lambda: tf.nest.map_structure(lambda t: tf.gather(t, staying), (memory, padding)),
+            lambda: (memory, padding))
+        return dict(state, ancestry=tf.gather(ancestry, parents), memory=memory,
+                    source_padding=padding)
