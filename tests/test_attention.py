@@ -3,6 +3,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import assert_config_round_trip
+from tfnmt.kv_cache import AppendCache
 from tfnmt.layers import MultiHeadAttention
 
 
@@ -49,11 +50,9 @@ def test_static_cache_shared_by_groups_of_queries(query_length, per_query_mask):
         mask[0, -1, 1:] = False  # the last query of the first sentence's beams: key 0 only
     shared = layer.project_key_value(memory)
     repeated = tf.nest.map_structure(lambda t: tf.repeat(t, 3, axis=0), shared)
-    out, _, weights = layer(query, None, mask, cache=shared, static_kv=True,
-                            return_attention_scores=True)
-    expected, _, expected_weights = layer(query, None, np.repeat(mask, 3, axis=0),
-                                          cache=repeated, static_kv=True,
-                                          return_attention_scores=True)
+    out, weights = layer.call_memory(query, shared, mask, return_attention_scores=True)
+    expected, expected_weights = layer.call_memory(query, repeated, np.repeat(mask, 3, axis=0),
+                                                   return_attention_scores=True)
     np.testing.assert_allclose(out, expected, atol=1e-6)
     np.testing.assert_allclose(weights, expected_weights, atol=1e-6)
     assert np.all(weights.numpy()[3:, :, :, 2:] == 0.0)  # the second sentence's beams
@@ -70,18 +69,25 @@ def test_cached_steps_equal_causal_full_attention():
     x = tf.random.normal([2, 4, 8])
     causal = tf.linalg.band_part(tf.ones([4, 4], tf.bool), -1, 0)[None]
     full = layer(x, x, causal)
-    cache = {"key": tf.zeros([2, 2, 0, 4]), "value": tf.zeros([2, 2, 0, 4])}
+    cache = AppendCache.empty(2, 2, 4, tf.float32)
     for t in range(4):
-        step, cache = layer(x[:, t:t + 1], x[:, t:t + 1], None, cache=cache)
+        step, cache, weights = layer.call_cached(x[:, t:t + 1], cache)
         np.testing.assert_allclose(step[:, 0], full[:, t], atol=1e-5)
-    assert cache["key"].shape == (2, 2, 4, 4)
+        assert weights.shape == (2, 2, 1, t + 1)
+    assert cache.key.shape == (2, 2, 4, 4)
+    # Two new positions at once need the causal mask among themselves.
+    cache = AppendCache.empty(2, 2, 4, tf.float32)
+    first, cache, _ = layer.call_cached(x[:, :2], cache, causal[:, :2, :2])
+    rest, cache, _ = layer.call_cached(x[:, 2:], cache, causal[:, 2:, :])
+    np.testing.assert_allclose(tf.concat([first, rest], 1), full, atol=1e-5)
 
 
 def test_static_key_value_cache_equals_direct_cross_attention():
     layer = MultiHeadAttention(num_heads=4, d_model=8)
     query, memory = tf.random.normal([2, 3, 8]), tf.random.normal([2, 6, 8])
     direct = layer(query, memory)
-    cached, _ = layer(query, None, cache=layer.project_key_value(memory), static_kv=True)
+    cached, weights = layer.call_memory(query, layer.project_key_value(memory))
+    assert weights is None
     np.testing.assert_allclose(cached, direct, atol=1e-6)
 
 

@@ -3,6 +3,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import assert_config_round_trip
+from tfnmt.kv_cache import AppendCache
 from tfnmt.layers import TransformerDecoderLayer
 from tfnmt.model import causal_mask
 
@@ -25,11 +26,12 @@ def test_cached_steps_equal_full_decoding():
     memory_mask = tf.constant([[True] * 5, [True] * 3 + [False] * 2])[:, None]
     x = tf.random.normal([2, 4, 16])
     full = layer(x, memory, causal_mask(4), memory_mask)
-    empty = tf.zeros([2, 4, 0, 4])
-    cache = {"self": {"key": empty, "value": empty}, "memory": layer.memory_cache(memory)}
+    cache = {"self": AppendCache.empty(2, 4, 4, tf.float32), "memory": layer.memory_cache(memory)}
     for t in range(4):
-        step, cache = layer(x[:, t:t + 1], None, None, memory_mask, cache=cache)
+        step, cache, weights = layer.call_cached(x[:, t:t + 1], cache, memory_mask,
+                                                 return_attention_scores=True)
         np.testing.assert_allclose(step[:, 0], full[:, t], atol=1e-5)
+        assert weights["self"].shape == (2, 4, 1, t + 1) and weights["cross"].shape == (2, 4, 1, 5)
 
 
 def test_returns_self_and_cross_attention_weights():

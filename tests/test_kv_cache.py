@@ -1,4 +1,5 @@
-"""The in-place self-attention stores (tfnmt/kv_cache.py) against a concatenated, gathered cache."""
+"""tfnmt/kv_cache.py: a search's DecoderCache (in-place stores) against a concatenated,
+gathered cache."""
 import numpy as np
 import tensorflow as tf
 
@@ -7,38 +8,59 @@ from tfnmt import kv_cache
 HEADS, HEAD_DIM = 2, 3
 
 
-def test_stores_read_what_a_reordered_concatenated_cache_holds():
+class OneLayerModel:
+    """What DecoderCache asks of a model: initial_cache, for one layer."""
+
+    def initial_cache(self, memory):
+        return [{"self": kv_cache.AppendCache.empty(tf.shape(memory)[0], HEADS, HEAD_DIM,
+                                                    tf.float32),
+                 "memory": {"key": memory, "value": -memory}}]
+
+
+def test_decoder_cache_reads_what_a_reordered_concatenated_cache_holds():
     # 3 sentences x 2 beams (6 slots), 40 steps: the stores grow past their first capacity
     # (16 steps, then 32, then max_length 40); beams are reordered each step and sentences
     # leave. Every read must equal the reference cache, which appends each step's keys
-    # (a concat) and reorders whole rows (a gather).
+    # (a concat) and reorders whole rows (a gather); the encoder keys/values follow the
+    # sentences that stay.
     rng = np.random.default_rng(0)
     sentences, beams, max_length = 3, 2, 40
     slots = sentences * beams
-    initial = [{"self": {"key": tf.zeros([slots, HEADS, 0, HEAD_DIM])}}]
-    heads, stores = kv_cache.empty_stores(initial)
-    assert heads == HEADS
-    store = stores[0]["key"]
+    memory = tf.constant(rng.normal(size=(sentences, HEADS, 5, HEAD_DIM)), tf.float32)
+    padding = tf.constant(rng.random((sentences, 5)) > 0.3)
+    cache = kv_cache.DecoderCache(OneLayerModel(), memory, padding, slots, max_length)
+    state = cache.state
     active = np.arange(sentences)  # sentence indices still searched
-    ancestry = tf.zeros([slots, 0], tf.int32)
     reference = tf.zeros([slots, HEADS, 0, HEAD_DIM])
     for step in range(max_length):
         row_slots = tf.constant((active[:, None] * beams + np.arange(beams)).reshape(-1),
                                 tf.int32)
-        rows = kv_cache.step_rows(step, slots, HEADS, row_slots, ancestry)
-        store = kv_cache.grow([{"key": store}], step, slots, HEADS, max_length)[0]["key"]
+        layers, state = cache.for_step(state, step, row_slots)
+        np.testing.assert_array_equal(layers[0]["memory"]["key"], tf.gather(memory, active))
+        np.testing.assert_array_equal(state["source_padding"], tf.gather(padding, active))
         new = tf.constant(rng.normal(size=(len(row_slots), HEADS, 1, HEAD_DIM)), tf.float32)
-        store, read = kv_cache.write_and_read(store, new, rows["write_rows"], rows["read_rows"])
+        keys, values, written = layers[0]["self"].append(new, 2 * new)
+        state = cache.update(state, [{"self": written, "memory": layers[0]["memory"]}])
         reference = tf.concat([reference, new], axis=2)
-        np.testing.assert_array_equal(read, reference)
+        np.testing.assert_array_equal(keys, reference)
+        np.testing.assert_array_equal(values, 2 * reference)
         # Next step: each sentence's beams extend random old beams; sentence 1 leaves at 20.
         staying = [i for i, s in enumerate(active) if not (s == 1 and step == 20)]
         parents = np.array([i * beams + rng.integers(0, beams, beams) for i in staying])
         parents = tf.constant(parents.reshape(-1), tf.int32)
-        ancestry = tf.gather(tf.concat([ancestry, row_slots[:, None]], axis=1), parents)
+        state = cache.reorder(state, row_slots, parents, tf.constant(staying, tf.int32))
         reference = tf.gather(reference, parents)
         active = active[staying]
-    assert store.shape[0] == max_length * slots * HEADS  # 16 -> 32 -> 40 steps, no more
+    assert state["stores"][0]["key"].shape[0] == max_length * slots * HEADS  # 16, 32, 40 steps
+
+
+def test_append_cache_concatenates():
+    cache = kv_cache.AppendCache.empty(2, HEADS, HEAD_DIM, tf.float32)
+    steps = [tf.random.normal([2, HEADS, 1, HEAD_DIM]) for _ in range(3)]
+    for new in steps:
+        keys, values, cache = cache.append(new, -new)
+    np.testing.assert_array_equal(keys, tf.concat(steps, axis=2))
+    np.testing.assert_array_equal(values, -tf.concat(steps, axis=2))
 
 
 def test_grow_keeps_what_was_written():

@@ -16,9 +16,9 @@ Modules by role:
   experiment.py   one run in a model_dir (settings, loop, evaluation)
   evaluation.py   loss/perplexity, batched translation, sacreBLEU/chrF
   summaries.py    attention heatmaps
-  decoding.py     greedy decoding (cached and uncached), exact top-k log-probabilities
-  kv_cache.py     decoder self-attention keys/values of a search, written in place
-  beam_search.py  batched beam search with length penalty
+  decoding.py     the decoding loop and its strategies' interface; greedy; exact top-k
+  kv_cache.py     decoder keys/values: plain and in-place caches, a search's DecoderCache
+  beam_search.py  the beam strategy, with length penalty
   checkpoints.py  loading a trained model from a model_dir
   paths.py        the names of the files in a model_dir
   report.py       the end-of-run report: test scores, samples, next commands

@@ -1,4 +1,8 @@
-"""Decoder self-attention keys/values for the incremental searches, written in place.
+"""Decoder self-attention keys/values for incremental decoding.
+
+Two per-layer caches share one method, `append(key, value) -> (keys, values, cache)`, which is
+all the attention layer knows of them: `AppendCache`, the plain one (a concat per step), and
+`StoreCache`, the searches' fast one, written in place. `DecoderCache` owns a search's caches.
 
 Appending each step's keys to a [rows, H, t, Dh] cache (a concat) copies the whole cache every
 step, and reordering it for the beams (a gather) copies it again. Here each decoder layer keeps a
@@ -23,20 +27,46 @@ import tensorflow as tf
 INITIAL_CAPACITY = 16
 
 
-def empty_stores(initial_cache):
-    """For a model's initial_cache (self-attention keys/values [B, H, 0, Dh] per layer): the
-    number of heads H, and one empty store {"key", "value"} [0, Dh] per layer (`grow`
-    allocates them)."""
-    shape = initial_cache[0]["self"]["key"].shape  # [B, H, 0, Dh]
-    heads, head_dim = shape[1], shape[3]
-    return heads, [tf.nest.map_structure(lambda t: tf.zeros([0, head_dim], t.dtype), c["self"])
-                   for c in initial_cache]
+class AppendCache:
+    """A layer's self-attention keys and values [B, H, t, Dh], each step's appended by a concat.
+
+    Example:
+      cache = AppendCache.empty(batch, heads, head_dim, tf.float32)
+      keys, values, cache = cache.append(new_keys, new_values)  # new [B, H, 1, Dh]
+    """
+
+    def __init__(self, key, value):
+        self.key, self.value = key, value  # [B, H, t, Dh]
+
+    @classmethod
+    def empty(cls, batch, heads, head_dim, dtype):
+        empty = tf.zeros([batch, heads, 0, head_dim], dtype)
+        return cls(empty, empty)
+
+    def append(self, key, value):
+        """key, value [B, H, T, Dh] -> (all keys, all values [B, H, t + T, Dh], the grown
+        cache)."""
+        key = tf.concat([self.key, key], axis=2)
+        value = tf.concat([self.value, value], axis=2)
+        return key, value, AppendCache(key, value)
 
 
-def store_invariants(stores):
-    """tf.while_loop shape invariants: rows grow, the head size stays."""
-    return [{name: tf.TensorShape([None, t.shape[1]]) for name, t in store.items()}
-            for store in stores]
+class StoreCache:
+    """A layer's self-attention keys and values for one search step, in in-place stores (see
+    the module docstring): `append` writes the step's keys at `write_rows` and reads each row's
+    history at `read_rows` (`step_rows`). Safe only as a search uses it: a store is written by
+    the one step that owns it, and read after that write (the module docstring says why)."""
+
+    def __init__(self, key_store, value_store, write_rows, read_rows):
+        self.key_store, self.value_store = key_store, value_store  # [rows, Dh]
+        self.write_rows, self.read_rows = write_rows, read_rows  # [R * H], [R, H, t + 1]
+
+    def append(self, key, value):
+        """key, value [R, H, 1, Dh] -> (keys, values [R, H, t + 1, Dh], the written cache)."""
+        key_store, key = write_and_read(self.key_store, key, self.write_rows, self.read_rows)
+        value_store, value = write_and_read(self.value_store, value, self.write_rows,
+                                            self.read_rows)
+        return key, value, StoreCache(key_store, value_store, self.write_rows, self.read_rows)
 
 
 def grow(stores, step, slots, heads, max_length):
@@ -83,8 +113,8 @@ class DecoderCache:
     search's first batch), and the encoder keys/values of the sentences still searched, which
     their hypotheses query together. The tensors are a tf.while_loop variable, `state`; this
     object holds what stays fixed (slots, heads, largest capacity) and the operations:
-    `for_step` (the per-layer caches `model.decode_step` reads and appends to), `update` (its
-    new stores) and `reorder` (each new hypothesis takes the history of the one it extends;
+    `for_step` (the per-layer caches `model.decode_step` reads and appends to), `update` (what
+    it appended) and `reorder` (each new hypothesis takes the history of the one it extends;
     sentences that left drop out).
 
     state: {"stores": per layer {"key", "value"} [capacity * slots * H, Dh],
@@ -98,24 +128,29 @@ class DecoderCache:
         `model.encode`; slots: hypothesis rows of the first step (B * beams); max_length:
         the longest output, which bounds the stores' capacity."""
         initial = model.initial_cache(memory)
-        self.heads, stores = empty_stores(initial)
+        _, self.heads, _, head_dim = initial[0]["self"].key.shape  # [B, H, 0, Dh]
         self.slots, self.max_length = slots, max_length
+        stores = [{name: tf.zeros([0, head_dim], c["self"].key.dtype) for name in ("key", "value")}
+                  for c in initial]
         self.state = {"stores": stores, "ancestry": tf.zeros([slots, 0], tf.int32),
                       "memory": [c["memory"] for c in initial], "source_padding": source_padding}
 
     def for_step(self, state, step, row_slots):
-        """-> (per-layer caches for `model.decode_step` at time `step`, for the rows whose slots
-        are row_slots [R]; the state with stores grown to hold that step)."""
+        """-> (per-layer caches {"self": StoreCache, "memory"} for `model.decode_step` at time
+        `step`, for the rows whose slots are row_slots [R]; the state with stores grown to hold
+        that step)."""
         rows = step_rows(step, self.slots, self.heads, row_slots, state["ancestry"])
         stores = grow(state["stores"], step, self.slots, self.heads, self.max_length)
-        caches = [{"self": dict(store, **rows), "memory": memory}
+        caches = [{"self": StoreCache(store["key"], store["value"], rows["write_rows"],
+                                      rows["read_rows"]), "memory": memory}
                   for store, memory in zip(stores, state["memory"])]
         return caches, dict(state, stores=stores)
 
     @staticmethod
     def update(state, caches):
-        """The state with the stores `model.decode_step` returned in its per-layer caches."""
-        return dict(state, stores=[cache["self"] for cache in caches])
+        """The state with the stores written by `model.decode_step` (its returned caches)."""
+        return dict(state, stores=[{"key": c["self"].key_store, "value": c["self"].value_store}
+                                   for c in caches])
 
     @staticmethod
     def reorder(state, row_slots, parents, staying):

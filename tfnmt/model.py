@@ -2,6 +2,7 @@
 import keras
 import tensorflow as tf
 
+from tfnmt import kv_cache
 from tfnmt.layers import (PositionalEncoding, TokenEmbedding, TransformerDecoderLayer,
                           TransformerEncoderLayer)
 from tfnmt.layers.dropout import Dropout
@@ -177,13 +178,14 @@ class Transformer(keras.Model):
         return (logits, weights) if return_attention_scores else logits
 
     def initial_cache(self, memory):
-        """Per-layer decoding cache for the encoder output [B, S, D]: empty self-attention
-        keys/values [B, H, 0, Dh] and the projected memory keys/values [B, H, S, Dh]."""
+        """Per-layer decoding cache for the encoder output [B, S, D]: {"self": an empty
+        kv_cache.AppendCache [B, H, 0, Dh], "memory": the projected memory keys/values
+        [B, H, S, Dh]}."""
         batch = tf.shape(memory)[0]
         layer = self.decoder_layers[0]
         heads, head_dim = layer.num_heads, self.d_model // layer.num_heads
-        empty = tf.zeros([batch, heads, 0, head_dim], memory.dtype)
-        return [{"self": {"key": empty, "value": empty}, "memory": layer.memory_cache(memory)}
+        return [{"self": kv_cache.AppendCache.empty(batch, heads, head_dim, memory.dtype),
+                 "memory": layer.memory_cache(memory)}
                 for layer in self.decoder_layers]
 
     def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
@@ -198,15 +200,15 @@ class Transformer(keras.Model):
         last = len(self.decoder_layers) - 1
         for index, (layer, layer_cache) in enumerate(zip(self.decoder_layers, cache)):
             # The single query may attend to every cached position: no causal mask needed.
-            out = layer(x, None, None, memory_mask, cache=layer_cache, training=False,
-                        return_attention_scores=return_attention and index == last)
-            x, layer_cache = out[:2]
+            x, layer_cache, weights = layer.call_cached(
+                x, layer_cache, memory_mask,
+                return_attention_scores=return_attention and index == last)
             new_cache.append(layer_cache)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         logits = self._logits(x)[:, 0]
         if return_attention:
-            return logits, new_cache, tf.reduce_mean(out[2]["cross"][:, :, 0], axis=1)
+            return logits, new_cache, tf.reduce_mean(weights["cross"][:, :, 0], axis=1)
         return logits, new_cache
 
     def call(self, inputs, training=None):

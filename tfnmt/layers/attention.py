@@ -2,7 +2,6 @@
 import keras
 import tensorflow as tf
 
-from tfnmt import kv_cache
 from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.linear import linear
 
@@ -19,20 +18,24 @@ def _swap_axes_1_2(x, n0, n1, n2):
 class MultiHeadAttention(keras.layers.Layer):
     """softmax(Q K^T / sqrt(d_head) + mask) V over `num_heads` heads, then an output projection.
 
-    Call forms (shapes: B batch, Tq query length, Tk key length, D d_model, H heads, Dh = D/H):
-      out = mha(query, value, attention_mask)                        # [B, Tq, D]
-      out, cache = mha(query, query, mask, cache=cache)              # self-attention, incremental
-      out, cache = mha(query, None, mask, cache=kv, static_kv=True)  # cross-attention, precomputed
-    `attention_mask` is boolean, True where attending is allowed, broadcastable to [B, Tq, Tk].
-    A cache is {"key": [B, H, Tc, Dh], "value": [B, H, Tc, Dh]}: the new step's keys/values are
-    appended to it (self-attention), or it is used as is (`static_kv`, the encoder memory made once
-    with `project_key_value`). With "write_rows" and "read_rows" in a self-attention cache, its
-    "key" and "value" are in-place stores instead (kv_cache.py): the new keys are written there
-    and each row's are read back. A static cache may hold one row per group of G consecutive query
-    rows (B = Bc * G; e.g. the G beams of a sentence share its encoder keys/values): each
-    group's queries then attend to their row together (the row is not copied), and the mask
-    is per cache row ([Bc, 1 or Tq, Tk]). With `return_attention_scores=True` the weights
-    [B, H, Tq, Tk] are appended to the returned tuple.
+    Shapes: B batch, Tq query length, Tk key length, D d_model, H heads, Dh = D / H.
+    Three ways in, each its own method:
+      `call` (mha(query, value, mask)): attention over `value`, as in training.
+      `call_cached`: self-attention of new positions over the cached earlier ones; the
+        cache (kv_cache.AppendCache or StoreCache) appends their keys and values.
+      `call_memory`: cross-attention over keys/values made once by `project_key_value` (the
+        encoder output's), shared by groups of consecutive query rows (a sentence's beams).
+    `attention_mask` is boolean, True where attending is allowed.
+
+    Args:
+      num_heads: number of heads H; must divide d_model.
+      d_model: model width D (queries, keys, values and output).
+      attention_dropout: dropout rate on the attention weights, in training.
+      kernel_initializer: initializer of the four [D, D] projection kernels.
+
+    Example:
+      mha = MultiHeadAttention(num_heads=8, d_model=512)
+      out = mha(x, memory, mask)  # [B, Tq, D]
     """
 
     def __init__(self, num_heads, d_model, attention_dropout=0.0,
@@ -68,7 +71,8 @@ class MultiHeadAttention(keras.layers.Layer):
         return tf.transpose(y, [0, 2, 1, 3])
 
     def project_key_value(self, value, training=None):
-        """Keys and values of `value` ([B, Tk, D]) as a static cache, e.g. for the encoder memory."""
+        """Keys and values of `value` [B, Tk, D]: {"key", "value"} [B, H, Tk, Dh], for
+        `call_memory`."""
         if not self.built:
             self.build()
         return {
@@ -76,61 +80,81 @@ class MultiHeadAttention(keras.layers.Layer):
             "value": self._project(value, self.value_kernel, self.value_bias, training),
         }
 
-    def call(self, query, value=None, attention_mask=None, cache=None, static_kv=False,
-             training=None, return_attention_scores=False):
-        q = self._project(query, self.query_kernel, self.query_bias, training)  # [B, H, Tq, Dh]
-        batch, length = tf.shape(q)[0], tf.shape(q)[2]
-        if static_kv:
-            k, v = cache["key"], cache["value"]  # [Bc, H, Tk, Dh], B = Bc * G
-            # G query rows per cache row: per head, the group's queries as one [G * Tq, Dh]
-            # matrix, so that each cache row and head is one matrix product (a broadcast
-            # batched product of single rows is slower on CPU).
-            cache_rows = tf.shape(k)[0]
-            groups = batch // cache_rows
-            q = tf.reshape(_swap_axes_1_2(q, cache_rows, groups, self.num_heads),
-                           [cache_rows, self.num_heads, -1, self.head_dim])  # [Bc, H, G*Tq, Dh]
-        else:
-            step_kv = self.project_key_value(value, training)
-            k, v = step_kv["key"], step_kv["value"]
-            if cache is not None and "write_rows" in cache:  # in-place stores (kv_cache.py)
-                key_store, k = kv_cache.write_and_read(cache["key"], k, cache["write_rows"],
-                                                       cache["read_rows"])
-                value_store, v = kv_cache.write_and_read(cache["value"], v, cache["write_rows"],
-                                                         cache["read_rows"])
-                cache = {"key": key_store, "value": value_store}
-            elif cache is not None:
-                k = tf.concat([cache["key"], k], axis=2)
-                v = tf.concat([cache["value"], v], axis=2)
-                cache = {"key": k, "value": v}
+    def _attend(self, q, k, v, mask, training):
+        """q [B, H, Tq, Dh], k and v [B, H, Tk, Dh], mask broadcastable to [B, 1, Tq, Tk] ->
+        (attended [B, H, Tq, Dh], weights [B, H, Tq, Tk] float32)."""
         q = q * tf.cast(self.head_dim ** -0.5, q.dtype)
-        logits = tf.matmul(q, k, transpose_b=True)  # [B, H, Tq, Tk] ([Bc, H, G * Tq, Tk])
+        logits = tf.matmul(q, k, transpose_b=True)
         # Softmax in float32: stable under bf16/fp16 compute and exact masking.
         logits = tf.cast(logits, tf.float32)
-        if attention_mask is not None:
-            mask = tf.cast(attention_mask, tf.bool)
-            if static_kv and mask.shape[1] != 1:  # [Bc, Tq, Tk] -> [Bc, G * Tq, Tk]
-                mask = tf.tile(mask, [1, groups, 1])
-            mask = mask[:, None]  # [B, 1, Tq, Tk] ([Bc, 1, G * Tq or 1, Tk])
+        if mask is not None:
             logits = tf.where(mask, logits, tf.constant(-1e9, tf.float32))
         weights = tf.nn.softmax(logits, axis=-1)
         attended = tf.matmul(self.dropout(tf.cast(weights, v.dtype), training=training), v)
-        if static_kv:  # [Bc, H, G * Tq, .] -> [B, H, Tq, .]
-            attended = tf.reshape(_swap_axes_1_2(attended, cache_rows, self.num_heads, groups),
-                                  [batch, self.num_heads, length, self.head_dim])
-            if return_attention_scores:
-                weights = tf.reshape(_swap_axes_1_2(weights, cache_rows, self.num_heads, groups),
-                                     [batch, self.num_heads, length, -1])
+        return attended, weights
+
+    def _output(self, attended, training):
+        """[B, H, Tq, Dh] -> [B, Tq, D] through the output projection."""
+        batch, length = tf.shape(attended)[0], tf.shape(attended)[2]
         attended = tf.transpose(attended, [0, 2, 1, 3])  # [B, Tq, H, Dh]
         attended = tf.reshape(attended, [batch, length, self.d_model])
-        output = linear(attended, self.output_kernel, self.output_bias,
-                        training=training)  # [B, Tq, D]
+        return linear(attended, self.output_kernel, self.output_bias, training=training)
 
-        result = (output,)
-        if cache is not None:
-            result += (cache,)
-        if return_attention_scores:
-            result += (weights,)
-        return result[0] if len(result) == 1 else result
+    @staticmethod
+    def _mask(attention_mask):
+        # [B or 1, Tq or 1, Tk] -> [B or 1, 1, Tq or 1, Tk]
+        return None if attention_mask is None else tf.cast(attention_mask, tf.bool)[:, None]
+
+    def call(self, query, value, attention_mask=None, training=None,
+             return_attention_scores=False):
+        """query [B, Tq, D], value [B, Tk, D], attention_mask broadcastable to [B, Tq, Tk] ->
+        [B, Tq, D] (and the weights [B, H, Tq, Tk] with return_attention_scores)."""
+        q = self._project(query, self.query_kernel, self.query_bias, training)
+        kv = self.project_key_value(value, training)
+        attended, weights = self._attend(q, kv["key"], kv["value"], self._mask(attention_mask),
+                                         training)
+        output = self._output(attended, training)
+        return (output, weights) if return_attention_scores else output
+
+    def call_cached(self, query, cache, attention_mask=None):
+        """Self-attention of new positions query [B, T, D] over the cached ones and
+        themselves; `cache.append` takes their keys/values (see kv_cache). attention_mask is
+        needed only when T > 1 (causal among the new positions). -> (output [B, T, D], the
+        grown cache, weights [B, H, T, t + T])."""
+        q = self._project(query, self.query_kernel, self.query_bias)
+        step_kv = self.project_key_value(query)
+        k, v, cache = cache.append(step_kv["key"], step_kv["value"])
+        attended, weights = self._attend(q, k, v, self._mask(attention_mask), training=False)
+        return self._output(attended, training=False), cache, weights
+
+    def call_memory(self, query, memory, attention_mask=None, return_attention_scores=False):
+        """Cross-attention of query [B, Tq, D] over memory {"key", "value"} [Bc, H, Tk, Dh]
+        (`project_key_value`) with B = Bc * G: each cache row is attended by its G consecutive
+        query rows together, without copying it. attention_mask: [Bc, 1 or Tq, Tk], per cache
+        row. -> (output [B, Tq, D], weights [B, H, Tq, Tk] with return_attention_scores, else
+        None: regrouping them costs a gather per step)."""
+        q = self._project(query, self.query_kernel, self.query_bias)  # [B, H, Tq, Dh]
+        k, v = memory["key"], memory["value"]
+        batch, length = tf.shape(q)[0], tf.shape(q)[2]
+        # Per head, the group's queries as one [G * Tq, Dh] matrix, so that each cache row
+        # and head is one matrix product (a broadcast batched product of single rows is
+        # slower on CPU).
+        cache_rows = tf.shape(k)[0]
+        groups = batch // cache_rows
+        q = tf.reshape(_swap_axes_1_2(q, cache_rows, groups, self.num_heads),
+                       [cache_rows, self.num_heads, -1, self.head_dim])  # [Bc, H, G*Tq, Dh]
+        mask = attention_mask
+        if mask is not None and mask.shape[1] != 1:  # [Bc, Tq, Tk] -> [Bc, G * Tq, Tk]
+            mask = tf.tile(tf.cast(mask, tf.bool), [1, groups, 1])
+        attended, weights = self._attend(q, k, v, self._mask(mask), training=False)
+        # [Bc, H, G * Tq, .] -> [B, H, Tq, .]
+        attended = tf.reshape(_swap_axes_1_2(attended, cache_rows, self.num_heads, groups),
+                              [batch, self.num_heads, length, self.head_dim])
+        if not return_attention_scores:
+            return self._output(attended, training=False), None
+        weights = tf.reshape(_swap_axes_1_2(weights, cache_rows, self.num_heads, groups),
+                             [batch, self.num_heads, length, -1])
+        return self._output(attended, training=False), weights
 
     def get_config(self):
         config = super().get_config()

@@ -11,9 +11,15 @@ from tfnmt.layers.residual import residual_block
 class TransformerDecoderLayer(TransformerEncoderLayer):
     """The encoder layer's two sublayers plus cross-attention over the encoder output.
 
-    Incremental decoding passes `cache = {"self": {"key", "value"}, "memory": {"key", "value"}}`:
-    the self-attention cache grows by the new step, the memory cache (see `memory_cache`) is the
-    encoder output's keys/values projected once per sentence.
+    `call` runs whole target sequences (teacher forcing); `call_cached` runs new positions
+    against a cache {"self": a kv_cache.AppendCache or StoreCache, "memory": `memory_cache`}
+    of the earlier ones and of the encoder output.
+
+    Args: those of `TransformerEncoderLayer`.
+
+    Example:
+      layer = TransformerDecoderLayer(d_model=512, num_heads=8, d_ff=2048)
+      y = layer(x, memory, causal_mask, memory_mask)  # [B, T, D]
     """
 
     def __init__(self, *args, **kwargs):
@@ -34,32 +40,44 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
         """Cross-attention keys/values of the encoder output [B, S, D] -> {key, value} [B,H,S,Dh]."""
         return self.cross_attention.project_key_value(memory)
 
-    def call(self, x, memory=None, self_attention_mask=None, memory_mask=None, cache=None,
-             training=None, return_attention_scores=False):
-        """x: [B, T, D] decoder states; memory: [B, S, D] encoder output (unused with a cache);
-        self_attention_mask: [B or 1, T, Tk] bool (causal, plus target padding if any);
+    def call(self, x, memory, self_attention_mask=None, memory_mask=None, training=None,
+             return_attention_scores=False):
+        """x: [B, T, D] decoder states; memory: [B, S, D] encoder output;
+        self_attention_mask: [B or 1, T, T] bool (causal, plus target padding if any);
         memory_mask: [B, 1, S] bool (source padding).
-        Returns x [B, T, D]; then the new cache if one was given; then
-        {"self": [B,H,T,Tk], "cross": [B,H,T,S]} weights if asked."""
+        Returns x [B, T, D], and {"self": [B,H,T,T], "cross": [B,H,T,S]} weights if asked."""
         ret = return_attention_scores
         x, self_extras = residual_block(
             x,
-            lambda h: self.self_attention(h, h, self_attention_mask,
-                                          cache=None if cache is None else cache["self"],
-                                          training=training, return_attention_scores=ret),
+            lambda h: self.self_attention(h, h, self_attention_mask, training=training,
+                                          return_attention_scores=ret),
             self.self_attention_norm, self.dropout, self.norm_first, training)
         x, cross_extras = residual_block(
             x,
-            lambda h: self.cross_attention(h, memory, memory_mask,
-                                           cache=None if cache is None else cache["memory"],
-                                           static_kv=cache is not None,
-                                           training=training, return_attention_scores=ret),
+            lambda h: self.cross_attention(h, memory, memory_mask, training=training,
+                                           return_attention_scores=ret),
             self.cross_attention_norm, self.dropout, self.norm_first, training)
-        x, _ = residual_block(x, lambda h: self.feed_forward(h, training=training),
-                              self.feed_forward_norm, self.dropout, self.norm_first, training)
-        result = (x,)
-        if cache is not None:
-            result += ({"self": self_extras[0], "memory": cache["memory"]},)
+        x = self._feed_forward_block(x, training)
         if ret:
-            result += ({"self": self_extras[-1], "cross": cross_extras[-1]},)
-        return result[0] if len(result) == 1 else result
+            return x, {"self": self_extras[0], "cross": cross_extras[0]}
+        return x
+
+    def call_cached(self, x, cache, memory_mask=None, self_attention_mask=None,
+                    return_attention_scores=False):
+        """x: [B, T, D] new positions (usually T = 1: no self_attention_mask needed);
+        cache: {"self", "memory"} as in the class docstring, its memory [Bc, H, S, Dh] with
+        B = Bc * G rows (a sentence's beams query its row together); memory_mask: [Bc, 1, S].
+        Inference only (no dropout). Returns (x [B, T, D], the cache with the new positions,
+        {"self", "cross"} weights if asked, else None)."""
+        x, (self_cache, self_weights) = residual_block(
+            x, lambda h: self.self_attention.call_cached(h, cache["self"], self_attention_mask),
+            self.self_attention_norm, self.dropout, self.norm_first, False)
+        x, (cross_weights,) = residual_block(
+            x, lambda h: self.cross_attention.call_memory(h, cache["memory"], memory_mask,
+                                                          return_attention_scores),
+            self.cross_attention_norm, self.dropout, self.norm_first, False)
+        x = self._feed_forward_block(x, False)
+        weights = None
+        if return_attention_scores:
+            weights = {"self": self_weights, "cross": cross_weights}
+        return x, {"self": self_cache, "memory": cache["memory"]}, weights

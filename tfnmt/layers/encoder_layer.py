@@ -54,9 +54,13 @@ class TransformerEncoderLayer(keras.layers.Layer):
             lambda h: self.self_attention(h, h, mask, training=training,
                                           return_attention_scores=return_attention_scores),
             self.self_attention_norm, self.dropout, self.norm_first, training)
+        x = self._feed_forward_block(x, training)
+        return (x, extras[0]) if return_attention_scores else x
+
+    def _feed_forward_block(self, x, training):
         x, _ = residual_block(x, lambda h: self.feed_forward(h, training=training),
                               self.feed_forward_norm, self.dropout, self.norm_first, training)
-        return (x, extras[0]) if return_attention_scores else x
+        return x
 
     def get_config(self):
         config = super().get_config()
