@@ -85,6 +85,8 @@ flags.DEFINE_float("bucket_growth", 1.1, "Length buckets: each 10% wider than th
                    "dev loss, 5.02 against 4.73; 159 batch shapes instead of 62).")
 flags.DEFINE_bool("jit_compile", False, "XLA-compile the replica's train step (on this project's "
                   "2-core CPU it ran at 0.55x the default; see bench/README.md).")
+flags.DEFINE_bool("plain_ops", False, "Stock TensorFlow ops instead of tfnmt's hand-written "
+                  "fast ones (tfnmt/fast_ops.py): slower, same results up to rounding.")
 flags.DEFINE_integer("seed", 1234, "Seed for initialisation and data order.")
 # Bookkeeping.
 flags.DEFINE_integer("log_every", 50, "Steps between progress lines and train summaries.")
@@ -182,7 +184,7 @@ def main(argv):
     if FLAGS.dataset == "files" and not FLAGS.dev_files:
         raise app.UsageError("--dataset=files needs --dev_files: evaluation reports dev BLEU")
     check_paths()
-    from tfnmt import distribute, experiment, records
+    from tfnmt import distribute, experiment, fast_ops, records
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.corpus import CorpusError
 
@@ -193,7 +195,9 @@ def main(argv):
     except experiment.SettingsError as error:
         raise app.UsageError(str(error))
     strategy = distribute.make_strategy(FLAGS.strategy)
-    print(f"memory allocator: {cli.allocator_summary()}", flush=True)
+    fast_ops.set_plain_ops(FLAGS.plain_ops)
+    print(f"memory allocator: {cli.ALLOCATOR}" + ("; stock ops (--plain_ops)" if FLAGS.plain_ops
+                                                  else ""), flush=True)
     try:
         metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
     except (experiment.TrainingError, experiment.SettingsError, ModelDirError, CorpusError,

@@ -243,7 +243,8 @@ def test_fp16_skipped_updates_are_not_counted_as_steps(small_corpus, train_data,
 
 
 def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus, train_data, tmp_path):
-    # Pre-norm, learned positions, separate embeddings, 2 micro-batches, 2 replicas at once
+    # Pre-norm, learned positions, separate embeddings, 2 micro-batches, 2 replicas at once,
+    # then stock ops
     # (test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy checks their
     # gradients in every combination; test_train_py_end_to_end runs the defaults).
     import tensorflow_text  # noqa: F401
@@ -258,10 +259,12 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     first = python(*train_flags(small_corpus, train_data, model_dir, **overrides))
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 replica(s)" in first.stdout and "step      1/1 | loss" in first.stdout
+    # Resumed with stock ops: the same variables, so the fast run's checkpoint reads back.
     resumed = python(*train_flags(small_corpus, train_data, model_dir,
-                                  **dict(overrides, train_steps=2)))
+                                  **dict(overrides, train_steps=2)), "--plain_ops")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "ckpt-1 at step 1" in resumed.stdout and "step      2/2 | loss" in resumed.stdout
+    assert "stock ops (--plain_ops)" in resumed.stdout
     model, proto, path = load_model(model_dir)
     assert path.endswith("ckpt-2")
     assert model.settings["norm_first"] and model.settings["position"] == "learned"

@@ -25,6 +25,7 @@ Modules by role:
   serving.py      the in-graph translator and versioned SavedModel export
   ctranslate2_export.py  the model as a CTranslate2 model
   allocator.py    the C memory allocator of the entry points (tcmalloc or tuned glibc)
+  fast_ops.py     the switch between tfnmt's hand-written fast ops and stock ones
   copy_task.py    the Annotated Transformer's synthetic copy task
 """
 import os

@@ -18,14 +18,6 @@ def _parse_flags(argv):
         sys.exit(1)
 
 
-def allocator_summary():
-    """One line for the log: the allocator in use, and how to get a faster one."""
-    if ALLOCATOR.startswith("glibc") and allocator.find_tcmalloc() is None:
-        return (f"{ALLOCATOR}; installing tcmalloc makes CPU steps faster (Debian/Ubuntu: "
-                "apt install libtcmalloc-minimal4)")
-    return ALLOCATOR
-
-
 def run(main):
     """absl's app.run(main), with flag errors and an app.UsageError printed as one line,
     `<program>: <message>`, and exit code 1 (absl would print the module's help before a

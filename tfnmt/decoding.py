@@ -4,7 +4,7 @@ log-probabilities, row replacement), and greedy decoding by full recomputation, 
 the incremental decoders are checked against."""
 import tensorflow as tf
 
-from tfnmt import kv_cache
+from tfnmt import fast_ops, kv_cache
 from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 EXTRA_LENGTH = 50  # outputs may be this much longer than their source (paper §6.1)
@@ -62,6 +62,8 @@ def top_log_probs(logits, count, width=32):
     log softmax(x)[argmax], where softmax(x)[argmax] >= 1 / V never underflows.
     """
     vocab = logits.shape[-1]
+    if not fast_ops.enabled():
+        return tf.math.top_k(tf.nn.log_softmax(logits), k=min(count, vocab))
     chunks = -(-vocab // width)  # ceil
     padded = logits
     if chunks * width != vocab:

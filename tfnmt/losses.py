@@ -6,6 +6,7 @@ target tokens (otherwise the loss is mis-scaled by the replica count and batch c
 """
 import tensorflow as tf
 
+from tfnmt import fast_ops
 from tfnmt.tokenizer import PAD_ID
 
 
@@ -20,7 +21,19 @@ def label_smoothed_cross_entropy(labels, logits, epsilon=0.1, pad_id=PAD_ID):
     """
     logits = tf.cast(logits, tf.float32)
     weights = tf.cast(tf.not_equal(labels, pad_id), tf.float32)
+    if not fast_ops.enabled():
+        return _plain_smoothed_xent(labels, logits, epsilon, pad_id) * weights, weights
     return _smoothed_xent(labels, logits, epsilon, pad_id) * weights, weights
+
+
+def _plain_smoothed_xent(labels, logits, epsilon, pad_id):
+    """The same loss as -sum(q · log_softmax(logits)) over an explicit [B, T, V] target q,
+    differentiated by autodiff (fast_ops.plain_ops())."""
+    vocab_size = tf.shape(logits)[-1]
+    off_value = epsilon / (tf.cast(vocab_size, tf.float32) - 2.0)
+    q = tf.one_hot(labels, vocab_size, on_value=1.0 - epsilon, off_value=off_value)
+    q = tf.where(tf.equal(tf.range(vocab_size), pad_id), 0.0, q)  # [B, T, V]
+    return -tf.reduce_sum(q * tf.nn.log_softmax(logits), axis=-1)
 
 
 def _smoothed_xent(labels, logits, epsilon, pad_id):

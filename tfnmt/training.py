@@ -6,7 +6,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfnmt.checkpoints import ModelDirError, remove_interrupted_saves, repair_checkpoint_state
-from tfnmt.losses import masked_projected_loss_sum
+from tfnmt import fast_ops
+from tfnmt.losses import masked_loss_sum, masked_projected_loss_sum
 from tfnmt.tokenizer import PAD_ID
 
 SUM = tf.distribute.ReduceOp.SUM
@@ -44,12 +45,7 @@ class Trainer:
         grads, loss_sum, padded = None, 0.0, 0.0
         for batch in batches:
             with tf.GradientTape() as tape:
-                memory, source_padding = self.model.encode(batch["source"], training=True)
-                states, _ = self.model.decoder_states(batch["target_in"], memory, source_padding,
-                                                      training=True)
-                # The output projection happens inside the loss (fewer passes over the logits).
-                batch_loss, _ = masked_projected_loss_sum(
-                    batch["target_out"], states, self.model.output_kernel(), self.label_smoothing)
+                batch_loss = self._loss_sum(batch)
                 scaled = self.optimizer.scale_loss(batch_loss / global_tokens)
             step_grads = [dense_gradient(g, v) for g, v in
                           zip(tape.gradient(scaled, variables), variables)]
@@ -58,6 +54,18 @@ class Trainer:
             padded += tf.cast(tf.size(batch["source"]) + tf.size(batch["target_in"]), tf.float32)
         grads = context.all_reduce(SUM, grads)
         return loss_sum, local_tokens, padded, grads
+
+    def _loss_sum(self, batch):
+        """The batch's summed smoothed loss over its real target tokens."""
+        if not fast_ops.enabled():
+            logits = self.model((batch["source"], batch["target_in"]), training=True)
+            return masked_loss_sum(batch["target_out"], logits, self.label_smoothing)[0]
+        memory, source_padding = self.model.encode(batch["source"], training=True)
+        states, _ = self.model.decoder_states(batch["target_in"], memory, source_padding,
+                                              training=True)
+        # The output projection happens inside the loss (fewer passes over the logits).
+        return masked_projected_loss_sum(batch["target_out"], states,
+                                         self.model.output_kernel(), self.label_smoothing)[0]
 
     def _replica_step(self, batches):
         loss_sum, tokens, padded, grads = self.replica_gradients(batches)

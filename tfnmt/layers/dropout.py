@@ -9,6 +9,8 @@ the kept elements are scaled by the exact inverse of the keep probability.
 import keras
 import tensorflow as tf
 
+from tfnmt import fast_ops
+
 _LEVELS = 2 ** 16
 
 
@@ -39,7 +41,8 @@ def dropout(x, rate, seed):
 @keras.saving.register_keras_serializable(package="tfnmt")
 class Dropout(keras.layers.Dropout):
     """keras.layers.Dropout (same arguments, config and seed handling) with the cheaper mask
-    above; without noise_shape only. Under a tf.distribute strategy with several replicas,
+    above (tf.nn.experimental.stateless_dropout under fast_ops.plain_ops()); without
+    noise_shape only. Under a tf.distribute strategy with several replicas,
     each replica draws its own mask, as one large batch on one device would."""
 
     def __init__(self, rate, noise_shape=None, seed=None, **kwargs):
@@ -59,4 +62,6 @@ class Dropout(keras.layers.Dropout):
         if context is not None and context.num_replicas_in_sync > 1:
             seed = tf.random.experimental.stateless_fold_in(
                 seed, tf.cast(context.replica_id_in_sync_group, tf.int32))
+        if not fast_ops.enabled():
+            return tf.nn.experimental.stateless_dropout(inputs, self.rate, seed)
         return dropout(inputs, self.rate, seed)

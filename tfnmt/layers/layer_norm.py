@@ -5,7 +5,7 @@ gradient to autodiff: on CPU, where every element-wise op is one pass over memor
 LayerNorms took about a ninth of a `small` training step's op time (bench/README.md). Here the
 forward keeps x̂ and 1/σ, and the backward is the textbook expression
     dx = (g - mean(g) - x̂ · mean(g · x̂)) / σ,   g = dy · γ,
-in fewer passes. That path is for training only. Outside it (decoding, export) the layer runs
+in fewer passes. That path is for training only (and off under fast_ops.plain_ops()). Outside it (decoding, export) the layer runs
 tf.nn.moments + tf.nn.batch_normalization: eagerly the same arithmetic, bit for bit, as
 keras.ops.layer_normalization, which grappler's arithmetic optimizer rewrites in a graph (a
 last-bit difference from eager, enough to flip the bf16 rounding of the next matmul's input
@@ -15,6 +15,8 @@ Statistics are computed in float32 under any policy, as Keras does. The variable
 """
 import keras
 import tensorflow as tf
+
+from tfnmt import fast_ops
 
 
 def layer_norm(x, gamma, beta, epsilon, dtype=None):
@@ -64,7 +66,7 @@ class LayerNorm(keras.layers.Layer):
 
     def call(self, x, training=None):
         # x: [..., D] -> [..., D]
-        if training:
+        if training and fast_ops.enabled():
             return layer_norm(x, self.gamma, self.beta, self.epsilon, self.compute_dtype)
         x = tf.cast(x, tf.float32)
         mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)  # [..., 1]

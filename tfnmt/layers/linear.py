@@ -14,6 +14,8 @@ import threading
 
 import tensorflow as tf
 
+from tfnmt import fast_ops
+
 _low_precision = threading.local()  # .kernels: {id(kernel): (kernel, its cast copy)}
 
 
@@ -47,11 +49,17 @@ def linear(x, kernel, bias=None, transpose_kernel=False, activation=None, traini
     grappler can fuse MatMul + BiasAdd + ReLU (a Reshape in between stops it).
 
     Inside `low_precision_matmuls` (and not training) the product runs in that scope's dtype.
+    Under fast_ops.plain_ops(): tf.matmul + bias, nothing else.
 
     training: the result will be differentiated. A biased map (with ReLU or no activation)
     then takes its gradient from _dense_with_gemm_gradients; elsewhere (inference, exports)
     it stays plain ops.
     """
+    if not fast_ops.enabled():  # stock ops: a broadcasting matmul, as keras.layers.Dense
+        y = tf.matmul(x, tf.cast(kernel, x.dtype), transpose_b=transpose_kernel)
+        if bias is not None:
+            y = y + tf.cast(bias, x.dtype)
+        return y if activation is None else activation(y)
     entry = None if training else \
         (getattr(_low_precision, "kernels", None) or {}).get(id(kernel))
     low_precision_kernel = entry[1] if entry is not None and entry[0] is kernel else None

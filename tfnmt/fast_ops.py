@@ -1,0 +1,46 @@
+"""One switch for tfnmt's hand-written speed-ups.
+
+A few stock ops are replaced by faster ones of tfnmt's own, each tested against the stock
+version (bench/README.md says what each bought):
+
+  layers/linear.py      every projection as one 2-D GEMM with the bias gradient as a GEMM;
+                        bfloat16 weight products at inference (`low_precision_matmuls`)
+  layers/layer_norm.py  LayerNorm with a closed-form gradient
+  layers/dropout.py     dropout masks from 16 random bits per element
+  losses.py             the smoothed cross-entropy with its own gradient; in training
+                        (training.Trainer) the output projection inside it
+  decoding.py           the top-k log-probabilities of a search step without a full
+                        log-softmax
+
+`plain_ops()` (a context manager), `set_plain_ops(True)`, TFNMT_PLAIN_OPS=1 or
+`train.py --plain_ops` turn them all off: the layers, loss and searches then run stock
+TensorFlow ops that autodiff differentiates (tf.matmul, tf.nn.moments +
+tf.nn.batch_normalization, tf.nn.experimental.stateless_dropout, log_softmax + top_k), and
+training computes `Transformer.call`, then the loss. Results agree up to rounding (dropout
+draws other masks). The switch is read when a function is traced, so set it before.
+"""
+import contextlib
+import os
+
+_plain = [os.environ.get("TFNMT_PLAIN_OPS", "0") not in ("", "0")]
+
+
+def enabled():
+    """True while the fast ops are in use (the default)."""
+    return not _plain[0]
+
+
+def set_plain_ops(plain):
+    """plain=True: stock ops everywhere from now on; False: the fast ones."""
+    _plain[0] = bool(plain)
+
+
+@contextlib.contextmanager
+def plain_ops(plain=True):
+    """Within this scope, stock ops (plain=True) or the fast ones (plain=False)."""
+    previous = _plain[0]
+    _plain[0] = bool(plain)
+    try:
+        yield
+    finally:
+        _plain[0] = previous
