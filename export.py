@@ -46,16 +46,15 @@ flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (paper: 0.6).")
 flags.DEFINE_integer("max_decode_length", 0, "Cap on output subwords (0: source length + 50).")
 flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtype of the "
                   "weight matmuls (projections, feed-forward, output layer); all else is float32. "
-                  "bfloat16 decodes faster where bf16 is native (AVX512-BF16/AMX CPUs: 1.2-1.4x at "
-                  "beam 4, batch 32 here; GPUs of compute capability >= 8.0) and much slower where "
-                  "it is not; its translations differ slightly from float32's (bench/README.md). "
+                  "bfloat16 decodes faster where bf16 is native (AVX512-BF16/AMX CPUs, GPUs of "
+                  "compute capability >= 8.0) and much slower where it is not; its translations "
+                  "differ slightly from float32's (bench/README.md). "
                   "auto: bfloat16 if this machine has native bf16, else float32 (export on, or "
                   "choose for, the machine that serves).")
 flags.DEFINE_integer("n_best", 4, "Hypotheses returned by the translate_n_best signature.")
 flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into, searched at the "
-                     "same time: on CPUs this keeps the cores busy (2: 1.06-1.17x the "
-                     "sentences/s of 1 at batch 32 on 2 cores, bench/README.md; more was "
-                     "slower there); each sentence's translation is the same. Use 1 for GPUs.")
+                     "same time, to keep CPU cores busy (bench/README.md); each sentence's "
+                     "translation is the same. Default 2; use 1 for GPUs.")
 flags.DEFINE_integer("chunk_size", 64, "Sentences searched at once: a larger request is "
                      "translated in chunks of this many, one after another, so its memory stays "
                      "that of one chunk (README: serving).")

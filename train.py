@@ -1,6 +1,6 @@
 """Train a Transformer translation model (tfnmt).
 
-With no flags: the `cpu` preset on the embedded German->English corpus for 600 steps, then dev
+With no flags: the `cpu` preset on the embedded German->English corpus for 800 steps, then dev
 scores and a report on the test split (beam 4: sacreBLEU, chrF, sample translations, the
 commands to export and translate). Re-running the same command resumes from the newest
 checkpoint in --model_dir. Flags not given on the command line take the values saved in
@@ -79,18 +79,17 @@ flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16", "fp16"],
 flags.DEFINE_bool("shape_stable", True, "Pad each batch to its length bucket's upper edge, so "
                   "every bucket has one shape (kernels are set up once per bucket, and memory "
                   "stays flat); false pads to the batch's longest pair.")
-flags.DEFINE_float("bucket_growth", 1.1, "Length buckets: each 10% wider than the last (1.1), "
-                   "or 1.0 = one per length from 8 tokens on (batches fill --batch_tokens to "
-                   "within one pair: 4.6% faster here, but one 1,000-step run ended with a worse "
-                   "dev loss, 5.02 against 4.73; 159 batch shapes instead of 62).")
-flags.DEFINE_bool("jit_compile", False, "XLA-compile the replica's train step (on this project's "
-                  "2-core CPU it ran at 0.55x the default; see bench/README.md).")
+flags.DEFINE_float("bucket_growth", 1.1, "Length buckets: each this much wider than the last "
+                   "(default 1.1); 1.0: one per length from 8 tokens on (fuller batches, more "
+                   "batch shapes; bench/README.md compares them).")
+flags.DEFINE_bool("jit_compile", False, "XLA-compile the replica's train step (default false: "
+                  "slower on the CPUs of bench/README.md).")
 flags.DEFINE_bool("plain_ops", False, "Stock TensorFlow ops instead of tfnmt's hand-written "
                   "fast ones (tfnmt/fast_ops.py): slower, same results up to rounding.")
 flags.DEFINE_integer("seed", 1234, "Seed for initialisation and data order.")
 # Bookkeeping.
 flags.DEFINE_integer("log_every", 50, "Steps between progress lines and train summaries.")
-flags.DEFINE_integer("eval_every", 300, "Steps between dev evaluations (0: only at the end).")
+flags.DEFINE_integer("eval_every", 400, "Steps between dev evaluations (0: only at the end).")
 flags.DEFINE_integer("bleu_sentences", 0, "Dev sentences translated for BLEU (0: all).")
 flags.DEFINE_integer("checkpoint_every", 100, "Steps between checkpoints.")
 flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept.")

@@ -29,6 +29,7 @@ import tempfile
 import time
 
 from common import MALLOC, ROOT, cpu_description, peak_rss_bytes, rss_bytes
+from tfnmt import paths  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
@@ -71,13 +72,13 @@ def main(argv):
     from tfnmt.corpus import read_corpus
     from tfnmt.tokenizer import Tokenizer
 
-    with open(os.path.join(FLAGS.model_dir, "settings.json")) as f:
+    with open(os.path.join(FLAGS.model_dir, paths.SETTINGS)) as f:
         data = json.load(f)["data"]
     pairs = list(read_corpus(data["dataset"], FLAGS.split,
                              (data.get("files") or {}).get(FLAGS.split), data.get("tfds_data_dir")))
     pairs = pairs[:FLAGS.limit] if FLAGS.limit else pairs
     sources, references = [s for s, _ in pairs], [r for _, r in pairs]
-    tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, "spm.model"))
+    tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, paths.VOCAB))
     result = {"machine": cpu_description(), "malloc": MALLOC, "model_dir": FLAGS.model_dir,
               "split": FLAGS.split, "loader": FLAGS.loader,
               "rss_gib_before_loading": round(rss_bytes() / 2 ** 30, 2)}
@@ -149,7 +150,7 @@ def load_ctranslate2(path):
     import sentencepiece
     import tensorflow as tf
 
-    processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, "spm.model"))
+    processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, paths.VOCAB))
     translator = ctranslate2.Translator(path, device="cpu", inter_threads=1,
                                         intra_threads=FLAGS.ct2_threads)
 

@@ -31,6 +31,7 @@ import sys
 import time
 
 from common import MALLOC, ROOT, cpu_description, peer_environment
+from tfnmt import paths  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
@@ -188,9 +189,9 @@ def run_tfnmt(work, budgets):
         hypotheses = translate_lines(translate, [s for s, _ in pairs], 64)
         results.append({"step": step, "minutes": round(minutes, 2),
                         **score(hypotheses, [t for _, t in pairs])})
-    with open(os.path.join(model_dir, "settings.json")) as f:
+    with open(os.path.join(model_dir, paths.SETTINGS)) as f:
         settings = json.load(f)
-    return results, settings, os.path.join(model_dir, "spm.model")
+    return results, settings, os.path.join(model_dir, paths.VOCAB)
 
 
 def write_peer_data(work, spm_path):

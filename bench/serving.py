@@ -23,6 +23,7 @@ import tempfile
 import time
 
 from common import ROOT, cpu_description, rss_bytes
+from tfnmt import paths  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
@@ -123,7 +124,7 @@ def main(argv):
     from tfnmt.corpus import read_corpus
     from tfnmt.tokenizer import Tokenizer
 
-    with open(os.path.join(FLAGS.model_dir, "settings.json")) as f:
+    with open(os.path.join(FLAGS.model_dir, paths.SETTINGS)) as f:
         settings = json.load(f)
     data = settings["data"]
     sources = [s for s, _ in read_corpus(data["dataset"], "test",
@@ -142,7 +143,7 @@ def main(argv):
     if not counts:
         print(json.dumps(result))
         return
-    tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, "spm.model"))
+    tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, paths.VOCAB))
     pieces = settings["model"]["max_length"] - 1
     input_path = os.path.join(scratch, "long.json")
     with open(input_path, "w") as f:

@@ -57,7 +57,7 @@ def main(argv):
 
     from tfnmt import data
     from tfnmt.distribute import resolve_mixed_precision
-    from tfnmt.tokenizer import PAD_ID
+    from tfnmt.special_tokens import PAD_ID
 
     result = {"machine": cpu_description(), "malloc": MALLOC, "tensorflow": tf.__version__,
               "preset": FLAGS.preset, "batch_tokens": FLAGS.batch_tokens,

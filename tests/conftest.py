@@ -23,7 +23,7 @@ def small_corpus(tmp_path_factory):
     """3,000 training / 200 dev pairs of the embedded corpus as local TSV files."""
     import gzip
 
-    from tfnmt.corpus import EMBEDDED_DIR
+    from tfnmt.paths import EMBEDDED_DIR
 
     root = tmp_path_factory.mktemp("small_corpus")
     for split, count in (("train", 3000), ("dev", 200)):

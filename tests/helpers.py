@@ -28,18 +28,52 @@ def train_flags(small_corpus, train_data, model_dir, **overrides):
     return ["train.py"] + [f"--{k}={v}" for k, v in flags.items() if v is not None]
 
 
-def assert_config_round_trip(layer, *call_args, **call_kwargs):
-    """from_config(get_config()) gives an equal config, and with copied weights equal outputs."""
-    config = layer.get_config()
-    clone = layer.__class__.from_config(config)
-    assert clone.get_config() == config
+def run_layer_test(layer_class, init_kwargs, call_args, call_kwargs=None,
+                   expected_parameters=0, expected_weights=0, mixed_precision=True):
+    """keras-hub's run_layer_test, in small, for one of tfnmt's layers:
+    - from_config(get_config()) and Keras (de)serialisation keep the config, and with the
+      weights copied the clone gives the same output;
+    - the layer holds `expected_weights` trainable variables, `expected_parameters` numbers;
+    - a training step: each trainable variable gets a finite, nonzero gradient of the
+      output's sum of squares (so every weight is used);
+    - under the mixed_bfloat16 policy: float32 variables, a bfloat16 output close to the
+      float32 layer's with the same weights.
+    Returns the float32 layer."""
+    call_kwargs = call_kwargs or {}
+    tf = __import__("tensorflow")
+    layer = layer_class(**init_kwargs)
     expected = layer(*call_args, **call_kwargs)
+    config = layer.get_config()
+    clone = layer_class.from_config(config)
+    assert clone.get_config() == config
     clone(*call_args, **call_kwargs)
     clone.set_weights(layer.get_weights())
     np.testing.assert_allclose(clone(*call_args, **call_kwargs), expected, atol=1e-6)
-    # Through Keras' own (de)serialisation too: checks the tfnmt registration.
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
     assert type(restored) is type(layer) and restored.get_config() == config
+
+    weights = layer.trainable_weights
+    assert len(weights) == expected_weights
+    assert sum(int(np.prod(w.shape)) for w in weights) == expected_parameters
+    if weights:
+        with tf.GradientTape() as tape:
+            out = layer(*call_args, **dict(call_kwargs, training=True))
+            loss = tf.reduce_sum(tf.square(tf.cast(out, tf.float32)))
+        for weight, grad in zip(weights, tape.gradient(loss, weights)):
+            grad = tf.convert_to_tensor(grad).numpy()
+            assert np.all(np.isfinite(grad)) and np.abs(grad).max() > 0, weight.path
+
+    if mixed_precision:
+        mixed = layer_class(**dict(init_kwargs, dtype="mixed_bfloat16"))
+        mixed(*call_args, **call_kwargs)
+        mixed.set_weights(layer.get_weights())
+        out = mixed(*call_args, **call_kwargs)
+        assert out.dtype == tf.bfloat16
+        assert all(w.dtype == "float32" for w in mixed.weights)
+        scale = float(np.abs(expected).max())
+        np.testing.assert_allclose(tf.cast(out, tf.float32), expected, rtol=0,
+                                   atol=0.05 * scale)
+    return layer
 
 
 def random_ids(rng, batch, length, vocab_size, low=4):

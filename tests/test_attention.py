@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import assert_config_round_trip
+from helpers import run_layer_test
 from tfnmt.kv_cache import AppendCache
 from tfnmt.layers import MultiHeadAttention
 
@@ -96,6 +96,7 @@ def test_heads_must_divide_d_model():
         MultiHeadAttention(num_heads=3, d_model=8)
 
 
-def test_config_round_trips():
-    x = tf.random.normal([1, 3, 8])
-    assert_config_round_trip(MultiHeadAttention(2, 8, attention_dropout=0.1), x, x)
+def test_layer_contract():
+    x, memory = tf.random.normal([2, 3, 8]), tf.random.normal([2, 5, 8])
+    run_layer_test(MultiHeadAttention, dict(num_heads=2, d_model=8, attention_dropout=0.1),
+                   (x, memory), expected_weights=8, expected_parameters=4 * (8 * 8 + 8))

@@ -10,7 +10,7 @@ from tfnmt.beam_search import beam_search, length_penalty
 from tfnmt.decoding import greedy_decode, greedy_decode_uncached, top_log_probs
 from tfnmt.model import Transformer
 from tfnmt.presets import get_preset
-from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 VOCAB = 6  # two symbols besides the specials: EOS is likely, so hypotheses end at varied steps
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import tensorflow_datasets as tfds
 
-from tfnmt import corpus
+from tfnmt import corpus, paths
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -22,7 +22,7 @@ def load_builder():
 
 
 def read_split(split):
-    with gzip.open(os.path.join(corpus.EMBEDDED_DIR, f"{split}.tsv.gz"), "rt") as f:
+    with gzip.open(os.path.join(paths.EMBEDDED_DIR, f"{split}.tsv.gz"), "rt") as f:
         return [line.rstrip("\n").split("\t") for line in f]
 
 

@@ -14,7 +14,7 @@ from tfnmt.ctranslate2_export import (CTranslate2ExportError, export_ctranslate2
                                       transformer_spec)
 from tfnmt.decoding import greedy_decode
 from tfnmt.model import Transformer
-from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 sentencepiece = pytest.importorskip("sentencepiece")

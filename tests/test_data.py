@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tfnmt import data, records
-from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 def pairs_of(batches):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import assert_config_round_trip
+from helpers import run_layer_test
 from tfnmt.kv_cache import AppendCache
 from tfnmt.layers import TransformerDecoderLayer
 from tfnmt.model import causal_mask
@@ -42,6 +42,11 @@ def test_returns_self_and_cross_attention_weights():
     assert np.all(np.triu(weights["self"].numpy()[0, 0], k=1) == 0.0)
 
 
-def test_config_round_trips():
-    layer = TransformerDecoderLayer(16, 4, 32, dropout=0.3, norm_first=True)
-    assert_config_round_trip(layer, tf.random.normal([1, 3, 16]), tf.random.normal([1, 4, 16]))
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_layer_contract(norm_first):
+    attention, ffn, norm = 4 * (16 * 16 + 16), 16 * 32 + 32 + 32 * 16 + 16, 2 * 16
+    run_layer_test(TransformerDecoderLayer,
+                   dict(d_model=16, num_heads=4, d_ff=32, dropout=0.3, norm_first=norm_first),
+                   (tf.random.normal([2, 3, 16]), tf.random.normal([2, 4, 16]), causal_mask(3)),
+                   expected_weights=2 * 8 + 4 + 3 * 2,
+                   expected_parameters=2 * attention + ffn + 3 * norm)

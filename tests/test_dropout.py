@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import assert_config_round_trip
+from helpers import run_layer_test
 from tfnmt.layers import Dropout
 from tfnmt.layers.dropout import dropout, dropout_keep_mask
 
@@ -70,5 +70,5 @@ def test_bad_arguments_are_refused():
         Dropout(0.1, noise_shape=(1, None))
 
 
-def test_config_round_trips():
-    assert_config_round_trip(Dropout(0.2, seed=4), tf.random.normal([2, 3]))
+def test_layer_contract():
+    run_layer_test(Dropout, dict(rate=0.2, seed=4), (tf.random.normal([2, 3]),))

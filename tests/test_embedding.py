@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import assert_config_round_trip
+from helpers import run_layer_test
 from tfnmt.layers import PositionalEncoding, TokenEmbedding
 
 
@@ -50,7 +50,10 @@ def test_bad_position_settings_are_refused():
         PositionalEncoding(7)
 
 
-def test_config_round_trips():
-    assert_config_round_trip(TokenEmbedding(10, 8), tf.constant([[1, 2]]))
-    assert_config_round_trip(PositionalEncoding(8, kind="learned", max_length=12),
-                             tf.random.normal([1, 3, 8]))
+def test_layer_contract():
+    run_layer_test(TokenEmbedding, dict(vocab_size=10, d_model=8), (tf.constant([[1, 2, 7]]),),
+                   expected_weights=1, expected_parameters=10 * 8)
+    run_layer_test(PositionalEncoding, dict(d_model=8, kind="learned", max_length=12),
+                   (tf.random.normal([2, 3, 8]),), expected_weights=1,
+                   expected_parameters=12 * 8)
+    run_layer_test(PositionalEncoding, dict(d_model=8), (tf.random.normal([2, 3, 8]),))

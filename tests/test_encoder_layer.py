@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import assert_config_round_trip
+from helpers import run_layer_test
 from tfnmt.layers import TransformerEncoderLayer
 
 
@@ -39,6 +39,12 @@ def test_returns_attention_weights():
     np.testing.assert_allclose(tf.reduce_sum(weights, -1), 1.0, atol=1e-5)
 
 
-def test_config_round_trips():
-    layer = TransformerEncoderLayer(16, 4, 32, dropout=0.2, activation="gelu", norm_first=True)
-    assert_config_round_trip(layer, tf.random.normal([1, 3, 16]))
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_layer_contract(norm_first):
+    padding = tf.constant([[True] * 3, [True, True, False]])
+    run_layer_test(TransformerEncoderLayer,
+                   dict(d_model=16, num_heads=4, d_ff=32, dropout=0.2, activation="gelu",
+                        norm_first=norm_first),
+                   (tf.random.normal([2, 3, 16]), padding), expected_weights=8 + 4 + 2 * 2,
+                   expected_parameters=4 * (16 * 16 + 16) + 16 * 32 + 32 + 32 * 16 + 16
+                   + 2 * 2 * 16)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import assert_config_round_trip
+from helpers import run_layer_test
 from tfnmt.layers import FeedForward
 
 
@@ -22,5 +22,9 @@ def test_unknown_activation_is_refused():
         FeedForward(8, 32, activation="swish")
 
 
-def test_config_round_trips():
-    assert_config_round_trip(FeedForward(8, 16, activation="gelu"), tf.random.normal([1, 2, 8]))
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_layer_contract(activation):
+    run_layer_test(FeedForward, dict(d_model=8, d_ff=16, activation=activation,
+                                     inner_dropout=0.1),
+                   (tf.random.normal([2, 3, 8]),), expected_weights=4,
+                   expected_parameters=8 * 16 + 16 + 16 * 8 + 8)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import assert_config_round_trip
+from helpers import run_layer_test
 from tfnmt.layers import LayerNorm
 
 
@@ -88,8 +88,9 @@ def test_shapes(shape):
     np.testing.assert_allclose(ours(x), reference(x), atol=1e-5)
 
 
-def test_config_round_trips():
-    assert_config_round_trip(LayerNorm(epsilon=1e-3), tf.random.normal([2, 3, 8]))
+def test_layer_contract():
+    run_layer_test(LayerNorm, dict(epsilon=1e-3), (tf.random.normal([2, 3, 8]),),
+                   expected_weights=2, expected_parameters=2 * 8)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

@@ -4,7 +4,7 @@ import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 
-from tfnmt import corpus
+from tfnmt import corpus, paths
 from tfnmt.records import VOCAB
 from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
@@ -22,7 +22,7 @@ def test_round_trip_on_the_corpus(small_prepared):
     path = os.path.join(small_prepared, VOCAB)
     tokenizer = Tokenizer(path)
     normalizer = spm.SentencePieceNormalizer(model_file=path)
-    dev = os.path.join(corpus.EMBEDDED_DIR, "dev.tsv.gz")
+    dev = os.path.join(paths.EMBEDDED_DIR, "dev.tsv.gz")
     texts = [t for pair in corpus.read_tsv(dev, columns=3) for t in pair]
     detokenized = tokenizer.detokenize(tokenizer.tokenize(texts)).numpy()
     # The normaliser writes spaces as U+2581 and adds a leading one; detokenizing undoes both.

@@ -9,6 +9,7 @@ Modules by role:
   corpus.py       raw parallel text: embedded corpus, TFDS datasets, local files
   tfds_embedded.py  the embedded corpus as a local TFDS builder
   tokenizer.py    joint SentencePiece vocabulary, applied with tensorflow-text
+  special_tokens.py  the reserved ids: PAD, UNK, BOS, EOS
   records.py      TFRecord shards + manifest
   data.py         the length-bucketed, token-budget tf.data pipeline
   distribute.py   strategies, cluster roles, mixed precision

@@ -10,7 +10,7 @@ sentence's search depends on the other sentences of its batch.
 import tensorflow as tf
 
 from tfnmt.decoding import DecodingStrategy, dynamic_decode, replace_rows
-from tfnmt.tokenizer import PAD_ID
+from tfnmt.special_tokens import PAD_ID
 
 NEG_INF = -1e9
 

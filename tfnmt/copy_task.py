@@ -13,7 +13,7 @@ from tfnmt.losses import masked_loss_sum
 from tfnmt.model import Transformer
 from tfnmt.presets import get_preset
 from tfnmt.schedule import paper_adam
-from tfnmt.tokenizer import BOS_ID, EOS_ID
+from tfnmt.special_tokens import BOS_ID, EOS_ID
 
 FIRST_SYMBOL = EOS_ID + 1  # symbols are drawn from [FIRST_SYMBOL, vocab_size)
 

@@ -10,8 +10,6 @@ import logging
 import os
 import socket
 
-EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "data", "de-en")
 EMBEDDED = "embedded"
 EMBEDDED_TFDS_NAME = "tfnmt_de_en"
 SPLITS = ("train", "dev", "test")

@@ -11,7 +11,7 @@ import logging
 import tensorflow as tf
 
 from tfnmt import records
-from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 def bucket_boundaries(max_length, min_length=8, growth=1.1):

@@ -5,7 +5,7 @@ the incremental decoders are checked against."""
 import tensorflow as tf
 
 from tfnmt import fast_ops, kv_cache
-from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 EXTRA_LENGTH = 50  # outputs may be this much longer than their source (paper §6.1)
 

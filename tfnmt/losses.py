@@ -7,7 +7,7 @@ target tokens (otherwise the loss is mis-scaled by the replica count and batch c
 import tensorflow as tf
 
 from tfnmt import fast_ops
-from tfnmt.tokenizer import PAD_ID
+from tfnmt.special_tokens import PAD_ID
 
 
 def label_smoothed_cross_entropy(labels, logits, epsilon=0.1, pad_id=PAD_ID):

@@ -8,7 +8,7 @@ from tfnmt.layers import (PositionalEncoding, TokenEmbedding, TransformerDecoder
 from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.layer_norm import LayerNorm
 from tfnmt.layers.linear import linear
-from tfnmt.tokenizer import PAD_ID
+from tfnmt.special_tokens import PAD_ID
 
 
 def causal_mask(length):

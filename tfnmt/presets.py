@@ -21,8 +21,8 @@ PRESETS = {
 # train.py's defaults per preset (flags given on the command line win). batch_tokens is per
 # replica and micro-batch; the paper's ~25k-token batches need --accum_steps or replicas.
 TRAINING = {
-    "tiny": dict(batch_tokens=2048, warmup_steps=800, lr_scale=1.0, train_steps=600),
-    "cpu": dict(batch_tokens=2048, warmup_steps=800, lr_scale=1.0, train_steps=600),
+    "tiny": dict(batch_tokens=2048, warmup_steps=800, lr_scale=1.0, train_steps=800),
+    "cpu": dict(batch_tokens=2048, warmup_steps=800, lr_scale=1.0, train_steps=800),
     "small": dict(batch_tokens=4096, warmup_steps=400, lr_scale=0.4, train_steps=1000),
     "base": dict(batch_tokens=4096, warmup_steps=4000, lr_scale=1.0, train_steps=100000),
     "big": dict(batch_tokens=4096, warmup_steps=4000, lr_scale=1.0, train_steps=300000),

@@ -19,7 +19,7 @@ import os
 import tensorflow as tf
 
 from tfnmt import corpus
-from tfnmt.paths import VOCAB
+from tfnmt.paths import EMBEDDED_DIR, VOCAB
 from tfnmt.tokenizer import Tokenizer, file_fingerprint, train_sentencepiece
 
 MANIFEST = "manifest.json"
@@ -41,8 +41,8 @@ def _sha256_file(path):
 def input_fingerprint(dataset, files=None, tfds_data_dir=None):
     """What the raw text is, so a changed input triggers a rebuild."""
     if dataset == corpus.EMBEDDED:
-        paths = [os.path.join(corpus.EMBEDDED_DIR, f"{s}.tsv.gz") for s in corpus.SPLITS]
-        return {"embedded": {os.path.basename(p): _sha256_file(p) for p in paths}}
+        tsv_paths = [os.path.join(EMBEDDED_DIR, f"{s}.tsv.gz") for s in corpus.SPLITS]
+        return {"embedded": {os.path.basename(p): _sha256_file(p) for p in tsv_paths}}
     if dataset == "files":
         return {"files": {split: {p: _sha256_file(p) if os.path.exists(p) else None
                                   for p in (spec or "").split(",") if p}

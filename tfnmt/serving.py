@@ -26,8 +26,8 @@ import tensorflow as tf
 from tfnmt.beam_search import beam_search
 from tfnmt.decoding import EXTRA_LENGTH, decode_limits
 from tfnmt.layers.linear import low_precision_matmuls
-from tfnmt.tokenizer import (PAD_ID, has_content, portable_model_proto, strip_output,
-                             to_source_ids)
+from tfnmt.special_tokens import PAD_ID
+from tfnmt.tokenizer import has_content, portable_model_proto, strip_output, to_source_ids
 
 MATMUL_DTYPES = ("float32", "bfloat16")
 

@@ -10,10 +10,7 @@ import os
 
 import tensorflow as tf
 
-PAD_ID = 0  # padding; never predicted, masked out of attention and the loss
-UNK_ID = 1
-BOS_ID = 2  # starts every decoder input
-EOS_ID = 3  # ends every source and target
+from tfnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401 (re-exported)
 
 
 def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unigram",

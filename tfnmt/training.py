@@ -8,7 +8,7 @@ import tensorflow as tf
 from tfnmt.checkpoints import ModelDirError, remove_interrupted_saves, repair_checkpoint_state
 from tfnmt import fast_ops
 from tfnmt.losses import masked_loss_sum, masked_projected_loss_sum
-from tfnmt.tokenizer import PAD_ID
+from tfnmt.special_tokens import PAD_ID
 
 SUM = tf.distribute.ReduceOp.SUM
 

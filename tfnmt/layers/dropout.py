@@ -40,10 +40,19 @@ def dropout(x, rate, seed):
 
 @keras.saving.register_keras_serializable(package="tfnmt")
 class Dropout(keras.layers.Dropout):
-    """keras.layers.Dropout (same arguments, config and seed handling) with the cheaper mask
-    above (tf.nn.experimental.stateless_dropout under fast_ops.plain_ops()); without
-    noise_shape only. Under a tf.distribute strategy with several replicas,
-    each replica draws its own mask, as one large batch on one device would."""
+    """keras.layers.Dropout (same config and seed handling) with the cheaper mask above
+    (tf.nn.experimental.stateless_dropout under fast_ops.plain_ops()); without noise_shape
+    only. Under a tf.distribute strategy with several replicas, each replica draws its own
+    mask, as one large batch on one device would.
+
+    Args:
+      rate: fraction of the elements dropped, in training (below 1).
+      seed: seed of the layer's random stream (Keras' SeedGenerator).
+
+    Example:
+      dropout = Dropout(0.1)
+      y = dropout(x, training=True)  # x scaled by 1 / keep probability where kept, 0 elsewhere
+    """
 
     def __init__(self, rate, noise_shape=None, seed=None, **kwargs):
         if noise_shape is not None:

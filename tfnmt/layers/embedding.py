@@ -13,6 +13,16 @@ class TokenEmbedding(keras.layers.Layer):
 
     The same matrix doubles as the pre-softmax projection (`logits`), which is how the paper
     shares source, target and output weights when the vocabulary is shared.
+
+    Args:
+      vocab_size: number of token ids V.
+      d_model: vector size D.
+      embeddings_initializer: initializer of the [V, D] matrix.
+
+    Example:
+      embedding = TokenEmbedding(vocab_size=8000, d_model=512)
+      vectors = embedding(token_ids)          # [B, T] -> [B, T, D]
+      logits = embedding.logits(decoder_out)  # [B, T, D] -> [B, T, V]
     """
 
     def __init__(self, vocab_size, d_model, embeddings_initializer="glorot_uniform", **kwargs):
@@ -67,6 +77,16 @@ class PositionalEncoding(keras.layers.Layer):
 
     `start` offsets the positions, so incremental decoding can add the encoding of step t alone.
     Sinusoids have no length limit; learned positions cover `max_length` positions.
+
+    Args:
+      d_model: vector size D (even).
+      kind: "sinusoidal" (paper §3.5) or "learned".
+      max_length: positions a learned table holds.
+
+    Example:
+      positions = PositionalEncoding(d_model=512)
+      x = positions(embedded)            # [B, T, D] -> [B, T, D]
+      x_t = positions(step_vectors, start=t)  # one decoding step at position t
     """
 
     def __init__(self, d_model, kind="sinusoidal", max_length=1024, **kwargs):

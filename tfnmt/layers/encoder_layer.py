@@ -10,7 +10,23 @@ from tfnmt.layers.residual import residual_block
 
 @keras.saving.register_keras_serializable(package="tfnmt")
 class TransformerEncoderLayer(keras.layers.Layer):
-    """x -> self-attention over the unpadded source -> FFN, with residual + dropout + LayerNorm."""
+    """x -> self-attention over the unpadded source -> FFN, with residual + dropout + LayerNorm.
+
+    Args:
+      d_model: model width D.
+      num_heads: attention heads (must divide D).
+      d_ff: feed-forward inner size.
+      dropout: rate on each sublayer's output before the residual sum (paper: 0.1).
+      attention_dropout: rate on the attention weights.
+      ffn_dropout: rate on the feed-forward inner activations.
+      activation: "relu" (paper) or "gelu".
+      norm_first: pre-norm (LayerNorm before each sublayer) instead of the paper's post-norm.
+      layer_norm_epsilon: ε of the LayerNorms.
+
+    Example:
+      layer = TransformerEncoderLayer(d_model=512, num_heads=8, d_ff=2048)
+      y = layer(x, padding_mask)  # x [B, S, D], padding_mask [B, S] (True at tokens)
+    """
 
     def __init__(self, d_model, num_heads, d_ff, dropout=0.1, attention_dropout=0.0,
                  ffn_dropout=0.0, activation="relu", norm_first=False, layer_norm_epsilon=1e-6,

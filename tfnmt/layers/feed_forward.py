@@ -10,7 +10,19 @@ ACTIVATIONS = {"relu": tf.nn.relu, "gelu": tf.nn.gelu}
 
 @keras.saving.register_keras_serializable(package="tfnmt")
 class FeedForward(keras.layers.Layer):
-    """Two linear maps with ReLU (paper) or GELU between; optional dropout on the inner layer."""
+    """Two linear maps with ReLU (paper) or GELU between; optional dropout on the inner layer.
+
+    Args:
+      d_model: input and output size D.
+      d_ff: inner size F (paper: 4 D).
+      activation: "relu" (paper) or "gelu".
+      inner_dropout: dropout rate on the inner activations, in training.
+      kernel_initializer: initializer of both kernels.
+
+    Example:
+      ffn = FeedForward(d_model=512, d_ff=2048)
+      y = ffn(x)  # [B, T, D] -> [B, T, D]
+    """
 
     def __init__(self, d_model, d_ff, activation="relu", inner_dropout=0.0,
                  kernel_initializer="glorot_uniform", **kwargs):

@@ -49,7 +49,15 @@ def layer_norm(x, gamma, beta, epsilon, dtype=None):
 
 @keras.saving.register_keras_serializable(package="tfnmt")
 class LayerNorm(keras.layers.Layer):
-    """y = γ · (x − mean) / sqrt(var + ε) + β over the last axis; output in the compute dtype."""
+    """y = γ · (x − mean) / sqrt(var + ε) + β over the last axis; output in the compute dtype.
+
+    Args:
+      epsilon: ε, added to the variance.
+
+    Example:
+      norm = LayerNorm(epsilon=1e-6)
+      y = norm(x)  # [..., D] -> [..., D]
+    """
 
     def __init__(self, epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
