@@ -57,7 +57,7 @@ flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into, sear
                      "translation is the same. Default 2; use 1 for GPUs.")
 flags.DEFINE_integer("chunk_size", 64, "Sentences searched at once: a larger request is "
                      "translated in chunks of this many, one after another, so its memory stays "
-                     "that of one chunk (README: serving).")
+                     "that of one chunk (docs/serving.md).")
 flags.DEFINE_bool("check", True, "Before publishing, load the export and translate two "
                   "sentences: a SavedModel with TensorFlow's C++ loader (as TF Serving does), "
                   "each signature; a CTranslate2 model with CTranslate2.")
