@@ -5,8 +5,8 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from tfnmt.checkpoints import ModelDirError, remove_interrupted_saves, repair_checkpoint_state
 from tfnmt import fast_ops
+from tfnmt.checkpoints import ModelDirError, remove_interrupted_saves, repair_checkpoint_state
 from tfnmt.losses import masked_loss_sum, masked_projected_loss_sum
 from tfnmt.special_tokens import PAD_ID
 

@@ -5,11 +5,12 @@ gradient to autodiff: on CPU, where every element-wise op is one pass over memor
 LayerNorms took about a ninth of a `small` training step's op time (bench/README.md). Here the
 forward keeps x̂ and 1/σ, and the backward is the textbook expression
     dx = (g - mean(g) - x̂ · mean(g · x̂)) / σ,   g = dy · γ,
-in fewer passes. That path is for training only (and off under fast_ops.plain_ops()). Outside it (decoding, export) the layer runs
-tf.nn.moments + tf.nn.batch_normalization: eagerly the same arithmetic, bit for bit, as
-keras.ops.layer_normalization, which grappler's arithmetic optimizer rewrites in a graph (a
-last-bit difference from eager, enough to flip the bf16 rounding of the next matmul's input
-under `linear.low_precision_matmuls`); it leaves this form as written.
+in fewer passes. That path is for training only (and off under fast_ops.plain_ops()). Outside
+it (decoding, export) the layer runs tf.nn.moments + tf.nn.batch_normalization: eagerly the
+same arithmetic, bit for bit, as keras.ops.layer_normalization, which grappler's arithmetic
+optimizer rewrites in a graph (a last-bit difference from eager, enough to flip the bf16
+rounding of the next matmul's input under `linear.low_precision_matmuls`); it leaves this form
+as written.
 Statistics are computed in float32 under any policy, as Keras does. The variables are named
 `gamma` and `beta` like Keras's, so checkpoints carry over.
 """
