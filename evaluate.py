@@ -53,7 +53,7 @@ def _read_lines(path, flag):
 
 
 def _split_pairs(model_dir, split):
-    from tfnmt.corpus import CorpusError, read_corpus
+    from tfnmt.data.corpus import CorpusError, read_corpus
 
     settings_path = os.path.join(model_dir, SETTINGS)
     if not os.path.exists(settings_path):
@@ -81,9 +81,9 @@ def _aligned(lines, references, flags_named):
 
 
 def _translate(sources):
-    from tfnmt import serving
     from tfnmt.checkpoints import ModelDirError
-    from tfnmt.evaluation import translate_lines
+    from tfnmt.inference import serving
+    from tfnmt.inference.evaluation import translate_lines
 
     try:
         translate = serving.load_translate_fn(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
@@ -117,7 +117,8 @@ def main(argv):
         else:
             sources, references, what = _split_pairs(FLAGS.model_dir, FLAGS.split)
         hypotheses = _translate(sources)
-    from tfnmt.evaluation import corpus_scores  # TensorFlow: only once the inputs are good
+    # TensorFlow is imported only once the inputs are good.
+    from tfnmt.inference.evaluation import corpus_scores
 
     if FLAGS.output:
         with open(FLAGS.output, "w", encoding="utf-8") as f:

@@ -7,7 +7,8 @@ core TensorFlow and tensorflow-text ops only. Loading it needs `import tensorflo
 Before the version is published, TensorFlow's C++ loader (the one TF Serving uses) loads it and
 both signatures translate two sentences; if that fails, nothing is published (exit code 1).
 
-With --format=ctranslate2 it writes a CTranslate2 model instead (tfnmt/ctranslate2_export.py):
+With --format=ctranslate2 it writes a CTranslate2 model instead
+(tfnmt/inference/ctranslate2_export.py):
 <export_dir> (default <model_dir>/ctranslate2, or ctranslate2-<quantization>) with spm.model beside
 CTranslate2's files, checked by translating two sentences with CTranslate2 before it is published.
 
@@ -53,7 +54,7 @@ flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtyp
                   "choose for, the machine that serves).")
 flags.DEFINE_integer("n_best", 4, "Hypotheses returned by the translate_n_best signature.")
 flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into, searched at the "
-                     "same time, to keep CPU cores busy (bench/README.md); each sentence's "
+                     "same time, to keep CPU cores busy (CHANGELOG.md); each sentence's "
                      "translation is the same. Default 2; use 1 for GPUs.")
 flags.DEFINE_integer("chunk_size", 64, "Sentences searched at once: a larger request is "
                      "translated in chunks of this many, one after another, so its memory stays "
@@ -87,8 +88,8 @@ def main(argv):
     import tensorflow as tf
 
     from tfnmt import checkpoints
-    from tfnmt.distribute import resolve_mixed_precision
-    from tfnmt.serving import ExportCheckError, TranslationModule, export_saved_model
+    from tfnmt.inference.serving import ExportCheckError, TranslationModule, export_saved_model
+    from tfnmt.training.distribute import resolve_mixed_precision
 
     matmul_dtype = FLAGS.matmul_dtype
     if matmul_dtype == "auto":
@@ -118,7 +119,7 @@ def main(argv):
 
 
 def export_ctranslate2(model, proto, path):
-    from tfnmt import ctranslate2_export
+    from tfnmt.inference import ctranslate2_export
 
     quantization = None if FLAGS.quantization == "none" else FLAGS.quantization
     default_name = CTRANSLATE2 + (f"-{quantization}" if quantization else "")

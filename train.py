@@ -22,8 +22,8 @@ from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli  # noqa: E402
 
+from tfnmt.model.presets import PRESETS  # noqa: E402
 from tfnmt.paths import DEFAULT_MODEL_DIR  # noqa: E402
-from tfnmt.presets import PRESETS  # noqa: E402
 
 FLAGS = flags.FLAGS
 # Where and what.
@@ -45,7 +45,7 @@ flags.DEFINE_integer("max_length", 256, "Longest pair kept, in subwords (incl. B
                      "longer training pairs are dropped (counted in the log).")
 # Model.
 flags.DEFINE_enum("preset", "cpu", list(PRESETS), "Model size and its training defaults "
-                  "(tfnmt/presets.py).")
+                  "(tfnmt/model/presets.py).")
 flags.DEFINE_integer("num_layers", None, "Override: encoder and decoder layers.")
 flags.DEFINE_integer("d_model", None, "Override: model width.")
 flags.DEFINE_integer("num_heads", None, "Override: attention heads.")
@@ -125,7 +125,7 @@ flags.register_validator("dropout", lambda v: v is None or 0.0 <= v < 1.0,
 
 def requested_settings():
     """Settings from the flags, and the set of those given explicitly."""
-    from tfnmt.presets import get_preset, get_training
+    from tfnmt.model.presets import get_preset, get_training
 
     model = get_preset(FLAGS.preset, **{k: FLAGS[k].value for k in MODEL_FLAGS})
     training = get_training(FLAGS.preset)
@@ -153,7 +153,7 @@ def requested_settings():
 
 def check_paths():
     """One line (app.UsageError) for a path that cannot work, before any work starts."""
-    from tfnmt.corpus import CorpusError, check_files
+    from tfnmt.data.corpus import CorpusError, check_files
 
     if FLAGS.dataset == "files":
         for split in ("train", "dev", "test"):
@@ -183,15 +183,19 @@ def main(argv):
     if FLAGS.dataset == "files" and not FLAGS.dev_files:
         raise app.UsageError("--dataset=files needs --dev_files: evaluation reports dev BLEU")
     check_paths()
-    from tfnmt import distribute, experiment, fast_ops, records
+    from tfnmt import fast_ops
     from tfnmt.checkpoints import ModelDirError
-    from tfnmt.corpus import CorpusError
+    from tfnmt.data import records
+    from tfnmt.data.corpus import CorpusError
+    from tfnmt.training import distribute, experiment
+    from tfnmt.training.settings import SettingsError, resolve_settings
+    from tfnmt.training.trainer import TrainingError
 
     distribute.split_cpu(FLAGS.cpu_devices)
     settings, explicit = requested_settings()
     try:
-        settings = experiment.resolve_settings(settings, explicit, FLAGS.model_dir)
-    except experiment.SettingsError as error:
+        settings = resolve_settings(settings, explicit, FLAGS.model_dir)
+    except SettingsError as error:
         raise app.UsageError(str(error))
     strategy = distribute.make_strategy(FLAGS.strategy)
     fast_ops.set_plain_ops(FLAGS.plain_ops)
@@ -199,7 +203,7 @@ def main(argv):
                                                   else ""), flush=True)
     try:
         metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
-    except (experiment.TrainingError, experiment.SettingsError, ModelDirError, CorpusError,
+    except (TrainingError, SettingsError, ModelDirError, CorpusError,
             records.PreparedDataError) as error:
         raise app.UsageError(str(error))
     print(f"dev sacreBLEU {metrics['bleu']:.2f} (greedy)  ({FLAGS.model_dir})", flush=True)
@@ -211,8 +215,8 @@ def final_report(settings, dev_metrics):
     """Test scores, samples and next commands (printed, and in <model_dir>/report.json)."""
     import keras
 
-    from tfnmt import report
-    from tfnmt.corpus import CorpusError
+    from tfnmt.data.corpus import CorpusError
+    from tfnmt.training import report
 
     keras.config.set_dtype_policy("float32")  # the model as exported
     result = None

@@ -81,8 +81,8 @@ def plot_attention(model_dir, checkpoint, sentence, translation, directory):
     import tensorflow as tf
 
     from tfnmt.checkpoints import load_model
-    from tfnmt.serving import TranslationModule
-    from tfnmt.summaries import attention_weights, heads_side_by_side
+    from tfnmt.inference.serving import TranslationModule
+    from tfnmt.training.summaries import attention_weights, heads_side_by_side
 
     model, proto, _ = load_model(model_dir, checkpoint)
     module = TranslationModule(model, proto, n_best=1)
@@ -104,9 +104,9 @@ def main(argv):
     if FLAGS.plot_attention and not FLAGS.model_dir:
         raise app.UsageError("--plot_attention needs --model_dir (weights come from the model)")
     check_paths(FLAGS.input, FLAGS.output)
-    from tfnmt import serving
     from tfnmt.checkpoints import ModelDirError
-    from tfnmt.evaluation import translate_lines
+    from tfnmt.inference import serving
+    from tfnmt.inference.evaluation import translate_lines
 
     lines = read_lines(FLAGS.input)
     try:

@@ -17,7 +17,7 @@ MALLOC = allocator.use_fast_allocator()
 
 import tensorflow as tf  # noqa: E402
 
-from tfnmt.summaries import rss_bytes  # noqa: E402,F401  (re-exported for the benchmarks)
+from tfnmt.training.summaries import rss_bytes  # noqa: E402,F401  (re-exported for the benchmarks)
 
 
 def peer_environment(malloc, **extra):
@@ -159,7 +159,7 @@ def peak_rss_bytes():
 
 def prepared_data(data_dir):
     """Prepares the embedded corpus into `data_dir` (once; later runs reuse it)."""
-    from tfnmt import records
+    from tfnmt.data import records
 
     return records.prepare(data_dir, "embedded", None, None, 8000, "unigram")
 
@@ -188,12 +188,12 @@ def build_trainer(preset, precision, vocab_size, jit_compile=False):
     policy set for `precision` ("bf16" or "none") and seed 1."""
     import keras
 
-    from tfnmt.distribute import PreReducedAdam, make_strategy
-    from tfnmt.experiment import POLICIES
-    from tfnmt.model import Transformer
-    from tfnmt.presets import get_preset
-    from tfnmt.schedule import paper_adam
-    from tfnmt.training import Trainer
+    from tfnmt.model.presets import get_preset
+    from tfnmt.model.transformer import Transformer
+    from tfnmt.training.distribute import PreReducedAdam, make_strategy
+    from tfnmt.training.experiment import POLICIES
+    from tfnmt.training.schedule import paper_adam
+    from tfnmt.training.trainer import Trainer
 
     keras.utils.set_random_seed(1)
     keras.config.set_dtype_policy(POLICIES[precision])

@@ -48,7 +48,7 @@ flags.DEFINE_integer("rounds", 3, "Timed passes over the sentences per export an
 flags.register_validator("rounds", lambda v: v >= 1, "--rounds must be >= 1")
 flags.DEFINE_enum("loader", "session", ["session", "python"], "How the exports are loaded: "
                   "'session', TensorFlow's C++ loader as TF Serving loads them "
-                  "(tfnmt/session_loader.py); 'python', tf.saved_model.load.")
+                  "(tfnmt/inference/session_loader.py); 'python', tf.saved_model.load.")
 flags.DEFINE_list("ctranslate2", ["float32", "int8"], "CTranslate2 weight types also timed "
                   "(export.py --format=ctranslate2; empty: none).")
 flags.DEFINE_integer("ct2_threads", 0, "CTranslate2 intra-op threads (0: one per core).")
@@ -69,8 +69,8 @@ def main(argv):
     del argv
     import tensorflow_text  # noqa: F401  (the SentencePiece ops, as a server has them)
 
-    from tfnmt.corpus import read_corpus
-    from tfnmt.tokenizer import Tokenizer
+    from tfnmt.data.corpus import read_corpus
+    from tfnmt.data.tokenizer import Tokenizer
 
     with open(os.path.join(FLAGS.model_dir, paths.SETTINGS)) as f:
         data = json.load(f)["data"]
@@ -113,7 +113,7 @@ def time_translator(result, name, translate, sources, references, tokenizer):
     """Times `translate` at each batch size into result[f"{name}_batch{size}"]."""
     import tensorflow as tf
 
-    from tfnmt.evaluation import corpus_scores, translate_lines
+    from tfnmt.inference.evaluation import corpus_scores, translate_lines
 
     for batch_size in map(int, FLAGS.batch_sizes):
         lines = sources[:FLAGS.batch1_limit] if batch_size == 1 and FLAGS.batch1_limit \
@@ -170,7 +170,7 @@ def load_translate(path):
     import tensorflow as tf
 
     if FLAGS.loader == "session":
-        from tfnmt.session_loader import SessionModel
+        from tfnmt.inference.session_loader import SessionModel
 
         served = SessionModel(path)
 
@@ -193,8 +193,8 @@ def same_as_eager(sources, translate_exported, matmul_dtype):
     import tensorflow as tf
 
     from tfnmt.checkpoints import load_model
-    from tfnmt.evaluation import translate_lines
-    from tfnmt.serving import TranslationModule
+    from tfnmt.inference.evaluation import translate_lines
+    from tfnmt.inference.serving import TranslationModule
 
     model, proto, _ = load_model(FLAGS.model_dir)
     module = TranslationModule(model, proto, beam_size=4, n_best=1, parallel_searches=1,

@@ -1,8 +1,8 @@
-"""Input pipeline speed and padding: examples/s and batches/s of tfnmt.data.make_dataset over
-the prepared embedded corpus (one epoch after a warm-up), the share of padded positions and the
-number of distinct batch shapes, with and without shape-stable (bucket-edge) padding, for
-one bucket per length (--bucket_growth=1.0) and 10%-wide buckets (1.1, the default). Prints one
-JSON line.
+"""Input pipeline speed and padding: examples/s and batches/s of
+tfnmt.data.pipeline.make_dataset over the prepared embedded corpus (one epoch after a warm-up),
+the share of padded positions and the number of distinct batch shapes, with and without
+shape-stable (bucket-edge) padding, for one bucket per length (--bucket_growth=1.0) and 10%-wide
+buckets (1.1, the default). Prints one JSON line.
 
   python bench/pipeline.py
 """
@@ -22,15 +22,15 @@ def main(argv):
     del argv
     import tensorflow as tf
 
-    from tfnmt import data
+    from tfnmt.data import pipeline
 
     prepared_data(FLAGS.data_dir)
     result = {"machine": cpu_description(), "batch_tokens": FLAGS.batch_tokens}
     for growth in (1.0, 1.1):
         for shape_stable in (False, True):
             def epoch():
-                return data.make_dataset(FLAGS.data_dir, "train", FLAGS.batch_tokens, seed=0,
-                                         shape_stable=shape_stable, bucket_growth=growth)
+                return pipeline.make_dataset(FLAGS.data_dir, "train", FLAGS.batch_tokens, seed=0,
+                                             shape_stable=shape_stable, bucket_growth=growth)
 
             for _ in epoch().take(20):  # warm-up: file handles, autotuning
                 pass
@@ -42,7 +42,7 @@ def main(argv):
                 batches += 1
                 shapes.add((tuple(batch["source"].shape), tuple(batch["target_in"].shape)))
             elapsed = time.perf_counter() - start
-            fraction, _ = data.padding_fraction(epoch())
+            fraction, _ = pipeline.padding_fraction(epoch())
             key = f"growth_{growth}_" + ("shape_stable" if shape_stable else "pad_to_longest")
             result[key] = {"examples_per_s": round(examples / elapsed),
                            "batches_per_s": round(batches / elapsed, 1), "batches": batches,

@@ -147,14 +147,14 @@ def chosen(checkpoints, budgets, every):
 
 
 def score(hypotheses, references):
-    from tfnmt.evaluation import corpus_scores
+    from tfnmt.inference.evaluation import corpus_scores
 
     scores = corpus_scores(hypotheses, references, signatures=True)
     return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in scores.items()}
 
 
 def test_pairs():
-    from tfnmt.corpus import read_corpus
+    from tfnmt.data.corpus import read_corpus
 
     pairs = list(read_corpus("embedded", "test"))
     return pairs[:FLAGS.score_sentences] if FLAGS.score_sentences else pairs
@@ -172,8 +172,8 @@ def run_tfnmt(work, budgets):
                                    r"ckpt-(\d+)\.index")
     # Imported only now: TensorFlow's thread pools must not compete with the training process.
     from tfnmt.checkpoints import load_model
-    from tfnmt.evaluation import translate_lines
-    from tfnmt.serving import TranslationModule
+    from tfnmt.inference.evaluation import translate_lines
+    from tfnmt.inference.serving import TranslationModule
 
     pairs = test_pairs()
     results = []
@@ -199,7 +199,7 @@ def write_peer_data(work, spm_path):
     the pieces as OpenNMT-tf's vocabulary."""
     import sentencepiece
 
-    from tfnmt.corpus import read_corpus
+    from tfnmt.data.corpus import read_corpus
 
     processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
     for split in ("train", "test"):

@@ -1,5 +1,5 @@
 """What one TF Serving request costs, and whether batching changes answers, measured through
-TensorFlow's C++ loader (the route TF Serving takes: tfnmt/session_loader.py).
+TensorFlow's C++ loader (the route TF Serving takes: tfnmt/inference/session_loader.py).
 
 1. Batch invariance: the first --sentences test sentences, each translated alone and in random
    batches of --batch_size (as TF Serving's batching would mix them): how many translations
@@ -55,7 +55,7 @@ def measure_call(path, input_path):
     import numpy as np
     import tensorflow_text  # noqa: F401
 
-    from tfnmt.session_loader import SessionModel
+    from tfnmt.inference.session_loader import SessionModel
 
     with open(input_path) as f:
         sentences = np.array([s.encode() for s in json.load(f)], object)
@@ -90,7 +90,7 @@ def long_sentences(sources, tokenizer, pieces, count):
 def batch_invariance(path, sources, batch_size):
     import numpy as np
 
-    from tfnmt.session_loader import SessionModel
+    from tfnmt.inference.session_loader import SessionModel
 
     served = SessionModel(path)
 
@@ -121,8 +121,8 @@ def main(argv):
     import tensorflow as tf  # noqa: F401
     import tensorflow_text  # noqa: F401
 
-    from tfnmt.corpus import read_corpus
-    from tfnmt.tokenizer import Tokenizer
+    from tfnmt.data.corpus import read_corpus
+    from tfnmt.data.tokenizer import Tokenizer
 
     with open(os.path.join(FLAGS.model_dir, paths.SETTINGS)) as f:
         settings = json.load(f)

@@ -1,7 +1,7 @@
 """Training speed against this machine's matmul ceiling, in one run.
 
 Prints, as one JSON line: the fp32 and bf16 matmul ceilings measured in this process, then
-target tokens/s and model-FLOP utilisation of the real training step (tfnmt.training.Trainer
+target tokens/s and model-FLOP utilisation of the real training step (tfnmt.training.trainer.Trainer
 over the real tf.data pipeline on the embedded corpus) as the median of several windows after
 warm-up, plus the RSS after each window and the peak RSS.
 
@@ -55,9 +55,9 @@ def main(argv):
     del argv
     import tensorflow as tf
 
-    from tfnmt import data
-    from tfnmt.distribute import resolve_mixed_precision
-    from tfnmt.special_tokens import PAD_ID
+    from tfnmt.data import pipeline
+    from tfnmt.data.special_tokens import PAD_ID
+    from tfnmt.training.distribute import resolve_mixed_precision
 
     result = {"machine": cpu_description(), "malloc": MALLOC, "tensorflow": tf.__version__,
               "preset": FLAGS.preset, "batch_tokens": FLAGS.batch_tokens,
@@ -82,9 +82,9 @@ def main(argv):
             "softmax": round(matmul_ceiling(dtype, (4096, d, vocab), repeats=2), 1)}
 
     def dataset():
-        return data.make_dataset(FLAGS.data_dir, "train", FLAGS.batch_tokens, shuffle=True,
-                                 seed=7, repeat=True, shape_stable=FLAGS.shape_stable,
-                                 bucket_growth=FLAGS.bucket_growth)
+        return pipeline.make_dataset(FLAGS.data_dir, "train", FLAGS.batch_tokens, shuffle=True,
+                                     seed=7, repeat=True, shape_stable=FLAGS.shape_stable,
+                                     bucket_growth=FLAGS.bucket_growth)
 
     total_steps = FLAGS.warmup + FLAGS.steps
     # The same deterministic batches, read once in Python to count their real lengths.

@@ -31,7 +31,7 @@ def main(argv):
     del argv
     import tensorflow as tf
 
-    from tfnmt.distribute import resolve_mixed_precision
+    from tfnmt.training.distribute import resolve_mixed_precision
 
     precision = resolve_mixed_precision(FLAGS.mixed_precision)
     _, trainer = build_trainer(FLAGS.preset, precision, FLAGS.vocab_size, FLAGS.jit_compile)

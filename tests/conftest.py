@@ -36,7 +36,7 @@ def small_corpus(tmp_path_factory):
 @pytest.fixture(scope="session")
 def small_prepared(small_corpus, tmp_path_factory):
     """The small corpus tokenized (600-piece vocabulary) into 4 train shards."""
-    from tfnmt import records
+    from tfnmt.data import records
 
     out = str(tmp_path_factory.mktemp("prepared_small"))
     records.prepare(out, dataset="files", files=small_corpus, vocab_size=600, train_shards=4)
@@ -46,7 +46,7 @@ def small_prepared(small_corpus, tmp_path_factory):
 @pytest.fixture(scope="session")
 def train_data(small_corpus, tmp_path_factory):
     """Prepared data for train.py runs on the small corpus (train.py finds it up to date)."""
-    from tfnmt import records
+    from tfnmt.data import records
 
     out = str(tmp_path_factory.mktemp("train_data"))
     records.prepare(out, dataset="files", files=small_corpus, vocab_size=600)
@@ -62,9 +62,9 @@ def tiny_model_dir(small_prepared, tmp_path_factory):
 
     import keras
 
-    from tfnmt.model import Transformer
-    from tfnmt.presets import get_preset
-    from tfnmt.records import VOCAB
+    from tfnmt.data.records import VOCAB
+    from tfnmt.model.presets import get_preset
+    from tfnmt.model.transformer import Transformer
 
     model_dir = tmp_path_factory.mktemp("tiny_model_dir")
     settings = {"model": dict(get_preset("tiny", dropout=0.0), vocab_size=600, max_length=64)}

@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfnmt.distribute import PreReducedAdam, split_cpu  # noqa: E402
+from tfnmt.training.distribute import PreReducedAdam, split_cpu  # noqa: E402
 
 split_cpu(2)
 
@@ -24,10 +24,10 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfnmt.model import Transformer  # noqa: E402
-from tfnmt.presets import get_preset  # noqa: E402
-from tfnmt.schedule import paper_adam  # noqa: E402
-from tfnmt.training import Trainer  # noqa: E402
+from tfnmt.model.presets import get_preset  # noqa: E402
+from tfnmt.model.transformer import Transformer  # noqa: E402
+from tfnmt.training.schedule import paper_adam  # noqa: E402
+from tfnmt.training.trainer import Trainer  # noqa: E402
 
 
 def global_batch():
@@ -63,7 +63,13 @@ def one_step(strategy, weights):
     # After one Adam update: the weights, and how far each replica's copy is from the first's.
     copies = [[c.numpy() for c in strategy.experimental_local_results(v.value)]
               for v in model.trainable_variables]
+    # Adam's moments after the update: (1 - beta) * g and (1 - beta2) * g^2 of the gradient
+    # it was given. PreReducedAdam must be given the once-reduced sum (a second all-reduce
+    # inside Keras would double them on 2 replicas; Adam's step itself would hide it).
+    moments = [v.numpy().ravel() for v in optimizer.variables
+               if "momentum" in v.path or "velocity" in v.path]
     return {"metrics": metrics, "grads": np.concatenate(grads).tolist(),
+            "moments": np.concatenate(moments).tolist(),
             "weights": np.concatenate([c[0].ravel() for c in copies]).tolist(),
             "replica_spread": max(float(np.abs(c - cs[0]).max()) for cs in copies for c in cs),
             "replicas": strategy.num_replicas_in_sync}

@@ -6,8 +6,8 @@ signature's outputs for the sentences given as JSON on stdin, from
 - "python": `tf.saved_model.load`, the object-graph loader Python clients use;
 
 and "rank_2_error": what the C++ loader's serving_default says to a [2, 2] input. Imports
-tensorflow, tensorflow_text and tfnmt.session_loader (ctypes over the C API) only: nothing of
-tfnmt's model or serving code."""
+tensorflow, tensorflow_text and tfnmt.inference.session_loader (ctypes over the C API) only:
+nothing of tfnmt's model or serving code."""
 import json
 import sys
 
@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the SentencePiece ops the graph uses
 
-from tfnmt.session_loader import SessionLoaderError, SessionModel
+from tfnmt.inference.session_loader import SessionLoaderError, SessionModel
 
 SIGNATURES = ("serving_default", "translate_n_best")
 

@@ -3,8 +3,8 @@ import pytest
 import tensorflow as tf
 
 from helpers import run_layer_test
-from tfnmt.kv_cache import AppendCache
 from tfnmt.layers import MultiHeadAttention
+from tfnmt.model.kv_cache import AppendCache
 
 
 def reference_attention(layer, query, value, mask):

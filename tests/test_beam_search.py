@@ -6,11 +6,11 @@ import pytest
 import tensorflow as tf
 
 from helpers import random_ids
-from tfnmt.beam_search import beam_search, length_penalty
-from tfnmt.decoding import greedy_decode, greedy_decode_uncached, top_log_probs
-from tfnmt.model import Transformer
-from tfnmt.presets import get_preset
-from tfnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.inference.beam_search import beam_search, length_penalty
+from tfnmt.inference.decoding import greedy_decode, greedy_decode_uncached, top_log_probs
+from tfnmt.model.presets import get_preset
+from tfnmt.model.transformer import Transformer
 
 VOCAB = 6  # two symbols besides the specials: EOS is likely, so hypotheses end at varied steps
 

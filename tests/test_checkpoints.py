@@ -8,10 +8,10 @@ import pytest
 import tensorflow as tf
 
 from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes, load_model
-from tfnmt.model import Transformer
-from tfnmt.presets import get_preset
-from tfnmt.schedule import paper_adam
-from tfnmt.training import CheckpointKeeper
+from tfnmt.model.presets import get_preset
+from tfnmt.model.transformer import Transformer
+from tfnmt.training.schedule import paper_adam
+from tfnmt.training.trainer import CheckpointKeeper
 
 TINY = dict(get_preset("tiny", dropout=0.0), vocab_size=30)
 

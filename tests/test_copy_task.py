@@ -1,9 +1,9 @@
 import numpy as np
 
 from tfnmt.copy_task import FIRST_SYMBOL, copy_batch, train_copy_model
-from tfnmt.beam_search import beam_search
-from tfnmt.decoding import greedy_decode, greedy_decode_uncached
-from tfnmt.special_tokens import EOS_ID
+from tfnmt.data.special_tokens import EOS_ID
+from tfnmt.inference.beam_search import beam_search
+from tfnmt.inference.decoding import greedy_decode, greedy_decode_uncached
 
 
 def test_tiny_model_learns_to_copy_unseen_inputs():

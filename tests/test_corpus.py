@@ -8,7 +8,8 @@ import time
 import pytest
 import tensorflow_datasets as tfds
 
-from tfnmt import corpus, paths
+from tfnmt import paths
+from tfnmt.data import corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -9,12 +9,12 @@ import pytest
 import tensorflow as tf
 
 from tfnmt import checkpoints
-from tfnmt.beam_search import beam_search
-from tfnmt.ctranslate2_export import (CTranslate2ExportError, export_ctranslate2, spm_pieces,
-                                      transformer_spec)
-from tfnmt.decoding import greedy_decode
-from tfnmt.model import Transformer
-from tfnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.inference.beam_search import beam_search
+from tfnmt.inference.ctranslate2_export import (CTranslate2ExportError, export_ctranslate2,
+                                                spm_pieces, transformer_spec)
+from tfnmt.inference.decoding import greedy_decode
+from tfnmt.model.transformer import Transformer
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 sentencepiece = pytest.importorskip("sentencepiece")

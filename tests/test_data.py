@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfnmt import data, records
-from tfnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.data import pipeline, records
+from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 def pairs_of(batches):
@@ -35,8 +35,8 @@ def all_pairs(data_dir, split, max_length):
 
 
 def test_every_batch_respects_the_token_budget(small_prepared):
-    batches = list(data.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64,
-                                     seed=0))
+    batches = list(pipeline.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64,
+                                         seed=0))
     for batch in batches:
         size = batch["source"].shape[0]
         longest = max(batch["source"].shape[1], batch["target_in"].shape[1])
@@ -48,16 +48,17 @@ def test_every_batch_respects_the_token_budget(small_prepared):
 def test_an_epoch_yields_every_kept_pair_exactly_once(small_prepared):
     expected = all_pairs(small_prepared, "train", max_length=48)
     manifest = records.load_manifest(small_prepared)
-    dropped = data.dropped_by_length(manifest, "train", 48)
+    dropped = pipeline.dropped_by_length(manifest, "train", 48)
     assert dropped > 0 and sum(expected.values()) == 3000 - dropped
-    dataset = data.make_dataset(small_prepared, "train", batch_tokens=1024, max_length=48, seed=3)
+    dataset = pipeline.make_dataset(small_prepared, "train", batch_tokens=1024, max_length=48,
+                                    seed=3)
     assert pairs_of(dataset) == expected
 
 
 def test_reading_is_deterministic_with_a_seed(small_prepared):
     def first_batches(seed):
-        dataset = data.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64,
-                                    seed=seed)
+        dataset = pipeline.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64,
+                                        seed=seed)
         return [b["source"].numpy().tolist() for b in dataset.take(5)]
 
     assert first_batches(7) == first_batches(7)
@@ -70,33 +71,33 @@ def test_input_pipelines_split_the_data_between_them(small_prepared, pipelines):
     for index in range(pipelines):
         context = tf.distribute.InputContext(num_input_pipelines=pipelines,
                                              input_pipeline_id=index, num_replicas_in_sync=pipelines)
-        parts.append(pairs_of(data.make_dataset(small_prepared, "train", batch_tokens=1024,
-                                                max_length=64, seed=0, input_context=context)))
+        parts.append(pairs_of(pipeline.make_dataset(small_prepared, "train", batch_tokens=1024,
+                                                    max_length=64, seed=0, input_context=context)))
     union = sum(parts, collections.Counter())
     assert union == all_pairs(small_prepared, "train", 64)
     assert all(sum(p.values()) > 0 for p in parts)
 
 
 def test_bucket_sizes_follow_the_budget():
-    boundaries = data.bucket_boundaries(100)
+    boundaries = pipeline.bucket_boundaries(100)
     assert boundaries[0] == 8 and boundaries[-1] == 101
     assert all(b > a for a, b in zip(boundaries, boundaries[1:]))
-    sizes = data.bucket_batch_sizes(boundaries, 1000)
+    sizes = pipeline.bucket_batch_sizes(boundaries, 1000)
     assert sizes[0] == 1000 // 7 and sizes[-2] == 1000 // 100
     with pytest.raises(ValueError, match="cannot hold one pair"):
-        data.bucket_batch_sizes(boundaries, 50)
+        pipeline.bucket_batch_sizes(boundaries, 50)
 
 
 def test_one_bucket_per_length_fills_the_budget(small_prepared):
     """bucket_growth=1.0: from 8 tokens on, a batch's pairs all have the same longer
     side L, and it holds batch_tokens // L of them (the epoch's last batch of a length may
     hold fewer)."""
-    assert data.bucket_boundaries(20, growth=1.0) == list(range(8, 22))
+    assert pipeline.bucket_boundaries(20, growth=1.0) == list(range(8, 22))
     with pytest.raises(ValueError, match="growth"):
-        data.bucket_boundaries(20, growth=0.9)
+        pipeline.bucket_boundaries(20, growth=0.9)
     full = 0
-    for batch in data.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64,
-                                   seed=0, bucket_growth=1.0):
+    for batch in pipeline.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64,
+                                       seed=0, bucket_growth=1.0):
         longer = np.maximum(np.sum(batch["source"].numpy() != 0, 1),
                             np.sum(batch["target_out"].numpy() != 0, 1))
         if longer.max() >= 8:
@@ -110,11 +111,11 @@ def test_length_buckets_cut_padding(small_prepared):
     # padding_fraction against a count over the batches' ids; narrower buckets, less padding
     # (the embedded corpus' figures are bench/pipeline.py's).
     def fraction(growth):
-        batches = list(data.make_dataset(small_prepared, "train", batch_tokens=512,
-                                         max_length=64, seed=0, bucket_growth=growth))
+        batches = list(pipeline.make_dataset(small_prepared, "train", batch_tokens=512,
+                                             max_length=64, seed=0, bucket_growth=growth))
         ids = [batch[key].numpy() for batch in batches for key in ("source", "target_in")]
         counted = 1.0 - sum((x != PAD_ID).sum() for x in ids) / sum(x.size for x in ids)
-        reported, count = data.padding_fraction(batches)
+        reported, count = pipeline.padding_fraction(batches)
         assert count == len(batches) and reported == pytest.approx(counted, abs=1e-12)
         return reported
 
@@ -125,11 +126,11 @@ def test_length_buckets_cut_padding(small_prepared):
 
 @pytest.mark.parametrize("growth", [1.0, 1.1])
 def test_shape_stable_batches_have_one_shape_per_bucket(small_prepared, growth):
-    boundaries = data.bucket_boundaries(64, growth=growth)
-    dataset = data.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64, seed=0,
-                                shape_stable=True, bucket_growth=growth)
-    plain = data.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64, seed=0,
-                              bucket_growth=growth)
+    boundaries = pipeline.bucket_boundaries(64, growth=growth)
+    dataset = pipeline.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64,
+                                    seed=0, shape_stable=True, bucket_growth=growth)
+    plain = pipeline.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64,
+                                  seed=0, bucket_growth=growth)
     shapes = collections.defaultdict(set)
     for batch in dataset:
         length = batch["source"].shape[1]

@@ -3,9 +3,9 @@ import pytest
 import tensorflow as tf
 
 from helpers import run_layer_test
-from tfnmt.kv_cache import AppendCache
 from tfnmt.layers import TransformerDecoderLayer
-from tfnmt.model import causal_mask
+from tfnmt.model.kv_cache import AppendCache
+from tfnmt.model.transformer import causal_mask
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

@@ -1,7 +1,7 @@
 import pytest
 import sacrebleu
 
-from tfnmt.evaluation import corpus_scores
+from tfnmt.inference.evaluation import corpus_scores
 
 
 def test_corpus_scores_are_sacrebleus():
@@ -68,7 +68,7 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
 
 
 def test_report_samples_are_readable_and_spread():
-    from tfnmt.report import pick_samples
+    from tfnmt.training.report import pick_samples
 
     pairs = [(" ".join(["w"] * n), "t") for n in (2, 8, 30, 9, 7, 3, 12, 10, 1)]
     picked = pick_samples(pairs)

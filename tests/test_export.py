@@ -11,8 +11,9 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from tfnmt import checkpoints
-from tfnmt.serving import SIGNATURES, ExportCheckError, TranslationModule, export_saved_model
-from tfnmt.session_loader import SessionModel
+from tfnmt.inference.serving import (SIGNATURES, ExportCheckError, TranslationModule,
+                                     export_saved_model)
+from tfnmt.inference.session_loader import SessionModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Blank but not ASCII-blank: NBSP, ideographic space, zero-width space, BOM, line separator.
@@ -118,7 +119,8 @@ def test_tf_serving_loader_answers_both_signatures_as_python_and_eager_do(export
     # Session::Run; a fresh process with nothing of tfnmt's model code does the same through
     # the C API, and also loads with tf.saved_model.load.
     loaded = run_export_client(exported, SENTENCES)
-    assert loaded["tfnmt_modules"] == ["tfnmt", "tfnmt.session_loader"]
+    assert loaded["tfnmt_modules"] == ["tfnmt", "tfnmt.inference",
+                                       "tfnmt.inference.session_loader"]
     for name in SIGNATURES:
         session, python = loaded["session"][name], loaded["python"][name]
         assert session["shape"] == python["shape"]
@@ -151,7 +153,7 @@ def test_export_that_the_cpp_loader_cannot_run_is_never_published(module, tmp_pa
     # fail under the C++ loader (here: written by tf.saved_model.save of an object holding the
     # Keras model, so that the variables the graph reads are never restored) raises and
     # leaves no version and no temporary behind.
-    from tfnmt import serving
+    from tfnmt.inference import serving
 
     def plain_save(module, path):
         tracked = tf.Module()
@@ -383,7 +385,7 @@ def test_bfloat16_matmul_export_gives_the_eager_searchs_translations(tiny_model_
 
 
 def test_export_command_resolves_auto_matmul_dtype(tiny_model_dir, tmp_path):
-    from tfnmt.distribute import resolve_mixed_precision
+    from tfnmt.training.distribute import resolve_mixed_precision
 
     def export(*flags):
         # --check=false: the C++ loader check has its own tests; this one is about the dtype.

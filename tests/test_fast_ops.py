@@ -7,12 +7,12 @@ import tensorflow as tf
 
 from helpers import random_ids
 from tfnmt import fast_ops
-from tfnmt.decoding import top_log_probs
-from tfnmt.model import Transformer
-from tfnmt.presets import get_preset
-from tfnmt.schedule import paper_adam
-from tfnmt.distribute import PreReducedAdam
-from tfnmt.training import Trainer
+from tfnmt.inference.decoding import top_log_probs
+from tfnmt.model.presets import get_preset
+from tfnmt.model.transformer import Transformer
+from tfnmt.training.distribute import PreReducedAdam
+from tfnmt.training.schedule import paper_adam
+from tfnmt.training.trainer import Trainer
 
 VOCAB = 40
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from helpers import ROOT, python, train_flags
-from tfnmt import records
 from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes, load_model,
                                newest_readable_checkpoint)
+from tfnmt.data import records
 
 FAST = dict(log_every=2, checkpoint_every=2, eval_every=0, bleu_sentences=2, average_last=0,
             keep_checkpoints=3)
@@ -123,7 +123,7 @@ def test_a_shard_damaged_during_training_is_named(corpus, copied):
     # Damage after the start-of-run checksums (records.prepare) passed: the read error
     # TensorFlow raises names no file; the one line must.
     flags = train_flags(corpus, None, copied, train_steps=10, **FAST)
-    script = ("import runpy, sys, tfnmt.records as records\n"
+    script = ("import runpy, sys, tfnmt.data.records as records\n"
               "prepare = records.prepare\n"
               "def prepare_then_damage(out_dir, *args, **kwargs):\n"
               "    manifest = prepare(out_dir, *args, **kwargs)\n"

@@ -1,9 +1,9 @@
-"""tfnmt/kv_cache.py: a search's DecoderCache (in-place stores) against a concatenated,
+"""tfnmt/model/kv_cache.py: a search's DecoderCache (in-place stores) against a concatenated,
 gathered cache."""
 import numpy as np
 import tensorflow as tf
 
-from tfnmt import kv_cache
+from tfnmt.model import kv_cache
 
 HEADS, HEAD_DIM = 2, 3
 

@@ -98,8 +98,8 @@ def test_training_reaches_every_layer_norm_of_the_model(monkeypatch, norm_first)
     """The training loop calls model.encode / decoder_states directly (not model.__call__):
     training=True must still reach each LayerNorm, or it falls back to the slower Keras ops."""
     from tfnmt.layers import layer_norm as module
-    from tfnmt.model import Transformer
-    from tfnmt.presets import get_preset
+    from tfnmt.model.presets import get_preset
+    from tfnmt.model.transformer import Transformer
 
     calls = []
     original = module.layer_norm

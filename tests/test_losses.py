@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfnmt.losses import (label_smoothed_cross_entropy, label_smoothed_loss, masked_accuracy_sum,
-                          masked_loss_sum, masked_projected_loss_sum, projected_cross_entropy)
+from tfnmt.training.losses import (label_smoothed_cross_entropy, label_smoothed_loss,
+                                   masked_accuracy_sum, masked_loss_sum, masked_projected_loss_sum,
+                                   projected_cross_entropy)
 
 
 def numpy_reference(labels, logits, epsilon, pad_id=0):

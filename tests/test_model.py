@@ -4,8 +4,8 @@ import pytest
 import tensorflow as tf
 
 from helpers import random_ids
-from tfnmt.model import Transformer
-from tfnmt.presets import PAPER_PARAMETERS, count_parameters, get_preset
+from tfnmt.model.presets import PAPER_PARAMETERS, count_parameters, get_preset
+from tfnmt.model.transformer import Transformer
 
 TINY = get_preset("tiny", dropout=0.0)
 
@@ -129,7 +129,7 @@ def test_unknown_preset_is_refused():
 
 
 def test_cached_greedy_equals_uncached_greedy():
-    from tfnmt.decoding import greedy_decode, greedy_decode_uncached
+    from tfnmt.inference.decoding import greedy_decode, greedy_decode_uncached
 
     model = Transformer(vocab_size=30, **TINY)
     source = tf.constant(random_ids(np.random.default_rng(5), 3, 6, 30))

@@ -4,8 +4,8 @@ import os
 import pytest
 import tensorflow as tf
 
-from tfnmt import records
-from tfnmt.tokenizer import Tokenizer
+from tfnmt.data import records
+from tfnmt.data.tokenizer import Tokenizer
 
 
 def test_manifest_counts_and_shards(small_prepared):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfnmt.schedule import NoamSchedule, paper_adam
+from tfnmt.training.schedule import NoamSchedule, paper_adam
 
 
 def formula(step, d_model, warmup, scale=1.0):

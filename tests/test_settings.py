@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from tfnmt.experiment import SettingsError, resolve_settings
-from tfnmt.presets import get_preset
+from tfnmt.model.presets import get_preset
+from tfnmt.training.settings import SettingsError, resolve_settings
 
 
 def requested(**train):

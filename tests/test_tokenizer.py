@@ -4,9 +4,10 @@ import numpy as np
 import sentencepiece as spm
 import tensorflow as tf
 
-from tfnmt import corpus, paths
-from tfnmt.records import VOCAB
-from tfnmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from tfnmt import paths
+from tfnmt.data import corpus
+from tfnmt.data.records import VOCAB
+from tfnmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 
 def test_special_ids_are_reserved(small_prepared):

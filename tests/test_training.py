@@ -12,11 +12,11 @@ import tensorflow as tf
 
 from helpers import ROOT, python, train_flags
 from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes
-from tfnmt.distribute import PreReducedAdam
-from tfnmt.model import Transformer
-from tfnmt.presets import get_preset
-from tfnmt.schedule import paper_adam
-from tfnmt.training import CheckpointKeeper, Trainer, average_checkpoints
+from tfnmt.model.presets import get_preset
+from tfnmt.model.transformer import Transformer
+from tfnmt.training.distribute import PreReducedAdam
+from tfnmt.training.schedule import paper_adam
+from tfnmt.training.trainer import CheckpointKeeper, Trainer, average_checkpoints
 
 TINY = get_preset("tiny", dropout=0.0)
 
@@ -38,6 +38,14 @@ def test_mirrored_two_devices_equal_one_device():
     assert moved.sum() > 1000
     np.testing.assert_allclose(np.array(mirrored["weights"])[moved],
                                np.array(single["weights"])[moved], atol=1e-6)
+    # PreReducedAdam overrides Keras's private `_all_reduce_sum_gradients` (keras is pinned in
+    # requirements.txt): if Keras reduced again, the moments on 2 replicas would be 2x and 4x.
+    single_moments, mirrored_moments = np.array(single["moments"]), np.array(mirrored["moments"])
+    assert len(single_moments) == 2 * len(single["grads"])
+    clear = np.abs(single_moments) > 1e-6  # above the summation-order noise of tiny values
+    assert clear.sum() > 1000
+    np.testing.assert_allclose(mirrored_moments[clear], single_moments[clear], rtol=1e-2,
+                               err_msg="Keras reduced the gradients again: see PreReducedAdam")
 
 
 def test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy():
@@ -206,8 +214,8 @@ def train_with_loss_scale(flags, initial_scale, max_skipped_in_a_row=None):
               f"initial_scale=float({str(initial_scale)!r}))\n"
               "keras.optimizers.LossScaleOptimizer = scaled\n")
     if max_skipped_in_a_row is not None:
-        script += ("import tfnmt.experiment\n"
-                   f"tfnmt.experiment.MAX_SKIPPED_IN_A_ROW = {max_skipped_in_a_row}\n")
+        script += ("import tfnmt.training.trainer\n"
+                   f"tfnmt.training.trainer.MAX_SKIPPED_IN_A_ROW = {max_skipped_in_a_row}\n")
     script += (f"sys.argv = {flags!r}\n"
                "runpy.run_path('train.py', run_name='__main__')\n")
     return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
@@ -250,7 +258,7 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     import tensorflow_text  # noqa: F401
 
     from tfnmt.checkpoints import load_model
-    from tfnmt.serving import TranslationModule, export_saved_model
+    from tfnmt.inference.serving import TranslationModule, export_saved_model
 
     model_dir = str(tmp_path / "run")
     overrides = dict(train_steps=1, checkpoint_every=1, log_every=1, eval_every=0,

@@ -1,32 +1,19 @@
 """tfnmt: the Transformer of "Attention Is All You Need" for TensorFlow/Keras 3.
 
-Modules by role:
-  layers/         one Keras layer per file (embeddings, attention, FFN, encoder/decoder layers)
-  model.py        the encoder-decoder Transformer (encode / decode / decode_step / call)
-  presets.py      tiny / cpu / small / base / big: model sizes with their training defaults
-  schedule.py     Noam learning-rate schedule and the paper's Adam
-  losses.py       label-smoothed, padding-masked cross-entropy and token accuracy
-  corpus.py       raw parallel text: embedded corpus, TFDS datasets, local files
-  tfds_embedded.py  the embedded corpus as a local TFDS builder
-  tokenizer.py    joint SentencePiece vocabulary, applied with tensorflow-text
-  special_tokens.py  the reserved ids: PAD, UNK, BOS, EOS
-  records.py      TFRecord shards + manifest
-  data.py         the length-bucketed, token-budget tf.data pipeline
-  distribute.py   strategies, cluster roles, mixed precision
-  training.py     the custom training loop, checkpoints, averaging
-  experiment.py   one run in a model_dir (settings, loop, evaluation)
-  evaluation.py   loss/perplexity, batched translation, sacreBLEU/chrF
-  summaries.py    attention heatmaps
-  decoding.py     the decoding loop and its strategies' interface; greedy; exact top-k
-  kv_cache.py     decoder keys/values: plain and in-place caches, a search's DecoderCache
-  beam_search.py  the beam strategy, with length penalty
-  checkpoints.py  loading a trained model from a model_dir
+Packages by role (each package's __init__ lists its modules):
+  data/        raw text, SentencePiece, TFRecords, the tf.data pipeline
+  layers/      one Keras layer per file (embeddings, attention, FFN, encoder/decoder layers)
+  model/       the Transformer, presets, key/value caches
+  training/    one run in a model_dir: the loop, losses, schedule, distribution, report
+  inference/   decoding loop and strategies (greedy, beam), evaluation, SavedModel and
+               CTranslate2 exports, TF Serving's C++ loader
+
+Shared by all:
   paths.py        the names of the files in a model_dir
-  report.py       the end-of-run report: test scores, samples, next commands
-  serving.py      the in-graph translator and versioned SavedModel export
-  ctranslate2_export.py  the model as a CTranslate2 model
-  allocator.py    the C memory allocator of the entry points (tcmalloc or tuned glibc)
+  checkpoints.py  loading a trained model from a model_dir, its checkpoint index, its lock
   fast_ops.py     the switch between tfnmt's hand-written fast ops and stock ones
+  allocator.py    the C memory allocator of the entry points (tcmalloc or tuned glibc)
+  cli.py          what the entry points share
   copy_task.py    the Annotated Transformer's synthetic copy task
 """
 import os

@@ -10,11 +10,12 @@ import shutil
 
 import tensorflow as tf
 
-from tfnmt.model import Transformer
+from tfnmt.model.transformer import Transformer
 from tfnmt.paths import SETTINGS, VOCAB
 
 
 class ModelDirError(ValueError):
+    """A model_dir that cannot be used as asked (one line, naming the file)."""
     pass
 
 
@@ -134,9 +135,21 @@ def candidate_checkpoints(model_dir, which="auto"):
 
 
 def load_model(model_dir, which="auto"):
-    """(float32 Transformer with restored weights, SentencePiece model proto, checkpoint path).
-    Inference in bfloat16 is chosen where the model is used (serving.TranslationModule's
-    matmul_dtype)."""
+    """Loads a trained model from a model_dir.
+
+    Args:
+      model_dir: a directory `train.py` wrote.
+      which: "auto" (the averaged checkpoint if any, else the newest), "latest", "averaged",
+        or a checkpoint path prefix. The newest candidate that reads back is used.
+
+    Returns:
+      (a float32 `Transformer` with the restored weights, the SentencePiece model proto,
+      the checkpoint path). bfloat16 inference is chosen where the model is used
+      (`serving.TranslationModule`'s matmul_dtype).
+
+    Raises:
+      ModelDirError: no settings, vocabulary or readable checkpoint.
+    """
     settings_path = os.path.join(model_dir, SETTINGS)
     if not os.path.exists(settings_path):
         raise ModelDirError(f"{model_dir} holds no trained model (no {SETTINGS})")

@@ -8,12 +8,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfnmt.decoding import greedy_decode_uncached
-from tfnmt.losses import masked_loss_sum
-from tfnmt.model import Transformer
-from tfnmt.presets import get_preset
-from tfnmt.schedule import paper_adam
-from tfnmt.special_tokens import BOS_ID, EOS_ID
+from tfnmt.data.special_tokens import BOS_ID, EOS_ID
+from tfnmt.inference.decoding import greedy_decode_uncached
+from tfnmt.model.presets import get_preset
+from tfnmt.model.transformer import Transformer
+from tfnmt.training.losses import masked_loss_sum
+from tfnmt.training.schedule import paper_adam
 
 FIRST_SYMBOL = EOS_ID + 1  # symbols are drawn from [FIRST_SYMBOL, vocab_size)
 

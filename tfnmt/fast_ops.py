@@ -1,7 +1,7 @@
 """One switch for tfnmt's hand-written speed-ups.
 
 A few stock ops are replaced by faster ones of tfnmt's own, each tested against the stock
-version (bench/README.md says what each bought):
+version (CHANGELOG.md, "Measured gains of the speed-ups", says what each bought):
 
   layers/linear.py      every projection as one 2-D GEMM with the bias gradient as a GEMM;
                         bfloat16 weight products at inference (`low_precision_matmuls`)

@@ -71,8 +71,16 @@ class MultiHeadAttention(keras.layers.Layer):
         return tf.transpose(y, [0, 2, 1, 3])
 
     def project_key_value(self, value, training=None):
-        """Keys and values of `value` [B, Tk, D]: {"key", "value"} [B, H, Tk, Dh], for
-        `call_memory`."""
+        """Projects keys and values once, for `call_memory` (the encoder's, reused at every
+        decoding step).
+
+        Args:
+          value: [B, Tk, D].
+          training: dropout on.
+
+        Returns:
+          {"key", "value"}, each [B, H, Tk, Dh].
+        """
         if not self.built:
             self.build()
         return {
@@ -107,8 +115,18 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def call(self, query, value, attention_mask=None, training=None,
              return_attention_scores=False):
-        """query [B, Tq, D], value [B, Tk, D], attention_mask broadcastable to [B, Tq, Tk] ->
-        [B, Tq, D] (and the weights [B, H, Tq, Tk] with return_attention_scores)."""
+        """Attention of `query` over `value` (paper §3.2.2).
+
+        Args:
+          query: [B, Tq, D].
+          value: [B, Tk, D] (keys and values are both projected from it).
+          attention_mask: bool, broadcastable to [B, Tq, Tk]; True where a query may attend.
+          training: dropout on.
+          return_attention_scores: also return the weights.
+
+        Returns:
+          [B, Tq, D], and with return_attention_scores the weights [B, H, Tq, Tk] (float32).
+        """
         q = self._project(query, self.query_kernel, self.query_bias, training)
         kv = self.project_key_value(value, training)
         attended, weights = self._attend(q, kv["key"], kv["value"], self._mask(attention_mask),
@@ -117,10 +135,17 @@ class MultiHeadAttention(keras.layers.Layer):
         return (output, weights) if return_attention_scores else output
 
     def call_cached(self, query, cache, attention_mask=None):
-        """Self-attention of new positions query [B, T, D] over the cached ones and
-        themselves; `cache.append` takes their keys/values (see kv_cache). attention_mask is
-        needed only when T > 1 (causal among the new positions). -> (output [B, T, D], the
-        grown cache, weights [B, H, T, t + T])."""
+        """Self-attention of new positions over the cached ones and themselves (inference).
+
+        Args:
+          query: [B, T, D], the new positions.
+          cache: a `kv_cache.AppendCache` or `StoreCache` holding t earlier positions; its
+            `append` takes the new keys/values.
+          attention_mask: needed only when T > 1 (causal among the new positions).
+
+        Returns:
+          (output [B, T, D], the grown cache, weights [B, H, T, t + T]).
+        """
         q = self._project(query, self.query_kernel, self.query_bias)
         step_kv = self.project_key_value(query)
         k, v, cache = cache.append(step_kv["key"], step_kv["value"])
@@ -128,11 +153,19 @@ class MultiHeadAttention(keras.layers.Layer):
         return self._output(attended, training=False), cache, weights
 
     def call_memory(self, query, memory, attention_mask=None, return_attention_scores=False):
-        """Cross-attention of query [B, Tq, D] over memory {"key", "value"} [Bc, H, Tk, Dh]
-        (`project_key_value`) with B = Bc * G: each cache row is attended by its G consecutive
-        query rows together, without copying it. attention_mask: [Bc, 1 or Tq, Tk], per cache
-        row. -> (output [B, Tq, D], weights [B, H, Tq, Tk] with return_attention_scores, else
-        None: regrouping them costs a gather per step)."""
+        """Cross-attention over projected memory (inference): each memory row is attended by
+        its G consecutive query rows together (a sentence's beams), without copying it.
+
+        Args:
+          query: [B, Tq, D] with B = Bc * G.
+          memory: {"key", "value"} [Bc, H, Tk, Dh] from `project_key_value`.
+          attention_mask: [Bc, 1 or Tq, Tk] bool, per memory row.
+          return_attention_scores: also return the weights (regrouping them costs a gather
+            per step).
+
+        Returns:
+          (output [B, Tq, D], weights [B, H, Tq, Tk] or None).
+        """
         q = self._project(query, self.query_kernel, self.query_bias)  # [B, H, Tq, Dh]
         k, v = memory["key"], memory["value"]
         batch, length = tf.shape(q)[0], tf.shape(q)[2]

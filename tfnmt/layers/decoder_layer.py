@@ -37,15 +37,32 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
         self.cross_attention_norm.build(shape)
 
     def memory_cache(self, memory):
-        """Cross-attention keys/values of the encoder output [B, S, D] -> {key, value} [B,H,S,Dh]."""
+        """The cross-attention keys/values of the encoder output, for `call_cached`.
+
+        Args:
+          memory: [B, S, D], the encoder output.
+
+        Returns:
+          {"key", "value"}, each [B, H, S, Dh].
+        """
         return self.cross_attention.project_key_value(memory)
 
     def call(self, x, memory, self_attention_mask=None, memory_mask=None, training=None,
              return_attention_scores=False):
-        """x: [B, T, D] decoder states; memory: [B, S, D] encoder output;
-        self_attention_mask: [B or 1, T, T] bool (causal, plus target padding if any);
-        memory_mask: [B, 1, S] bool (source padding).
-        Returns x [B, T, D], and {"self": [B,H,T,T], "cross": [B,H,T,S]} weights if asked."""
+        """Teacher-forced decoder layer.
+
+        Args:
+          x: [B, T, D] decoder states.
+          memory: [B, S, D] encoder output.
+          self_attention_mask: [B or 1, T, T] bool (causal, plus target padding if any).
+          memory_mask: [B, 1, S] bool (source padding).
+          training: dropout on.
+          return_attention_scores: also return the weights.
+
+        Returns:
+          x [B, T, D], and with return_attention_scores {"self": [B, H, T, T],
+          "cross": [B, H, T, S]}.
+        """
         ret = return_attention_scores
         x, self_extras = residual_block(
             x,
@@ -64,11 +81,19 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
 
     def call_cached(self, x, cache, memory_mask=None, self_attention_mask=None,
                     return_attention_scores=False):
-        """x: [B, T, D] new positions (usually T = 1: no self_attention_mask needed);
-        cache: {"self", "memory"} as in the class docstring, its memory [Bc, H, S, Dh] with
-        B = Bc * G rows (a sentence's beams query its row together); memory_mask: [Bc, 1, S].
-        Inference only (no dropout). Returns (x [B, T, D], the cache with the new positions,
-        {"self", "cross"} weights if asked, else None)."""
+        """Incremental decoder layer (inference: no dropout).
+
+        Args:
+          x: [B, T, D] new positions (usually T = 1: no self_attention_mask needed).
+          cache: {"self": a key/value cache, "memory": `memory_cache`'s [Bc, H, S, Dh]} with
+            B = Bc * G rows (a sentence's beams query its memory row together).
+          memory_mask: [Bc, 1, S] bool (source padding).
+          self_attention_mask: [B or 1, T, t + T] bool, for T > 1.
+          return_attention_scores: also return the weights.
+
+        Returns:
+          (x [B, T, D], the cache with the new positions, {"self", "cross"} weights or None).
+        """
         x, (self_cache, self_weights) = residual_block(
             x, lambda h: self.self_attention.call_cached(h, cache["self"], self_attention_mask),
             self.self_attention_norm, self.dropout, self.norm_first, False)

@@ -1,10 +1,10 @@
 """Inverted dropout drawing 16 random bits per element instead of a float.
 
 keras.layers.Dropout draws one uniform float per element (a 32-bit Philox output, converted);
-the random numbers were a tenth of a CPU training step's op time (bench/README.md). Here each
-32-bit draw serves two elements: an element is dropped when its 16 bits fall below
-round(rate · 2^16), so the drop probability is that threshold / 2^16 (0.100006 for 0.1) and
-the kept elements are scaled by the exact inverse of the keep probability.
+the random numbers are a noticeable part of a CPU training step (CHANGELOG.md, "Measured gains
+of the speed-ups"). Here each 32-bit draw serves two elements: an element is dropped when its 16
+bits fall below round(rate · 2^16), so the drop probability is that threshold / 2^16 (0.100006
+for 0.1) and the kept elements are scaled by the exact inverse of the keep probability.
 """
 import keras
 import tensorflow as tf

@@ -62,8 +62,17 @@ class TransformerEncoderLayer(keras.layers.Layer):
         self.built = True
 
     def call(self, x, padding_mask=None, training=None, return_attention_scores=False):
-        """x: [B, S, D]; padding_mask: [B, S] bool, True at real tokens. -> [B, S, D]
-        (and the self-attention weights [B, H, S, S] when asked)."""
+        """Encoder layer.
+
+        Args:
+          x: [B, S, D].
+          padding_mask: [B, S] bool, True at real tokens.
+          training: dropout on.
+          return_attention_scores: also return the self-attention weights.
+
+        Returns:
+          [B, S, D], and with return_attention_scores the weights [B, H, S, S].
+        """
         mask = None if padding_mask is None else padding_mask[:, None, :]  # [B, 1, S]
         x, extras = residual_block(
             x,

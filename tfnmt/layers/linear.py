@@ -1,8 +1,8 @@
 """x W + b on the last axis, as one 2-D MatMul (+ BiasAdd).
 
 tf.matmul of a [B, T, D] tensor with a [D, F] kernel runs as a broadcasting BatchMatMulV2,
-whose kernel gradient is B per-example products summed afterwards; on CPU those sums took
-half as long as all the matmuls of a training step (bench/README.md). Folding B and T into
+whose kernel gradient is B per-example products summed afterwards, a large part of a CPU
+training step (CHANGELOG.md, "Measured gains of the speed-ups"). Folding B and T into
 one axis makes both directions plain GEMMs, and MatMul + BiasAdd (+ ReLU) fuse into one
 oneDNN kernel.
 
@@ -85,9 +85,8 @@ def linear(x, kernel, bias=None, transpose_kernel=False, activation=None, traini
 
 def _dense_with_gemm_gradients(x, kernel, bias, activation):
     """activation(x [N, D] · kernel [D, F] + bias [F]) -> [N, F], with the bias gradient as a
-    GEMM by a row of ones: on CPU, oneDNN does it in about 60% of BiasAddGrad's time
-    (0.85 against 1.38 ms for [4096, 1024] bf16; bench/README.md); a small-preset training step
-    has 48 biased maps.
+    GEMM by a row of ones, which oneDNN runs faster than BiasAddGrad on CPU
+    (CHANGELOG.md, "Measured gains of the speed-ups").
     """
     @tf.custom_gradient
     def dense(x, kernel, bias):

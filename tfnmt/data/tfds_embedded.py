@@ -1,6 +1,6 @@
 """The embedded corpus as a TFDS builder (`tfnmt_de_en`), so it loads like any TFDS dataset:
 
-    import tfnmt.tfds_embedded, tensorflow_datasets as tfds
+    import tfnmt.data.tfds_embedded, tensorflow_datasets as tfds
     ds = tfds.load("tfnmt_de_en", split="validation", as_supervised=True)
 
 It reads data/de-en/*.tsv.gz from this repository: preparing it downloads nothing.
@@ -19,7 +19,7 @@ class TfnmtDeEn(tfds.core.GeneratorBasedBuilder):
     VERSION = tfds.core.Version("1.1.0")
     RELEASE_NOTES = {"1.0.0": "Bible (Schlachter 1951 -> WEB) + Ding sentence pairs.",
                      "1.1.0": "Keeps the order of data/de-en (no shuffling)."}
-    LOCAL = True  # nothing to download: tfnmt.corpus skips its network check
+    LOCAL = True  # nothing to download: tfnmt.data.corpus skips its network check
 
     def _info(self):
         return self.dataset_info_from_configs(

@@ -2,13 +2,13 @@
 import keras
 import tensorflow as tf
 
-from tfnmt import kv_cache
+from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.layers import (PositionalEncoding, TokenEmbedding, TransformerDecoderLayer,
                           TransformerEncoderLayer)
 from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.layer_norm import LayerNorm
 from tfnmt.layers.linear import linear
-from tfnmt.special_tokens import PAD_ID
+from tfnmt.model import kv_cache
 
 
 def causal_mask(length):
@@ -18,7 +18,7 @@ def causal_mask(length):
 
 @keras.saving.register_keras_serializable(package="tfnmt")
 class Transformer(keras.Model):
-    """Token ids in, float32 logits out.
+    """The encoder-decoder Transformer: token ids in, float32 logits out.
 
     `vocab_size` with `share_embeddings=True` (the default) is the paper's shared vocabulary: one
     matrix embeds source and target tokens and projects to the softmax (§3.4). With
@@ -26,6 +26,33 @@ class Transformer(keras.Model):
     their own vocabularies: `source_vocab_size`/`target_vocab_size`). The target embedding
     projects to the softmax unless `tie_output=False`, which gives the model its own output
     layer (with shared embeddings too).
+
+    Args:
+      vocab_size: the shared vocabulary's size (or give both of the next two).
+      num_layers: encoder and decoder layers (paper: 6).
+      d_model: the model width (paper: 512).
+      num_heads: attention heads (paper: 8).
+      d_ff: the feed-forward width (paper: 2048).
+      dropout: dropout on embeddings and sublayer outputs (paper: 0.1).
+      attention_dropout: dropout on attention weights.
+      ffn_dropout: dropout inside the feed-forward block.
+      activation: "relu" (paper) or "gelu".
+      norm_first: pre-norm (LayerNorm before each sublayer, a final LayerNorm per stack)
+        instead of the paper's post-norm.
+      position: "sinusoidal" (paper) or "learned".
+      max_length: the longest position the model can embed.
+      share_embeddings: one embedding matrix for source and target (paper §3.4).
+      tie_output: the target embedding also projects to the softmax.
+      source_vocab_size, target_vocab_size: separate vocabularies' sizes.
+      num_encoder_layers, num_decoder_layers: stack depths apart (default: num_layers).
+      layer_norm_epsilon: LayerNorm's epsilon.
+
+    Example:
+      model = Transformer(vocab_size=8000, **get_preset("cpu"))
+      logits = model((source_ids, target_in))          # [B, T, V] float32, teacher forcing
+      memory, source_padding = model.encode(source_ids)
+      cache = model.initial_cache(memory)
+      logits, cache = model.decode_step(bos_ids, 0, cache, source_padding)  # [B, V]
     """
 
     def __init__(self, vocab_size=None, num_layers=6, d_model=512, num_heads=8, d_ff=2048,
@@ -80,6 +107,12 @@ class Transformer(keras.Model):
                                for i in range(self.settings["num_encoder_layers"])]
         self.decoder_layers = [TransformerDecoderLayer(**layer_args, name=f"decoder_{i}")
                                for i in range(self.settings["num_decoder_layers"])]
+        # Each stacked layer is also an attribute: tf.train.Checkpoint follows attributes but
+        # not the layers inside a Keras list (Keras 3 makes lists TensorFlow dependencies only
+        # for SavedModel export). The names give the checkpoint keys "encoder_layers_<i>".
+        for name in ("encoder_layers", "decoder_layers"):
+            for index, layer in enumerate(getattr(self, name)):
+                setattr(self, f"{name}_{index}", layer)
         # Pre-norm stacks end with a LayerNorm (their last residual sum is otherwise unnormalised).
         self.encoder_norm = self.decoder_norm = None
         if norm_first:
@@ -98,23 +131,22 @@ class Transformer(keras.Model):
                 layer.build(shape)
         self.built = True
 
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        # Keras 3 turns list attributes into TensorFlow dependencies only for SavedModel export;
-        # without this, tf.train.Checkpoint would silently skip the encoder and decoder stacks.
-        children = super()._trackable_children(save_type, **kwargs)
-        if save_type == "checkpoint":
-            for name in ("encoder_layers", "decoder_layers"):
-                for index, layer in enumerate(getattr(self, name)):
-                    children[f"{name}_{index}"] = layer
-        return children
-
     def _embed(self, embedding, token_ids, training, start=0):
         x = self.positions(embedding(token_ids), start=start)
         return self.embedding_dropout(x, training=training)
 
     def encode(self, source_ids, training=None, return_attention_scores=False):
-        """source_ids [B, S] -> memory [B, S, D], source_padding [B, S] (True at real tokens);
-        with return_attention_scores, also a list of [B, H, S, S] per layer."""
+        """Runs the encoder.
+
+        Args:
+          source_ids: [B, S] int32 token ids, PAD_ID-padded.
+          training: dropout on.
+          return_attention_scores: also return each layer's self-attention weights.
+
+        Returns:
+          memory [B, S, D] and source_padding [B, S] (True at real tokens); with
+          return_attention_scores, also a list of [B, H, S, S] per layer.
+        """
         if not self.built:
             self.build()
         source_padding = tf.not_equal(source_ids, PAD_ID)
@@ -156,10 +188,19 @@ class Transformer(keras.Model):
 
     def decoder_states(self, target_ids, memory, source_padding, training=None,
                        return_attention_scores=False):
-        """Teacher-forced decoder output before the output projection: target_ids [B, T]
-        (starting with BOS) -> (states [B, T, D] in the compute dtype, a list of per-layer
-        {"self", "cross"} attention weights, empty unless return_attention_scores). The
-        training loop projects the states inside its loss (losses.masked_projected_loss_sum)."""
+        """Teacher-forced decoder output before the output projection. The training loop
+        projects the states inside its loss (`losses.masked_projected_loss_sum`).
+
+        Args:
+          target_ids: [B, T] decoder input ids, starting with BOS.
+          memory, source_padding: `encode`'s outputs.
+          training: dropout on.
+          return_attention_scores: also collect each layer's attention weights.
+
+        Returns:
+          (states [B, T, D] in the compute dtype, a list of per-layer {"self", "cross"}
+          attention weights, empty unless return_attention_scores).
+        """
         length = tf.shape(target_ids)[1]
         self_mask = causal_mask(length)  # [1, T, T]; padded targets are masked in the loss
         memory_mask = source_padding[:, None, :]  # [B, 1, S]
@@ -170,17 +211,33 @@ class Transformer(keras.Model):
 
     def decode(self, target_ids, memory, source_padding, training=None,
                return_attention_scores=False):
-        """Teacher-forced decoding: target_ids [B, T] (starting with BOS) -> logits [B, T, V]
-        (float32); with return_attention_scores also a list of {"self", "cross"} per layer."""
+        """Teacher-forced decoding.
+
+        Args:
+          target_ids: [B, T] decoder input ids, starting with BOS.
+          memory, source_padding: `encode`'s outputs.
+          training: dropout on.
+          return_attention_scores: also return each layer's attention weights.
+
+        Returns:
+          logits [B, T, V] (float32); with return_attention_scores also a list of
+          {"self", "cross"} weights per layer.
+        """
         x, weights = self.decoder_states(target_ids, memory, source_padding, training,
                                          return_attention_scores)
         logits = self._logits(x)
         return (logits, weights) if return_attention_scores else logits
 
     def initial_cache(self, memory):
-        """Per-layer decoding cache for the encoder output [B, S, D]: {"self": an empty
-        kv_cache.AppendCache [B, H, 0, Dh], "memory": the projected memory keys/values
-        [B, H, S, Dh]}."""
+        """The decoding cache that `decode_step` starts from.
+
+        Args:
+          memory: [B, S, D], `encode`'s output.
+
+        Returns:
+          One dict per decoder layer: {"self": an empty `kv_cache.AppendCache`
+          [B, H, 0, Dh], "memory": the projected memory keys/values [B, H, S, Dh]}.
+        """
         batch = tf.shape(memory)[0]
         layer = self.decoder_layers[0]
         heads, head_dim = layer.num_heads, self.d_model // layer.num_heads
@@ -189,11 +246,22 @@ class Transformer(keras.Model):
                 for layer in self.decoder_layers]
 
     def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
-        """One incremental step: token_ids [B, 1] at position `step` -> logits [B, V], new cache
-        (and, with return_attention, the last layer's cross-attention averaged over heads
-        [B, S]). Attends to the cached prefix only, so no earlier position is recomputed.
-        The memory cache and source_padding [Bs, S] may hold one row per group of B / Bs
-        consecutive token rows (the beams of a sentence)."""
+        """One incremental decoding step: attends to the cached prefix only, so no earlier
+        position is recomputed.
+
+        Args:
+          token_ids: [B, 1], the tokens at position `step`.
+          step: the position (0 for BOS).
+          cache: `initial_cache`'s or the previous step's cache. Its memory entries and
+            source_padding [Bs, S] may hold one row per group of B / Bs consecutive token rows
+            (the beams of a sentence).
+          source_padding: [Bs, S], True at real source tokens.
+          return_attention: also return the last layer's cross-attention.
+
+        Returns:
+          (logits [B, V] float32, the new cache), and with return_attention the last layer's
+          cross-attention averaged over heads [B, S].
+        """
         memory_mask = source_padding[:, None, :]  # [Bs, 1, S]
         x = self._embed(self.target_embedding, token_ids, training=False, start=step)
         new_cache = []
@@ -212,7 +280,8 @@ class Transformer(keras.Model):
         return logits, new_cache
 
     def call(self, inputs, training=None):
-        """inputs = (source_ids [B, S], target_input_ids [B, T]) -> logits [B, T, V]."""
+        """Teacher forcing: inputs = (source_ids [B, S], target_input_ids [B, T]) -> logits
+        [B, T, V] (float32)."""
         source_ids, target_ids = inputs
         memory, source_padding = self.encode(source_ids, training=training)
         return self.decode(target_ids, memory, source_padding, training=training)

@@ -10,16 +10,16 @@ import logging
 
 import tensorflow as tf
 
-from tfnmt import records
-from tfnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.data import records
+from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 def bucket_boundaries(max_length, min_length=8, growth=1.1):
-    """Bucket edges min_length, then each x growth (at least +1), ending at max_length + 1
-    (exclusive). 1.1 (default): buckets 10% wide. 1.0: one bucket per length from min_length
-    on, so a batch fills its token budget to within one pair (as OpenNMT-tf's
-    length_bucket_width=1): 4.6% more target tokens/s in the training bench, but in one
-    1,000-step run of the main job a worse dev loss (5.02 against 4.73; bench/README.md)."""
+    """Bucket edges for `make_dataset`: min_length, then each × growth (at least +1), ending at
+    max_length + 1 (exclusive). 1.1 (default): buckets 10% wide. 1.0: one bucket per length
+    from min_length on, so a batch fills its token budget to within one pair (as OpenNMT-tf's
+    length_bucket_width=1): faster steps but, in the main job, a worse dev loss
+    (CHANGELOG.md, "Measured gains of the speed-ups")."""
     if growth < 1.0:
         raise ValueError(f"bucket growth must be >= 1.0, got {growth}")
     boundaries = []
@@ -67,12 +67,32 @@ def dropped_by_length(manifest, split, max_length):
 def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=True, seed=None,
                  repeat=False, shuffle_buffer=20000, input_context=None, vocab_fingerprint=None,
                  boundaries=None, shape_stable=False, bucket_growth=1.1):
-    """Batches of {"source" [B, S], "target_in" [B, T], "target_out" [B, T]} int32, PAD-padded.
+    """The training or evaluation batches of a prepared split, bucketed by length, each within a
+    token budget.
 
     With `shape_stable`, both sides of a batch are padded to its bucket's upper edge, so a
     bucket always gives the same [B, L] shapes: per-shape work (oneDNN primitives, XLA
-    programs) is then done once per bucket rather than once per batch. Bucket edges are
-    `boundaries`, else bucket_boundaries(max_length, growth=bucket_growth).
+    programs) is then done once per bucket rather than once per batch.
+
+    Args:
+      data_dir: a directory `records.prepare` wrote.
+      split: "train", "dev" or "test".
+      batch_tokens: the token budget of a batch (per replica under `input_context`).
+      max_length: pairs longer than this (in subwords, either side) are dropped.
+      shuffle, seed, shuffle_buffer: shuffling of the pairs (and of the batches).
+      repeat: repeat the split forever.
+      input_context: a `tf.distribute.InputContext`: this input pipeline's shard.
+      vocab_fingerprint: refuse records made with another vocabulary.
+      boundaries: bucket edges; default `bucket_boundaries(max_length, growth=bucket_growth)`.
+      shape_stable: pad each batch to its bucket's upper edge.
+      bucket_growth: the ratio between consecutive bucket edges.
+
+    Returns:
+      A `tf.data.Dataset` of {"source" [B, S], "target_in" [B, T], "target_out" [B, T]},
+      int32, PAD-padded (target_in starts with BOS, target_out ends with EOS).
+
+    Raises:
+      records.PreparedDataError: the directory is incomplete or made with another vocabulary.
     """
     manifest = records.load_manifest(data_dir, vocab_fingerprint)
     files = records.shard_paths(data_dir, manifest, split)

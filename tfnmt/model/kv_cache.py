@@ -44,8 +44,14 @@ class AppendCache:
         return cls(empty, empty)
 
     def append(self, key, value):
-        """key, value [B, H, T, Dh] -> (all keys, all values [B, H, t + T, Dh], the grown
-        cache)."""
+        """Appends new positions.
+
+        Args:
+          key, value: [B, H, T, Dh].
+
+        Returns:
+          (all keys, all values [B, H, t + T, Dh], the grown cache).
+        """
         key = tf.concat([self.key, key], axis=2)
         value = tf.concat([self.value, value], axis=2)
         return key, value, AppendCache(key, value)
@@ -121,12 +127,21 @@ class DecoderCache:
             "ancestry": [R, t] int32, the slot each row's prefix held at each earlier time,
             "memory": per layer {"key", "value"} [A, H, S, Dh],
             "source_padding": [A, S] bool, True at real source tokens}
+
+    Args:
+      model: a `Transformer` (its `initial_cache`).
+      memory: [B, S, D] from `model.encode`.
+      source_padding: [B, S] from `model.encode`.
+      slots: hypothesis rows of the first step (B * beams).
+      max_length: the longest output, which bounds the stores' capacity.
+
+    Example (one search step, inside the decoding loop):
+      caches, state = cache.for_step(state, step, row_slots)
+      logits, caches = model.decode_step(tokens, step, caches, state["source_padding"])
+      state = cache.reorder(cache.update(state, caches), row_slots, parents, staying)
     """
 
     def __init__(self, model, memory, source_padding, slots, max_length):
-        """model: its `initial_cache`; memory [B, S, D] and source_padding [B, S] from
-        `model.encode`; slots: hypothesis rows of the first step (B * beams); max_length:
-        the longest output, which bounds the stores' capacity."""
         initial = model.initial_cache(memory)
         _, self.heads, _, head_dim = initial[0]["self"].key.shape  # [B, H, 0, Dh]
         self.slots, self.max_length = slots, max_length
@@ -136,9 +151,17 @@ class DecoderCache:
                       "memory": [c["memory"] for c in initial], "source_padding": source_padding}
 
     def for_step(self, state, step, row_slots):
-        """-> (per-layer caches {"self": StoreCache, "memory"} for `model.decode_step` at time
-        `step`, for the rows whose slots are row_slots [R]; the state with stores grown to hold
-        that step)."""
+        """The per-layer caches of one step.
+
+        Args:
+          state: the loop's cache state.
+          step: the time step.
+          row_slots: [R] int32, the slot of each hypothesis row.
+
+        Returns:
+          (per-layer caches {"self": StoreCache, "memory"} for `model.decode_step`, the state
+          with stores grown to hold the step).
+        """
         rows = step_rows(step, self.slots, self.heads, row_slots, state["ancestry"])
         stores = grow(state["stores"], step, self.slots, self.heads, self.max_length)
         caches = [{"self": StoreCache(store["key"], store["value"], rows["write_rows"],
@@ -148,15 +171,33 @@ class DecoderCache:
 
     @staticmethod
     def update(state, caches):
-        """The state with the stores written by `model.decode_step` (its returned caches)."""
+        """Takes back what a step wrote.
+
+        Args:
+          state: the state `for_step` returned.
+          caches: the caches `model.decode_step` returned.
+
+        Returns:
+          The state with the written stores.
+        """
         return dict(state, stores=[{"key": c["self"].key_store, "value": c["self"].value_store}
                                    for c in caches])
 
     @staticmethod
     def reorder(state, row_slots, parents, staying):
-        """After a step: parents [R'] are the rows (of this step's R, slots row_slots) that the
-        next step's hypotheses extend, staying [A'] the sentences still searched (indices into
-        this step's A). Keys are never moved: only the [R, t] ancestry is."""
+        """Follows the search's choices after a step. Keys are never moved: only the [R, t]
+        ancestry is.
+
+        Args:
+          state: the state after `update`.
+          row_slots: [R] int32, this step's rows' slots.
+          parents: [R'] int32, the rows (of this step's R) that the next step's hypotheses
+            extend.
+          staying: [A'] int32, the sentences still searched (indices into this step's A).
+
+        Returns:
+          The state for the next step.
+        """
         ancestry = tf.concat([state["ancestry"], row_slots[:, None]], axis=1)
         memory, padding = state["memory"], state["source_padding"]
         memory, padding = tf.cond(

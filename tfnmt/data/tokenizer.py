@@ -10,7 +10,7 @@ import os
 
 import tensorflow as tf
 
-from tfnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401 (re-exported)
+from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401 (re-exported)
 
 
 def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unigram",
@@ -125,6 +125,14 @@ class Tokenizer:
     Note: `tf.random.set_seed` (and so `keras.utils.set_random_seed`) clears TensorFlow's
     eager kernel cache, which deletes the SentencePiece resource of every tokenizer made
     before it. Seed first, then make tokenizers.
+
+    Args:
+      model_path: a SentencePiece model file.
+
+    Example:
+      tokenizer = Tokenizer("runs/de-en/spm.model")
+      ids = tokenizer.tokenize(["Guten Morgen."])     # RaggedTensor [1, None] int32
+      tokenizer.detokenize(ids)                       # [b"Guten Morgen."]
     """
 
     def __init__(self, model_path):

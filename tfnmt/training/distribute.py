@@ -23,9 +23,20 @@ def cluster_workers():
 
 
 def make_strategy(name="auto"):
-    """auto: multi_worker when TF_CONFIG names several workers, mirrored with several GPUs,
-    else one device. mirrored: all local GPUs, or all logical CPUs when there is no GPU.
-    multi_worker: MultiWorkerMirroredStrategy over the cluster in TF_CONFIG."""
+    """The training strategy.
+
+    Args:
+      name: "auto" (multi_worker when TF_CONFIG names several workers, mirrored with several
+        GPUs, else one_device), "one_device" (the first GPU, else the CPU), "mirrored" (all
+        local GPUs, or all logical CPUs when there is no GPU) or "multi_worker"
+        (MultiWorkerMirroredStrategy over the cluster in TF_CONFIG).
+
+    Returns:
+      A `tf.distribute.Strategy`.
+
+    Raises:
+      ValueError: an unknown name, or multi_worker without TF_CONFIG.
+    """
     # Physical devices only: listing logical ones starts the runtime, after which
     # MultiWorkerMirroredStrategy can no longer configure its collective ops.
     num_gpus = len(tf.config.list_physical_devices("GPU"))
@@ -79,8 +90,15 @@ def cpu_has_bf16():
 
 
 def resolve_mixed_precision(name):
-    """'auto' -> 'bf16' on GPUs of compute capability >= 8.0 or on CPUs with native bf16,
-    'none' elsewhere; other names pass through."""
+    """The mixed precision to train with.
+
+    Args:
+      name: "auto", "none", "bf16" or "fp16".
+
+    Returns:
+      For "auto": "bf16" on GPUs of compute capability >= 8.0 or on CPUs with native bf16,
+      else "none"; any other name as given.
+    """
     if name != "auto":
         return name
     gpus = tf.config.list_physical_devices("GPU")

@@ -18,9 +18,9 @@ import os
 
 import tensorflow as tf
 
-from tfnmt import corpus
+from tfnmt.data import corpus
+from tfnmt.data.tokenizer import Tokenizer, file_fingerprint, train_sentencepiece
 from tfnmt.paths import EMBEDDED_DIR, VOCAB
-from tfnmt.tokenizer import Tokenizer, file_fingerprint, train_sentencepiece
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # 2: a sha256 per shard; the vocabulary by its fingerprint
@@ -101,12 +101,27 @@ def _write_split(tokenizer, pairs, out_dir, split, num_shards):
 
 def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vocab_size=8000,
             vocab_type="unigram", train_shards=8, vocab_path=None, model_vocab=None):
-    """Learns the vocabulary on the train split (unless `vocab_path` is given) and writes all
-    splits as TFRecords under `out_dir`. Returns the manifest (a dict).
+    """Learns the vocabulary on the train split and writes all splits as TFRecords, unless
+    `out_dir` already holds them for the same input and settings (damaged shards are
+    rewritten).
 
-    `model_vocab`: the vocabulary of a model already trained on this data (its model_dir's
-    spm.model). A rebuild then tokenizes with it instead of learning one again, which could
-    differ (SentencePiece samples its input) and so no longer fit the model."""
+    Args:
+      out_dir: the prepared-data directory.
+      dataset, files, tfds_data_dir: the raw text, as for `corpus.read_corpus`.
+      vocab_size, vocab_type: the SentencePiece model to learn ("unigram" or "bpe").
+      train_shards: TFRecord files for the train split.
+      vocab_path: an existing SentencePiece model to use instead of learning one.
+      model_vocab: the vocabulary of a model already trained on this data (its model_dir's
+        spm.model). A rebuild then tokenizes with it instead of learning one again, which
+        could differ (SentencePiece samples its input) and so no longer fit the model.
+
+    Returns:
+      The manifest (a dict: settings, vocabulary fingerprint, per-split shards, counts and
+      length histograms, checksums).
+
+    Raises:
+      corpus.CorpusError: the raw text is missing or invalid.
+    """
     settings = {"format": FORMAT_VERSION, "dataset": dataset,
                 "inputs": input_fingerprint(dataset, files, tfds_data_dir),
                 "vocab_size": vocab_size, "vocab_type": vocab_type, "train_shards": train_shards,
@@ -226,8 +241,7 @@ def readable_fingerprint(vocab_file):
 
 def damaged_shards(data_dir, manifest):
     """[(split, "<file> is …")] for each shard that is missing or whose bytes are not those the
-    manifest records. Streams every shard through sha256 (1.36 GB/s from memory on a
-    2-core AVX2 EPYC; the embedded corpus' 7.6 MB in 0.04 s), else at the disk's read speed."""
+    manifest records. Reads every shard through sha256 (at about the disk's read speed)."""
     damaged = []
     for split, entry in sorted(manifest["splits"].items()):
         for shard in entry["shards"]:

@@ -6,9 +6,9 @@ import numpy as np
 import sacrebleu
 import tensorflow as tf
 
-from tfnmt.decoding import greedy_decode
-from tfnmt.losses import masked_accuracy_sum, masked_loss_sum
-from tfnmt.tokenizer import to_source_ids
+from tfnmt.data.tokenizer import to_source_ids
+from tfnmt.inference.decoding import greedy_decode
+from tfnmt.training.losses import masked_accuracy_sum, masked_loss_sum
 
 
 def translate_lines(translate_batch, lines, batch_size=32):
@@ -42,8 +42,17 @@ def loss_sums_function(model, label_smoothing=0.1):
 
 
 def evaluate_loss(model, dataset, label_smoothing=0.1, sums=None):
-    """Over a dataset of batches: smoothed loss per token, perplexity (from the unsmoothed
-    cross-entropy) and token accuracy. `sums`: a loss_sums_function to reuse."""
+    """Loss, perplexity and token accuracy over a dataset.
+
+    Args:
+      model: a `Transformer`.
+      dataset: batches as `pipeline.make_dataset` gives them.
+      label_smoothing: the smoothing of the reported loss.
+      sums: a `loss_sums_function(model, label_smoothing)` to reuse (one trace).
+
+    Returns:
+      {"loss": smoothed loss per real target token, "perplexity": exp of the unsmoothed
+      cross-entropy per token, "accuracy": argmax accuracy per token}."""
     sums = sums or loss_sums_function(model, label_smoothing)
     totals = np.zeros(4)
     for batch in dataset:
@@ -56,7 +65,7 @@ def evaluate_loss(model, dataset, label_smoothing=0.1, sums=None):
 
 class Translator:
     """Batched greedy translation of raw strings with a model and its tokenizer (evaluation
-    during training; the exported translator is tfnmt.serving.TranslationModule)."""
+    during training; the exported translator is tfnmt.inference.serving.TranslationModule)."""
 
     def __init__(self, model, tokenizer, max_source_length=None, batch_size=64):
         self.model = model
@@ -80,10 +89,20 @@ class Translator:
 
 
 def corpus_scores(hypotheses, references, ter=False, signatures=False):
-    """sacreBLEU (13a tokenization, the sacrebleu defaults) and chrF of one hypothesis per
-    reference, and TER with `ter`; with `signatures` also "<metric>_signature", the strings
-    that say exactly how each score was computed. ValueError for no sentences or unequal
-    counts."""
+    """Corpus scores with sacreBLEU's defaults (BLEU with 13a tokenization, chrF, TER).
+
+    Args:
+      hypotheses: translations, one per reference.
+      references: one reference per sentence.
+      ter: also compute TER.
+      signatures: also return "<metric>_signature", the strings that say exactly how each
+        score was computed.
+
+    Returns:
+      {"bleu", "chrf"[, "ter"][, "<metric>_signature"...]}.
+
+    Raises:
+      ValueError: no sentences, or unequal counts."""
     hypotheses, references = list(hypotheses), list(references)
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references: "

@@ -4,8 +4,9 @@ log-probabilities, row replacement), and greedy decoding by full recomputation, 
 the incremental decoders are checked against."""
 import tensorflow as tf
 
-from tfnmt import fast_ops, kv_cache
-from tfnmt.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tfnmt import fast_ops
+from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.model import kv_cache
 
 EXTRA_LENGTH = 50  # outputs may be this much longer than their source (paper §6.1)
 
@@ -53,7 +54,7 @@ def top_log_probs(logits, count, width=32):
     row's `count` most likely tokens, best first, ties to the lower id: what
     top_k(log_softmax(logits), count) gives, without a log-softmax or a top-k over all V.
 
-    On CPU both passes over [R, V] are slow (they were 2.2 ms of a 13-ms beam step). Here each
+    On CPU both passes over [R, V] are a large part of a beam step. Here each
     row's logits are cut into chunks of `width` consecutive tokens (the last padded with -inf)
     and one max per chunk is taken. The `count` chunks with the largest maxima hold the row's
     `count` best tokens (a chunk holding one of them has a maximum at least the count-th best
@@ -147,8 +148,14 @@ def dynamic_decode(model, strategy, source_ids, max_length=None):
     in a `kv_cache.DecoderCache`, until every sentence has left (each leaves at the latest at
     its limit, `decode_limits`). Works eagerly and inside tf.function (one tf.while_loop).
 
-    model: `encode`, `initial_cache`, `decode_step` and `settings` of a `Transformer`.
-    Returns what strategy.finalize returns.
+    Args:
+      model: a `Transformer` (its `encode`, `initial_cache`, `decode_step`, `settings`).
+      strategy: a `DecodingStrategy` (`GreedySearch`, `BeamSearch`).
+      source_ids: [B, S] int32, PAD-padded, EOS-terminated.
+      max_length: output limit, a scalar or [B] (`decode_limits`).
+
+    Returns:
+      What `strategy.finalize` returns.
     """
     source_ids = tf.convert_to_tensor(source_ids, tf.int32)
     batch, source_length = tf.shape(source_ids)[0], tf.shape(source_ids)[1]
@@ -250,10 +257,19 @@ class GreedySearch(DecodingStrategy):
 
 def greedy_decode(model, source_ids, max_length=None, bos_id=BOS_ID, eos_id=EOS_ID,
                   return_attention=False):
-    """Incremental greedy decoding: source_ids [B, S] -> (ids [B, L] without BOS, PAD after EOS;
-    log-probabilities [B] of the output, EOS included; with return_attention, the last decoder
-    layer's cross-attention averaged over heads [B, L, S]). A sentence stops at EOS or at its
-    limit (`decode_limits`: its source length + 50 unless `max_length`, a scalar or [B], is
-    given). `dynamic_decode` with `GreedySearch`."""
+    """Incremental greedy decoding (`dynamic_decode` with `GreedySearch`): a sentence stops at
+    EOS or at its limit.
+
+    Args:
+      model: a `Transformer`.
+      source_ids: [B, S] int32, PAD-padded, EOS-terminated.
+      max_length: output limit, a scalar or [B]; default each sentence's source length + 50
+        subwords (`decode_limits`).
+      bos_id, eos_id: the start and end tokens.
+      return_attention: also return the last decoder layer's cross-attention.
+
+    Returns:
+      (ids [B, L] without BOS, PAD after EOS; log-probabilities [B] of the outputs, EOS
+      included; with return_attention, the cross-attention averaged over heads [B, L, S])."""
     strategy = GreedySearch(return_attention=return_attention, bos_id=bos_id, eos_id=eos_id)
     return dynamic_decode(model, strategy, source_ids, max_length)

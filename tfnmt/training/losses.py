@@ -7,17 +7,26 @@ target tokens (otherwise the loss is mis-scaled by the replica count and batch c
 import tensorflow as tf
 
 from tfnmt import fast_ops
-from tfnmt.special_tokens import PAD_ID
+from tfnmt.data.special_tokens import PAD_ID
 
 
 def label_smoothed_cross_entropy(labels, logits, epsilon=0.1, pad_id=PAD_ID):
-    """Per-token loss [B, T] (0 at padding) and weights [B, T] (1.0 at real tokens).
+    """Label-smoothed cross-entropy per token.
 
     The smoothed target q puts 1 - epsilon on the label and spreads epsilon evenly over the other
     V - 2 tokens, leaving none on padding, as the Annotated Transformer does:
         loss = -(1 - eps) log p(y) - eps / (V - 2) * sum_{j not in {y, pad}} log p(j)
     computed from logsumexp and the logits' sum, with the closed-form gradient softmax(z) - q
     (see _smoothed_xent).
+
+    Args:
+      labels: [B, T] int target ids, pad_id at padding.
+      logits: [B, T, V] (any float dtype; computed in float32).
+      epsilon: the label smoothing (paper: 0.1).
+      pad_id: the padding id.
+
+    Returns:
+      (loss [B, T], 0 at padding; weights [B, T], 1.0 at real tokens), float32.
     """
     logits = tf.cast(logits, tf.float32)
     weights = tf.cast(tf.not_equal(labels, pad_id), tf.float32)
@@ -93,13 +102,22 @@ def _smoothed_loss(log_normaliser, label_logit, logit_sum, pad_logit, epsilon, o
 
 
 def projected_cross_entropy(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
-    """The smoothed cross-entropy [N] of logits = hidden [N, D] · kernelᵀ ([V, D], float32),
-    with the output projection inside the gradient. labels [N]; positions whose label is
-    pad_id must get zero weight (multiply the result by the padding mask, as
-    masked_projected_loss_sum does).
+    """The smoothed cross-entropy of logits = hidden · kernelᵀ, with the output projection
+    inside the gradient.
+
+    Args:
+      labels: [N] int target ids.
+      hidden: [N, D] decoder states.
+      kernel: [V, D] output projection (cast to float32).
+      epsilon, pad_id: as for `label_smoothed_cross_entropy`.
+
+    Returns:
+      [N] float32 losses. Positions whose label is pad_id must get zero weight (multiply by
+      the padding mask, as `masked_projected_loss_sum` does).
 
     Same value as projecting and calling label_smoothed_cross_entropy, in fewer passes over the
-    [N, V] logits, which dominate a CPU step's element-wise work (bench/README.md):
+    [N, V] logits, which dominate a CPU step's element-wise work (CHANGELOG.md, "Measured
+    gains of the speed-ups"):
     - sum_j z_j is hidden · (sum of kernel rows), not a pass over the logits;
     - of the gradient (softmax(z) - q) · upstream, only exp(z - max) becomes an [N, V] matrix
       (one cast to hidden's dtype): the row scale upstream / sum(exp) is applied on the
@@ -162,8 +180,18 @@ def projected_cross_entropy(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
 
 
 def masked_projected_loss_sum(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
-    """masked_loss_sum of the logits hidden [B, T, D] · kernelᵀ ([V, D]) with labels [B, T],
-    through projected_cross_entropy (the training loop's loss)."""
+    """The training loop's loss: `masked_loss_sum` of the logits hidden · kernelᵀ, through
+    `projected_cross_entropy`.
+
+    Args:
+      labels: [B, T] int target ids, pad_id at padding.
+      hidden: [B, T, D] decoder states.
+      kernel: [V, D] output projection.
+      epsilon, pad_id: as for `label_smoothed_cross_entropy`.
+
+    Returns:
+      (sum of the smoothed loss, number of real target tokens), float32 scalars.
+    """
     flat_labels = tf.reshape(labels, [-1])  # [N]
     loss = projected_cross_entropy(flat_labels, tf.reshape(hidden, [-1, hidden.shape[-1]]),
                                    kernel, epsilon, pad_id)
@@ -172,13 +200,31 @@ def masked_projected_loss_sum(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID
 
 
 def masked_loss_sum(labels, logits, epsilon=0.1, pad_id=PAD_ID):
-    """(sum of the smoothed loss, number of real target tokens), both float32 scalars."""
+    """The summed smoothed loss of a batch, for per-token means across batches and replicas.
+
+    Args:
+      labels: [B, T] int target ids, pad_id at padding.
+      logits: [B, T, V].
+      epsilon, pad_id: as for `label_smoothed_cross_entropy`.
+
+    Returns:
+      (sum of the smoothed loss, number of real target tokens), float32 scalars.
+    """
     loss, weights = label_smoothed_cross_entropy(labels, logits, epsilon, pad_id)
     return tf.reduce_sum(loss), tf.reduce_sum(weights)
 
 
 def masked_accuracy_sum(labels, logits, pad_id=PAD_ID):
-    """(number of real tokens predicted exactly by argmax, number of real tokens)."""
+    """Token accuracy counts of a batch.
+
+    Args:
+      labels: [B, T] int target ids, pad_id at padding.
+      logits: [B, T, V].
+      pad_id: the padding id.
+
+    Returns:
+      (number of real tokens whose argmax is the label, number of real tokens), float32.
+    """
     predictions = tf.argmax(logits, axis=-1, output_type=labels.dtype)
     weights = tf.cast(tf.not_equal(labels, pad_id), tf.float32)
     correct = tf.cast(tf.equal(predictions, labels), tf.float32) * weights
@@ -186,6 +232,15 @@ def masked_accuracy_sum(labels, logits, pad_id=PAD_ID):
 
 
 def label_smoothed_loss(labels, logits, epsilon=0.1, pad_id=PAD_ID):
-    """Mean smoothed loss per real target token of one (local) batch, for single-device use."""
+    """The mean smoothed loss per real target token of one batch (single-device use).
+
+    Args:
+      labels: [B, T] int target ids, pad_id at padding.
+      logits: [B, T, V].
+      epsilon, pad_id: as for `label_smoothed_cross_entropy`.
+
+    Returns:
+      A float32 scalar.
+    """
     total, count = masked_loss_sum(labels, logits, epsilon, pad_id)
     return total / tf.maximum(count, 1.0)

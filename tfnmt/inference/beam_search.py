@@ -9,8 +9,8 @@ sentence's search depends on the other sentences of its batch.
 """
 import tensorflow as tf
 
-from tfnmt.decoding import DecodingStrategy, dynamic_decode, replace_rows
-from tfnmt.special_tokens import PAD_ID
+from tfnmt.data.special_tokens import PAD_ID
+from tfnmt.inference.decoding import DecodingStrategy, dynamic_decode, replace_rows
 
 NEG_INF = -1e9
 
@@ -164,12 +164,23 @@ class BeamSearch(DecodingStrategy):
 
 def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_best=1,
                 return_attention=False):
-    """source_ids [B, S] int32 -> (ids [B, N, L] without BOS, PAD after EOS; scores [B, N];
-    with return_attention, the last decoder layer's cross-attention averaged over heads
-    [B, N, L, S]), N = n_best <= beam_size, best first. Each sentence's output is at most its
-    own source length + 50 subwords, or `max_length` (a scalar or [B]) where given
-    (`decoding.decode_limits`). `dynamic_decode` with `BeamSearch`: the results are those of
-    searching every sentence to the end.
+    """Beam search (`dynamic_decode` with `BeamSearch`): the results are those of searching
+    every sentence to the end.
+
+    Args:
+      model: a `Transformer`.
+      source_ids: [B, S] int32, PAD-padded, EOS-terminated.
+      beam_size: hypotheses kept per sentence (paper: 4).
+      alpha: the GNMT length-penalty exponent (paper: 0.6).
+      max_length: output limit, a scalar or [B]; default each sentence's source length + 50
+        subwords (`decoding.decode_limits`).
+      n_best: hypotheses returned per sentence, <= beam_size.
+      return_attention: also return the last decoder layer's cross-attention.
+
+    Returns:
+      (ids [B, N, L] without BOS, PAD after EOS; scores [B, N], log P / length penalty;
+      with return_attention, the cross-attention averaged over heads [B, N, L, S]),
+      N = n_best, best first.
     """
     strategy = BeamSearch(beam_size, alpha, n_best, model.settings["target_vocab_size"],
                           return_attention=return_attention)

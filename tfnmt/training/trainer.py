@@ -1,16 +1,23 @@
 """The training loop: a tf.function over `strategy.run`, with gradient accumulation, loss
 normalised by the global number of target tokens, and checkpoints that survive a kill."""
 import logging
+import time
 
 import numpy as np
 import tensorflow as tf
 
 from tfnmt import fast_ops
 from tfnmt.checkpoints import ModelDirError, remove_interrupted_saves, repair_checkpoint_state
-from tfnmt.losses import masked_loss_sum, masked_projected_loss_sum
-from tfnmt.special_tokens import PAD_ID
+from tfnmt.data.special_tokens import PAD_ID
+from tfnmt.training.losses import masked_loss_sum, masked_projected_loss_sum
 
 SUM = tf.distribute.ReduceOp.SUM
+# fp16 loss scaling halves the scale at each skipped update: this many in a row is divergence.
+MAX_SKIPPED_IN_A_ROW = 64
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (the checkpoints written so far are kept)."""
 
 
 class Trainer:
@@ -20,6 +27,19 @@ class Trainer:
     of real target tokens in the *whole* global batch (all replicas, all micro-batches), so the
     summed gradient is the gradient of the global per-token mean, whatever the replica count or
     accumulation. Gradients are all-reduced here, once (see PreReducedAdam).
+
+    Args:
+      model: a built `Transformer`, created under `strategy.scope()`.
+      optimizer: a built `PreReducedAdam` (or a `LossScaleOptimizer` around one).
+      strategy: the `tf.distribute` strategy the model and optimizer live in.
+      label_smoothing: the loss's label smoothing (paper: 0.1).
+      accum_steps: micro-batches per replica per update.
+      jit_compile: compile each replica's step with XLA.
+
+    Example:
+      trainer = Trainer(model, optimizer, strategy)
+      trainer(iterator, train_steps=1000, keeper=keeper, stats=stats)  # the loop
+      outputs = trainer.train_step(iterator)                           # or one update
     """
 
     def __init__(self, model, optimizer, strategy, label_smoothing=0.1, accum_steps=1,
@@ -33,6 +53,54 @@ class Trainer:
         self.replica_step = tf.function(self._replica_step, jit_compile=True) \
             if jit_compile else self._replica_step
         self.train_step = tf.function(self._train_step)
+
+    def __call__(self, iterator, train_steps, keeper=None, stats=None, evaluate=None,
+                 log_every=100, checkpoint_every=1000, eval_every=0):
+        """Runs updates until the optimizer has applied `train_steps`; returns that count.
+
+        Args:
+          iterator: a distributed iterator over training batches (it never ends).
+          train_steps: the optimizer update count to stop at.
+          keeper: a `CheckpointKeeper`, saved every `checkpoint_every` updates and at the end.
+          stats: a `TrainingStats`, reported every `log_every` updates and at the end.
+          evaluate: called with the step every `eval_every` updates (not at the end); its time
+            is left out of the reported speed.
+
+        Raises:
+          TrainingError: fp16 loss scaling skipped more than MAX_SKIPPED_IN_A_ROW updates in a
+            row (the loss has diverged).
+        """
+        step = int(self.optimizer.iterations.numpy())
+        streak = 0
+        while step < train_steps:
+            outputs = self.train_step(iterator)
+            if stats is not None:
+                stats.update(outputs)
+            # Steps count applied updates: with fp16 loss scaling an overflowing update is
+            # skipped (and the scale lowered), so the optimizer's count is the truth.
+            applied = int(self.optimizer.iterations.numpy())
+            if applied == step:
+                streak += 1
+                if stats is not None:
+                    stats.skipped += 1
+                if streak > MAX_SKIPPED_IN_A_ROW:  # the scale is ~2^-50 by now: no overflow
+                    raise TrainingError(
+                        f"step {step + 1}: {streak} updates in a row had non-finite gradients "
+                        "at every loss scale; the loss has diverged (lower --lr_scale or use "
+                        "--mixed_precision=bf16|none)")
+                continue
+            step, streak = applied, 0
+            if stats is not None and (step % log_every == 0 or step == train_steps):
+                stats.report(step, float(self.optimizer.learning_rate))
+            if keeper is not None and (step % checkpoint_every == 0 or step == train_steps):
+                keeper.save(step)
+            if evaluate is not None and eval_every and step % eval_every == 0 \
+                    and step < train_steps:
+                start = time.time()
+                evaluate(step)
+                if stats is not None:
+                    stats.pause(time.time() - start)
+        return step
 
     def replica_gradients(self, batches):
         """(summed loss, real target tokens, padded positions, global-mean gradients) of this
@@ -109,7 +177,13 @@ class CheckpointKeeper:
     """tf.train.CheckpointManager over model + optimizer, restoring the newest checkpoint that
     reads back; a corrupt or half-written newest one is skipped with a warning. It repairs the
     directory first (state file, interrupted saves): use it as the directory's one writer
-    (experiment.run holds a DirectoryLock)."""
+    (experiment.run holds a DirectoryLock).
+
+    Args:
+      directory: the checkpoint directory.
+      model, optimizer: what a checkpoint holds.
+      keep: checkpoints kept (older ones are deleted).
+    """
 
     def __init__(self, directory, model, optimizer, keep=5):
         # The checkpoint files are the truth: a damaged state file is rebuilt from them first
@@ -143,8 +217,16 @@ class CheckpointKeeper:
 
 
 def average_checkpoints(model, paths, output_prefix):
-    """Writes a checkpoint of `model` whose trainable weights are the mean of those in
-    `paths` (paper §6.1: the last 5 checkpoints for base, 20 for big). Returns its path."""
+    """Checkpoint averaging (paper §6.1: the last 5 checkpoints for base, 20 for big).
+
+    Args:
+      model: a built model of the checkpoints' kind; its weights become the average.
+      paths: checkpoint prefixes.
+      output_prefix: where to write the averaged checkpoint.
+
+    Returns:
+      The written checkpoint's path.
+    """
     variables = model.trainable_variables
     sums = [np.zeros(v.shape, np.float64) for v in variables]
     for path in paths:

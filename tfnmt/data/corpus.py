@@ -120,7 +120,7 @@ def read_tfds(name, split, data_dir=None, download=True):
     Portuguese -> English). Not prepared and offline -> CorpusError at once."""
     import tensorflow_datasets as tfds
 
-    import tfnmt.tfds_embedded  # noqa: F401  registers the embedded corpus' builder
+    import tfnmt.data.tfds_embedded  # noqa: F401  registers the embedded corpus' builder
 
     try:
         builder = tfds.builder(name, data_dir=data_dir)
@@ -147,8 +147,22 @@ def read_tfds(name, split, data_dir=None, download=True):
 
 
 def read_corpus(dataset, split, files=None, tfds_data_dir=None):
-    """Pairs of `split` ('train', 'dev', 'test') from `dataset`: 'embedded', 'files' (with
-    `files` = a TSV or 'source,target'), or a TFDS name. Skips and counts empty pairs."""
+    """The sentence pairs of a split, skipping (and counting in the log) pairs with an empty
+    side.
+
+    Args:
+      dataset: "embedded" (the German-English corpus in this repository), "files", or a
+        TFDS translation dataset's name (e.g. "wmt14_translate/de-en").
+      split: "train", "dev" or "test".
+      files: with dataset "files": a TSV path, or "source_path,target_path".
+      tfds_data_dir: where TFDS datasets are prepared.
+
+    Yields:
+      (source, target) strings.
+
+    Raises:
+      CorpusError: bad or missing input (one line, naming the file and line).
+    """
     if split not in SPLITS:
         raise CorpusError(f"split must be one of {SPLITS}, got {split!r}")
     if dataset == EMBEDDED:

@@ -1,11 +1,11 @@
 """Catalog of model sizes, each with the training settings it is meant to run with.
 
 `cpu` is the main job's model: the best translator found for a short float32 run on a 2-core
-CPU (pre-norm, 2+2 layers; see bench/README.md, "Quality per CPU-minute"). `small` is the
+CPU (pre-norm, 2+2 layers; CHANGELOG.md says how it was chosen). `small` is the
 3+3-layer post-norm model of the OpenNMT-tf speed comparison. `base` and `big` are the paper's
 (Table 3) with its schedule; `tiny` is for tests.
 
-    python -m tfnmt.presets            # parameter counts with a shared 37,000-token vocabulary
+    python -m tfnmt.model.presets      # parameter counts with a shared 37,000-token vocabulary
 """
 import argparse
 
@@ -33,7 +33,18 @@ PAPER_PARAMETERS = {"base": 65e6, "big": 213e6}
 
 
 def get_preset(name, **overrides):
-    """The preset's Transformer arguments with `overrides` (None values ignored) applied."""
+    """A preset's `Transformer` arguments.
+
+    Args:
+      name: a key of PRESETS.
+      **overrides: arguments that replace the preset's (None values are ignored).
+
+    Returns:
+      A dict of `Transformer` keyword arguments (without the vocabulary size).
+
+    Raises:
+      ValueError: an unknown preset.
+    """
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     settings = dict(PRESETS[name])
@@ -42,14 +53,30 @@ def get_preset(name, **overrides):
 
 
 def get_training(name):
-    """The preset's training defaults: batch_tokens, warmup_steps, lr_scale, train_steps."""
+    """A preset's training defaults.
+
+    Args:
+      name: a key of PRESETS.
+
+    Returns:
+      A dict with batch_tokens, warmup_steps, lr_scale and train_steps.
+    """
     get_preset(name)  # the same error for an unknown name
     return dict(TRAINING[name])
 
 
 def count_parameters(name, vocab_size=37000, **overrides):
-    """Number of trainable weights of a preset built with a shared vocabulary."""
-    from tfnmt.model import Transformer
+    """The number of trainable weights of a preset.
+
+    Args:
+      name: a key of PRESETS.
+      vocab_size: the shared vocabulary's size.
+      **overrides: as for `get_preset`.
+
+    Returns:
+      The count, from a model built on the CPU.
+    """
+    from tfnmt.model.transformer import Transformer
 
     model = Transformer(vocab_size=vocab_size, **get_preset(name, **overrides))
     model.build()

@@ -9,6 +9,14 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     Keras passes `optimizer.iterations` (0 before the first update), so the rate of the n-th
     update is `schedule(n - 1)`: the first update uses step 1, never step 0 (which would be 0).
+
+    Args:
+      d_model: the model width.
+      warmup_steps: updates of linear warm-up (paper: 4000).
+      scale: a factor on the whole schedule.
+
+    Example:
+      optimizer = keras.optimizers.Adam(NoamSchedule(512, 4000))
     """
 
     def __init__(self, d_model, warmup_steps=4000, scale=1.0):
@@ -30,6 +38,16 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
 def paper_adam(d_model, warmup_steps=4000, scale=1.0, optimizer_class=keras.optimizers.Adam,
                **kwargs):
-    """Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on the Noam schedule (§5.3)."""
+    """The paper's optimizer (§5.3): Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on the Noam
+    schedule.
+
+    Args:
+      d_model, warmup_steps, scale: the `NoamSchedule`'s.
+      optimizer_class: an Adam class (training uses `PreReducedAdam`).
+      **kwargs: more arguments for the optimizer.
+
+    Returns:
+      The optimizer.
+    """
     return optimizer_class(learning_rate=NoamSchedule(d_model, warmup_steps, scale),
                            beta_1=0.9, beta_2=0.98, epsilon=1e-9, **kwargs)

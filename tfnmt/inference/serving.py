@@ -23,11 +23,11 @@ import shutil
 
 import tensorflow as tf
 
-from tfnmt.beam_search import beam_search
-from tfnmt.decoding import EXTRA_LENGTH, decode_limits
+from tfnmt.data.special_tokens import PAD_ID
+from tfnmt.data.tokenizer import has_content, portable_model_proto, strip_output, to_source_ids
+from tfnmt.inference.beam_search import beam_search
+from tfnmt.inference.decoding import EXTRA_LENGTH, decode_limits
 from tfnmt.layers.linear import low_precision_matmuls
-from tfnmt.special_tokens import PAD_ID
-from tfnmt.tokenizer import has_content, portable_model_proto, strip_output, to_source_ids
 
 MATMUL_DTYPES = ("float32", "bfloat16")
 
@@ -48,8 +48,8 @@ class TranslationModule:
       parallel_searches: a chunk's sentences are split into this many groups, searched by
         independent loops in the graph, which the runtime runs at the same time. On a CPU one
         op of a search step seldom keeps every core busy (small tensors run on one thread), and
-        a second search fills the gaps (bench/README.md); each sentence's result is the same.
-        1 for GPUs.
+        a second search fills the gaps (CHANGELOG.md, "Measured gains of the speed-ups"); each
+        sentence's result is the same. 1 for GPUs.
       matmul_dtype: "bfloat16" runs the model's weight matmuls (projections, feed-forward,
         output layer) in bfloat16 (`linear.low_precision_matmuls`), all else in float32:
         faster where bf16 is native (AMX, AVX512-BF16, recent GPUs), very slow where it is
@@ -194,13 +194,24 @@ class ExportCheckError(RuntimeError):
 
 
 def export_saved_model(module, export_dir, version=None, check=True):
-    """Writes `<export_dir>/<version>/` (default: the next integer) under a temporary name and
-    renames it when complete, so a watching TF Serving never loads half a model. An existing
-    version is never overwritten. Returns the path.
+    """Writes a new SavedModel version for TF Serving.
 
-    With `check`, the written model is loaded by TensorFlow's C++ loader, as TF Serving loads
-    it, and both signatures translate CHECK_SENTENCES before it is renamed into place; if that
-    fails, the temporary directory is removed and ExportCheckError raised."""
+    The version is written under a temporary name and renamed when complete, so a watching
+    TF Serving never loads half a model; an existing version is never overwritten.
+
+    Args:
+      module: a `TranslationModule`.
+      export_dir: the directory of numbered versions.
+      version: the version number; default the next integer.
+      check: load the written model with TensorFlow's C++ loader, as TF Serving loads it,
+        and translate CHECK_SENTENCES with both signatures before it is renamed into place.
+
+    Returns:
+      The version's path, `<export_dir>/<version>`.
+
+    Raises:
+      ExportCheckError: the check failed (the temporary directory is removed).
+      FileExistsError: the version exists."""
     version = next_version(export_dir) if version is None else int(version)
     final = os.path.join(export_dir, str(version))
     if os.path.exists(final):
@@ -265,7 +276,7 @@ def check_with_session_loader(path, sentences=CHECK_SENTENCES):
     translation and a score per sentence."""
     import numpy as np
 
-    from tfnmt.session_loader import SessionLoaderError, SessionModel
+    from tfnmt.inference.session_loader import SessionLoaderError, SessionModel
 
     feed = {SIGNATURE_INPUT: np.array([s.encode() for s in sentences], object)}
     try:
@@ -292,8 +303,17 @@ def latest_export(path):
 
 
 def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=0.6, checkpoint="auto"):
-    """A function string [B] -> (translations string [B], scores float32 [B]) from a training
-    directory's checkpoint (beam settings as given) or from an export (its own settings)."""
+    """A translation function from a model_dir's checkpoint or from an export.
+
+    Args:
+      model_dir: a training directory (used when `export` is not given).
+      export: an export version directory, or an export_dir (its newest version).
+      beam_size, alpha: beam settings for a model_dir (an export keeps its own).
+      checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
+
+    Returns:
+      A function string [B] -> (translations string [B], scores float32 [B]).
+    """
     if export:
         import tensorflow_text  # noqa: F401  registers the SentencePiece ops
 

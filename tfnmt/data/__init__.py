@@ -1,0 +1,9 @@
+"""Data: raw parallel text to batches of subword ids.
+
+  corpus.py          raw parallel text: the embedded corpus, TFDS datasets, local files
+  tfds_embedded.py   the embedded corpus as a local TFDS builder
+  tokenizer.py       the joint SentencePiece vocabulary, applied in-graph with tensorflow-text
+  special_tokens.py  the reserved ids: PAD, UNK, BOS, EOS
+  records.py         TFRecord shards + manifest with checksums, rebuilt where damaged
+  pipeline.py        the length-bucketed, token-budget tf.data pipeline
+"""

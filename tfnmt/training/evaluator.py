@@ -1,0 +1,58 @@
+"""The dev evaluation during training: loss, perplexity, sacreBLEU/chrF of greedy translations,
+sample translations and attention images for TensorBoard."""
+import tensorflow as tf
+
+from tfnmt.data import pipeline
+from tfnmt.data.corpus import read_corpus
+from tfnmt.data.special_tokens import BOS_ID
+from tfnmt.inference.evaluation import Translator, corpus_scores, evaluate_loss, loss_sums_function
+from tfnmt.training.summaries import write_attention_images
+
+
+class Evaluator:
+    """Evaluates a training model on the dev split.
+
+    Args:
+      model: the `Transformer` being trained.
+      tokenizer: its `Tokenizer`.
+      settings: the run's settings (data, train sections).
+      data_dir: the prepared data (the dev split's TFRecords).
+
+    Calling it with a step (and a `tf.summary` writer) returns {loss, perplexity, accuracy,
+    bleu, chrf} and writes them, four sample translations and attention images.
+    """
+
+    def __init__(self, model, tokenizer, settings, data_dir):
+        self.model = model
+        self.settings = settings
+        d = settings["data"]
+        self.data_dir = data_dir
+        self.pairs = list(read_corpus(d["dataset"], "dev", (d.get("files") or {}).get("dev"),
+                                      d.get("tfds_data_dir")))
+        limit = settings["train"].get("bleu_sentences") or len(self.pairs)
+        self.pairs = self.pairs[:limit]
+        self.translator = Translator(model, tokenizer, d["max_length"])
+        self.loss_sums = loss_sums_function(model, settings["train"]["label_smoothing"])
+        self.tokenizer = tokenizer
+
+    def __call__(self, step, writer=None):
+        t = self.settings["train"]
+        dev = pipeline.make_dataset(self.data_dir, "dev", t["batch_tokens"],
+                                    self.settings["data"]["max_length"], shuffle=False)
+        metrics = evaluate_loss(self.model, dev, sums=self.loss_sums)
+        sources = [s for s, _ in self.pairs]
+        hypotheses = self.translator.translate(sources)
+        metrics.update(corpus_scores(hypotheses, [r for _, r in self.pairs]))
+        if writer is not None:
+            with writer.as_default():
+                for name, value in metrics.items():
+                    tf.summary.scalar(name, value, step=step)
+                samples = [f"**source** {s}  \n**reference** {r}  \n**translation** {h}"
+                           for (s, r), h in list(zip(self.pairs, hypotheses))[:4]]
+                tf.summary.text("samples", tf.constant(samples), step=step)
+                source_ids = self.translator.source_ids(sources[:1])
+                target = self.tokenizer.tokenize([self.pairs[0][1]])[:, :50].to_tensor()
+                target_in = tf.concat([tf.fill([1, 1], BOS_ID), target], axis=1)
+                write_attention_images(self.model, source_ids, target_in, step)
+            writer.flush()
+        return metrics

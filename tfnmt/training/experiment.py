@@ -1,0 +1,216 @@
+"""One training run in a model_dir: data, model, the loop, evaluation, averaging.
+
+model_dir layout:
+  settings.json      every setting of the run (export and evaluation read it)
+  spm.model          the shared vocabulary
+  data/              prepared TFRecords (unless --data_dir points elsewhere)
+  checkpoints/       ckpt-<step> written by tf.train.CheckpointManager; .lock held by the
+                     process that trains (one writer per model_dir)
+  averaged/          the average of the last N checkpoints (--average_last)
+  train/, eval/      TensorBoard event files
+  workers/<id>/      non-chief workers' checkpoints under multi_worker
+"""
+import errno
+import os
+import re
+import shutil
+import time
+
+import keras
+import tensorflow as tf
+
+from tfnmt.checkpoints import DirectoryLock, newest_readable_checkpoint
+from tfnmt.data import pipeline, records
+from tfnmt.data.tokenizer import Tokenizer
+from tfnmt.model.transformer import Transformer
+from tfnmt.paths import SETTINGS
+from tfnmt.training.distribute import PreReducedAdam, resolve_mixed_precision, task_role
+from tfnmt.training.evaluator import Evaluator
+from tfnmt.training.schedule import paper_adam
+from tfnmt.training.settings import SettingsError, load_settings, write_json
+from tfnmt.training.stats import TrainingStats
+from tfnmt.training.trainer import CheckpointKeeper, Trainer, TrainingError, average_checkpoints
+
+POLICIES = {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+def is_disk_full(error):
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(error, tf.errors.OpError) and "No space left on device" in str(error)
+
+
+def _unwritable_file(error):
+    """The file a disk-full error is about: OSError says; TensorFlow names it in its message
+    (the word that is a path in an existing directory)."""
+    if isinstance(error, OSError) and error.filename:
+        return error.filename
+    for word in re.split(r"[\s;'\"]+", str(error)):
+        if os.sep in word and os.path.isdir(os.path.dirname(word) or "."):
+            return re.sub(r"\.tempstate\d+$", "", word)
+    return "a file"
+
+
+def run(settings, strategy, log=print):
+    """Trains (or resumes) the run in settings["model_dir"] until settings["train"]["train_steps"].
+
+    Args:
+      settings: the run's settings (`settings.resolve_settings`): model_dir, model, data, train.
+      strategy: the `tf.distribute` strategy to train under.
+      log: called with each line of the training log.
+
+    Returns:
+      The final dev metrics: loss, perplexity, accuracy, bleu, chrf.
+
+    Raises:
+      TrainingError: a full disk, damaged prepared data or a diverged fp16 loss (one line;
+        the checkpoints written so far are kept).
+      SettingsError: the model_dir's model was trained with another vocabulary.
+    """
+    model_dir = settings["model_dir"]
+    is_chief, task_id = task_role(strategy)
+    checkpoint_dir = (os.path.join(model_dir, "checkpoints") if is_chief
+                      else os.path.join(model_dir, "workers", str(task_id)))
+    data_dir = settings["data"].get("data_dir") or os.path.join(model_dir, "data")
+    try:
+        with DirectoryLock(checkpoint_dir):  # one writer per checkpoint directory
+            return _run(settings, strategy, log, checkpoint_dir, data_dir)
+    except tf.errors.DataLossError:  # TensorFlow names no file: find the shard that is damaged
+        manifest = records.load_manifest(data_dir, check_shards=False)
+        damaged = records.damaged_shards(data_dir, manifest)
+        if not damaged:
+            raise
+        newest = newest_readable_checkpoint(checkpoint_dir)
+        raise TrainingError(f"{damaged[0][1]}; stopped with the newest intact checkpoint "
+                            f"{newest or 'none'} (run again: the damaged split is rewritten "
+                            "and training resumes)") from None
+    except (OSError, tf.errors.OpError) as error:
+        if not is_disk_full(error):
+            raise
+        newest = newest_readable_checkpoint(checkpoint_dir)
+        raise TrainingError(f"no space left on the device to write {_unwritable_file(error)}; "
+                            f"the newest intact checkpoint is {newest or 'none'} (free space "
+                            "and run again to resume from it)") from None
+
+
+def _run(settings, strategy, log, checkpoint_dir, data_dir):
+    model_dir = settings["model_dir"]
+    t = settings["train"]
+    is_chief, _ = task_role(strategy)
+    # Seed before any tokenizer exists: tf.random.set_seed deletes their TF resources.
+    keras.utils.set_random_seed(t["seed"])
+    os.makedirs(model_dir, exist_ok=True)
+    manifest, tokenizer = _prepare_data(settings, is_chief, data_dir)
+    precision = resolve_mixed_precision(t["mixed_precision"])
+    log(f"data: {manifest['splits']['train']['examples']:,d} training pairs, "
+        f"vocabulary {tokenizer.vocab_size:,d}, {strategy.num_replicas_in_sync} replica(s), "
+        f"precision {precision}")
+    model, optimizer = _build(settings, strategy, precision)
+    keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
+                              t["keep_checkpoints"] if is_chief else 1)
+    restored = keeper.restore()
+    if is_chief:  # only once the checkpoint has read back into a model of these settings
+        write_json(os.path.join(model_dir, SETTINGS), settings)
+    step = int(optimizer.iterations.numpy())
+    log(f"resumed from {restored} at step {step}" if restored else "starting from scratch")
+
+    def dataset_fn(context):
+        # A resumed run reshuffles with a new seed rather than replaying the first batches.
+        return pipeline.make_dataset(data_dir, "train", t["batch_tokens"],
+                                     settings["data"]["max_length"], shuffle=True,
+                                     seed=t["seed"] + step, repeat=True, input_context=context,
+                                     vocab_fingerprint=tokenizer.fingerprint,
+                                     shape_stable=t.get("shape_stable", True),
+                                     bucket_growth=t.get("bucket_growth", 1.1))
+
+    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    trainer = Trainer(model, optimizer, strategy, t["label_smoothing"], t["accum_steps"],
+                      t.get("jit_compile", False))
+    train_writer = tf.summary.create_file_writer(os.path.join(model_dir, "train")) \
+        if is_chief else tf.summary.create_noop_writer()
+    eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval")) \
+        if is_chief else None
+    evaluator = Evaluator(model, tokenizer, settings, data_dir)
+
+    def evaluate(step):
+        log(_format_metrics(step, evaluator(step, eval_writer)))
+
+    stats = TrainingStats(t["train_steps"], step, train_writer, log)
+    step = trainer(iterator, t["train_steps"], keeper=keeper, stats=stats, evaluate=evaluate,
+                   log_every=t["log_every"], checkpoint_every=t["checkpoint_every"],
+                   eval_every=t["eval_every"])
+    train_writer.flush()
+
+    final_name = "latest"
+    if t["average_last"] > 1 and is_chief:
+        paths = keeper.manager.checkpoints[-t["average_last"]:]
+        if len(paths) > 1:
+            prefix = os.path.join(model_dir, "averaged", f"ckpt-{step}")
+            average_checkpoints(model, paths, prefix)
+            final_name = f"average of {len(paths)}"
+            log(f"averaged {len(paths)} checkpoints into {prefix}")
+    metrics = evaluator(step, eval_writer)
+    log(_format_metrics(step, metrics, final_name))
+    return metrics
+
+
+def _prepare_data(settings, is_chief, data_dir):
+    """Prepares (chief) or waits for (other workers) the TFRecords; checks that a trained
+    model's vocabulary is the data's and copies the vocabulary into the model_dir. Records the
+    vocabulary in `settings`. Returns (manifest, tokenizer)."""
+    model_dir, d = settings["model_dir"], settings["data"]
+    saved = load_settings(model_dir)
+    # A trained model's vocabulary is its own: data rebuilt for it is tokenized with it.
+    model_vocab = os.path.join(model_dir, records.VOCAB)
+    model_fingerprint = records.readable_fingerprint(model_vocab) if saved else None
+    if is_chief:
+        manifest = records.prepare(data_dir, d["dataset"], d.get("files"), d.get("tfds_data_dir"),
+                                   d["vocab_size"], d["vocab_type"],
+                                   model_vocab=model_vocab if model_fingerprint else None)
+    else:
+        manifest = _wait_for_data(data_dir, settings["train"].get("data_wait_secs", 1800))
+    tokenizer = Tokenizer(os.path.join(data_dir, records.VOCAB))
+    if saved:
+        trained_with = model_fingerprint or saved.get("vocab_fingerprint")
+        if trained_with not in (None, tokenizer.fingerprint):
+            raise SettingsError(f"{model_dir} was trained with another vocabulary than "
+                                f"{data_dir}")
+    settings["vocab_fingerprint"] = tokenizer.fingerprint
+    settings["model"]["vocab_size"] = tokenizer.vocab_size
+    if is_chief:  # atomically: a kill mid-copy must not leave the model a truncated vocabulary
+        shutil.copyfile(tokenizer.model_path, model_vocab + ".tmp")
+        os.replace(model_vocab + ".tmp", model_vocab)
+    return manifest, tokenizer
+
+
+def _build(settings, strategy, precision):
+    """The model and its optimizer, built under the strategy in the run's precision."""
+    t = settings["train"]
+    keras.config.set_dtype_policy(POLICIES[precision])
+    with strategy.scope():
+        model = Transformer(**settings["model"])
+        model.build()
+        optimizer = paper_adam(model.d_model, t["warmup_steps"], t["lr_scale"], PreReducedAdam)
+        if precision == "fp16":
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def _wait_for_data(data_dir, timeout):
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return records.load_manifest(data_dir)
+        except records.PreparedDataError:
+            if time.time() > deadline:
+                raise
+            time.sleep(2)
+
+
+
+def _format_metrics(step, metrics, weights=None):
+    what = f" ({weights})" if weights else ""
+    return (f"eval step {step}{what}: dev loss {metrics['loss']:.3f} | ppl "
+            f"{metrics['perplexity']:.2f} | acc {metrics['accuracy']:.3f} | sacreBLEU "
+            f"{metrics['bleu']:.2f} | chrF {metrics['chrf']:.2f}")
