@@ -11,17 +11,24 @@ import shutil
 import tensorflow as tf
 
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import SETTINGS, VOCAB
+from tfnmt.paths import AVERAGED, CHECKPOINTS, SETTINGS, VOCAB
 
 
 class ModelDirError(ValueError):
     """A model_dir that cannot be used as asked (one line, naming the file)."""
-    pass
 
 
 def checkpoint_prefixes(directory, name="ckpt"):
-    """The `<name>-N` checkpoints whose index file exists in `directory`, oldest first, found
-    from the files themselves (the `checkpoint` state file is only an index of them)."""
+    """The checkpoints in a directory, found from the files themselves (the `checkpoint` state
+    file is only an index of them).
+
+    Args:
+      directory: a checkpoint directory (need not exist).
+      name: the checkpoints' prefix.
+
+    Returns:
+      The `<directory>/<name>-N` prefixes whose index file exists, oldest first.
+    """
     if not os.path.isdir(directory):
         return []
     pattern = re.compile(re.escape(name) + r"-(\d+)\.index$")
@@ -30,7 +37,15 @@ def checkpoint_prefixes(directory, name="ckpt"):
 
 
 def newest_readable_checkpoint(directory, name="ckpt"):
-    """The newest `<name>-N` in `directory` whose index and data files read, or None."""
+    """The newest checkpoint that reads back.
+
+    Args:
+      directory: a checkpoint directory.
+      name: the checkpoints' prefix.
+
+    Returns:
+      The newest `<name>-N` prefix whose index and data files read, or None.
+    """
     for prefix in reversed(checkpoint_prefixes(directory, name)):
         try:
             reader = tf.train.load_checkpoint(prefix)
@@ -45,7 +60,15 @@ def newest_readable_checkpoint(directory, name="ckpt"):
 def remove_interrupted_saves(directory, name="ckpt"):
     """Removes `<name>-N_temp/` folders: TensorFlow writes a checkpoint's shards there and
     moves them into place when complete, so one is left only by a save that was interrupted.
-    Call only as the directory's one writer (DirectoryLock). Returns the folders removed."""
+    Call only as the directory's one writer (DirectoryLock).
+
+    Args:
+      directory: a checkpoint directory.
+      name: the checkpoints' prefix.
+
+    Returns:
+      The folders removed.
+    """
     if not os.path.isdir(directory):
         return []
     pattern = re.compile(re.escape(name) + r"-\d+_temp$")
@@ -60,7 +83,15 @@ class DirectoryLock:
     """An exclusive lock on `directory` (a `.lock` file in it, flock'ed) for the time of a
     `with` block: a second process that tries to write the same checkpoints gets ModelDirError
     at once, naming the process that holds it. The operating system releases it when the
-    holder exits, however it exits."""
+    holder exits, however it exits.
+
+    Args:
+      directory: the directory to lock (created if missing).
+
+    Example:
+      with DirectoryLock(checkpoint_dir):
+          ...  # the only writer of checkpoint_dir
+    """
 
     def __init__(self, directory):
         self.path = os.path.join(directory, ".lock")
@@ -91,8 +122,15 @@ class DirectoryLock:
 def repair_checkpoint_state(directory, name="ckpt"):
     """Rewrites `directory`'s `checkpoint` state file from the checkpoint files when it is
     missing, unreadable or names other checkpoints than those on disk (so that a damaged state
-    file never makes a run start over). Returns a one-line description of the repair, or
-    None when the state file was right."""
+    file never makes a run start over).
+
+    Args:
+      directory: a checkpoint directory.
+      name: the checkpoints' prefix.
+
+    Returns:
+      A one-line description of the repair, or None when the state file was right.
+    """
     prefixes = checkpoint_prefixes(directory, name)
     if not prefixes:
         return None
@@ -119,15 +157,26 @@ def repair_checkpoint_state(directory, name="ckpt"):
 
 
 def candidate_checkpoints(model_dir, which="auto"):
-    """Checkpoint prefixes to try, best first: 'latest' (the run's checkpoints, newest first),
-    'averaged', 'auto' (averaged ones, then the latest ones) or a path prefix. Found from the
-    files, so a damaged state file does not hide them."""
+    """The checkpoints to try loading, best first, found from the files (a damaged state file
+    does not hide them).
+
+    Args:
+      model_dir: a training directory.
+      which: "latest" (the run's checkpoints, newest first), "averaged", "auto" (averaged
+        ones, then the latest ones) or a checkpoint path prefix.
+
+    Returns:
+      Checkpoint prefixes, best first.
+
+    Raises:
+      ModelDirError: none found.
+    """
     if which not in ("auto", "latest", "averaged"):
         if not tf.io.gfile.exists(which + ".index"):
             raise ModelDirError(f"no checkpoint at {which}")
         return [which]
-    averaged = checkpoint_prefixes(os.path.join(model_dir, "averaged"))[::-1]
-    latest = checkpoint_prefixes(os.path.join(model_dir, "checkpoints"))[::-1]
+    averaged = checkpoint_prefixes(os.path.join(model_dir, AVERAGED))[::-1]
+    latest = checkpoint_prefixes(os.path.join(model_dir, CHECKPOINTS))[::-1]
     paths = {"averaged": averaged, "latest": latest, "auto": averaged + latest}[which]
     if not paths:
         raise ModelDirError(f"{model_dir} has no {which} checkpoint")

@@ -22,7 +22,11 @@ def run(main):
     """absl's app.run(main), with flag errors and an app.UsageError printed as one line,
     `<program>: <message>`, and exit code 1 (absl would print the module's help before a
     UsageError, and a hint after a flag error). First the process gets its memory allocator
-    (tfnmt/allocator.py; may re-execute the process once)."""
+    (tfnmt/allocator.py; may re-execute the process once).
+
+    Args:
+      main: the entry point's main(argv).
+    """
     global ALLOCATOR
     try:
         ALLOCATOR = allocator.use_fast_allocator()

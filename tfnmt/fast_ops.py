@@ -31,13 +31,25 @@ def enabled():
 
 
 def set_plain_ops(plain):
-    """plain=True: stock ops everywhere from now on; False: the fast ones."""
+    """Chooses stock or fast ops for the rest of the process.
+
+    Args:
+      plain: True for stock ops everywhere, False for the fast ones.
+    """
     _plain[0] = bool(plain)
 
 
 @contextlib.contextmanager
 def plain_ops(plain=True):
-    """Within this scope, stock ops (plain=True) or the fast ones (plain=False)."""
+    """A scope with stock ops (or the fast ones).
+
+    Args:
+      plain: True for stock ops within the scope, False for the fast ones.
+
+    Example:
+      with fast_ops.plain_ops():
+          loss = trainer.train_step(iterator)  # autodiff through stock TensorFlow ops
+    """
     previous = _plain[0]
     _plain[0] = bool(plain)
     try:

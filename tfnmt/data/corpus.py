@@ -35,7 +35,18 @@ def _decode(raw, path, number):
 
 
 def read_tsv(path, columns=2):
-    """(source, target) from a TSV whose first two columns are source and target."""
+    """Reads pairs from a TSV file (plain or .gz).
+
+    Args:
+      path: the file; its first two tab-separated columns are source and target.
+      columns: the fewest columns a line may have.
+
+    Yields:
+      (source, target) strings.
+
+    Raises:
+      CorpusError: a line with too few columns or not UTF-8 (naming the file and line).
+    """
     with _open_text(path) as lines:
         for number, raw in enumerate(lines, 1):
             fields = _decode(raw, path, number).split("\t")
@@ -46,7 +57,17 @@ def read_tsv(path, columns=2):
 
 
 def read_aligned(source_path, target_path):
-    """(source, target) from two line-aligned files; a length mismatch is an error."""
+    """Reads pairs from two line-aligned files (plain or .gz).
+
+    Args:
+      source_path, target_path: one sentence per line each.
+
+    Yields:
+      (source, target) strings.
+
+    Raises:
+      CorpusError: the files end at different lines, or a line is not UTF-8.
+    """
     with _open_text(source_path) as sources, _open_text(target_path) as targets:
         for number, (src, tgt) in enumerate(itertools.zip_longest(sources, targets), 1):
             if src is None or tgt is None:
@@ -58,7 +79,14 @@ def read_aligned(source_path, target_path):
 
 
 def read_files(paths):
-    """One TSV path, or [source_path, target_path]."""
+    """Reads pairs from user files.
+
+    Args:
+      paths: one TSV path, "source_path,target_path", or a list of one or two paths.
+
+    Returns:
+      An iterator of (source, target) strings.
+    """
     if isinstance(paths, str):
         paths = [p for p in paths.split(",") if p]
     if len(paths) == 1:
@@ -78,9 +106,16 @@ def _count_lines(path):
 
 
 def check_files(spec):
-    """Raises CorpusError (one line naming the file) unless `spec` names one existing,
-    non-empty TSV or two non-empty files with as many lines each (two files are read once
-    to count them). Invalid lines are found, with their number, when the text is read."""
+    """Checks user files before any work: one existing, non-empty TSV, or two non-empty files with
+    as many lines each (two files are read once to count them). Invalid lines are found, with
+    their number, when the text is read.
+
+    Args:
+      spec: as for `read_files`.
+
+    Raises:
+      CorpusError: one line naming the file.
+    """
     paths = [p for p in spec.split(",") if p]
     if len(paths) not in (1, 2):
         raise CorpusError(f"expected one TSV file or two aligned files, got {spec!r}")
@@ -102,7 +137,15 @@ def check_files(spec):
 
 
 def network_available(host="storage.googleapis.com", port=443, timeout=3.0):
-    """Whether a TFDS download could start at all (checked before tfds retries for minutes)."""
+    """Whether a TFDS download could start at all (checked before tfds retries for minutes).
+
+    Args:
+      host, port: where TFDS downloads from.
+      timeout: seconds to wait for a connection.
+
+    Returns:
+      True when a TCP connection opens.
+    """
     try:
         socket.create_connection((host, port), timeout=timeout).close()
         return True
@@ -111,13 +154,35 @@ def network_available(host="storage.googleapis.com", port=443, timeout=3.0):
 
 
 def tfds_split_name(split):
+    """The TFDS name of a split ("dev" is TFDS's "validation").
+
+    Args:
+      split: "train", "dev" or "test".
+
+    Returns:
+      The TFDS split name.
+    """
     return {"dev": "validation"}.get(split, split)
 
 
 def read_tfds(name, split, data_dir=None, download=True):
-    """(source, target) from a TFDS translation dataset, in its supervised_keys order
-    (e.g. `wmt14_translate/de-en` gives German -> English, `ted_hrlr_translate/pt_to_en`
-    Portuguese -> English). Not prepared and offline -> CorpusError at once."""
+    """Reads pairs from a TFDS translation dataset, in its supervised_keys order
+    (`wmt14_translate/de-en` gives German -> English, `ted_hrlr_translate/pt_to_en`
+    Portuguese -> English).
+
+    Args:
+      name: the TFDS dataset name (with its config).
+      split: "train", "dev" or "test".
+      data_dir: where TFDS datasets are prepared.
+      download: prepare the dataset if it is not (needs the network).
+
+    Yields:
+      (source, target) strings.
+
+    Raises:
+      CorpusError: the dataset is unknown or lacks the split, or it is not prepared and the
+        network is down (at once).
+    """
     import tensorflow_datasets as tfds
 
     import tfnmt.data.tfds_embedded  # noqa: F401  registers the embedded corpus' builder

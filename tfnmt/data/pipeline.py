@@ -16,10 +16,22 @@ from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 def bucket_boundaries(max_length, min_length=8, growth=1.1):
     """Bucket edges for `make_dataset`: min_length, then each × growth (at least +1), ending at
-    max_length + 1 (exclusive). 1.1 (default): buckets 10% wide. 1.0: one bucket per length
-    from min_length on, so a batch fills its token budget to within one pair (as OpenNMT-tf's
-    length_bucket_width=1): faster steps but, in the main job, a worse dev loss
-    (CHANGELOG.md, "Measured gains of the speed-ups")."""
+    max_length + 1 (exclusive). 1.1 (default): buckets 10% wide. 1.0: one bucket per length from
+    min_length on, so a batch fills its token budget to within one pair (as OpenNMT-tf's
+    length_bucket_width=1): faster steps but, in the main job, a worse dev loss (CHANGELOG.md,
+    "Measured gains of the speed-ups").
+
+    Args:
+      max_length: the longest pair kept.
+      min_length: the first edge.
+      growth: the ratio between consecutive edges, >= 1.0.
+
+    Returns:
+      The increasing list of edges.
+
+    Raises:
+      ValueError: growth below 1.
+    """
     if growth < 1.0:
         raise ValueError(f"bucket growth must be >= 1.0, got {growth}")
     boundaries = []
@@ -31,8 +43,20 @@ def bucket_boundaries(max_length, min_length=8, growth=1.1):
 
 
 def bucket_batch_sizes(boundaries, batch_tokens):
-    """Bucket i holds lengths < boundaries[i]; the last bucket_by_sequence_length bucket (lengths
-    >= the last edge) is empty after the max_length filter but needs a size too."""
+    """Pairs per batch of each bucket, so that a batch of the bucket's longest pairs holds at most
+    `batch_tokens` tokens per side.
+
+    Args:
+      boundaries: bucket edges (bucket i holds lengths < boundaries[i]).
+      batch_tokens: the token budget.
+
+    Returns:
+      One size per bucket, plus one for bucket_by_sequence_length's last bucket (lengths >= the
+      last edge), empty after the max_length filter but in need of a size.
+
+    Raises:
+      ValueError: the budget cannot hold one pair of the longest length.
+    """
     longest = boundaries[-1] - 1
     if batch_tokens < longest:
         raise ValueError(f"batch_tokens={batch_tokens} cannot hold one pair of the maximum "
@@ -59,7 +83,16 @@ def _length(example):
 
 
 def dropped_by_length(manifest, split, max_length):
-    """How many pairs of `split` are longer than max_length (from the manifest's histogram)."""
+    """How many pairs of a split `make_dataset` drops as too long (from the manifest's histogram).
+
+    Args:
+      manifest: a prepared directory's manifest.
+      split: "train", "dev" or "test".
+      max_length: the longest pair kept.
+
+    Returns:
+      The count.
+    """
     histogram = manifest["splits"][split]["length_histogram"]
     return sum(count for length, count in histogram.items() if int(length) > max_length)
 
@@ -136,7 +169,14 @@ def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=Tru
 
 
 def padding_fraction(batches):
-    """Share of padded positions over both sides, and the number of batches seen."""
+    """The share of padded positions in batches.
+
+    Args:
+      batches: an iterable of `make_dataset` batches.
+
+    Returns:
+      (padded positions / all positions over both sides, the number of batches).
+    """
     real = padded = count = 0
     for batch in batches:
         for key in ("source", "target_in"):

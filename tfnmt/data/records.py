@@ -39,7 +39,14 @@ def _sha256_file(path):
 
 
 def input_fingerprint(dataset, files=None, tfds_data_dir=None):
-    """What the raw text is, so a changed input triggers a rebuild."""
+    """What the raw text is, so that a changed input makes `prepare` rebuild.
+
+    Args:
+      dataset, files, tfds_data_dir: as for `corpus.read_corpus`.
+
+    Returns:
+      A JSON-able dict: checksums of the embedded or user files, or the TFDS name and directory.
+    """
     if dataset == corpus.EMBEDDED:
         tsv_paths = [os.path.join(EMBEDDED_DIR, f"{s}.tsv.gz") for s in corpus.SPLITS]
         return {"embedded": {os.path.basename(p): _sha256_file(p) for p in tsv_paths}}
@@ -195,10 +202,20 @@ def _write_manifest(path, manifest):
 
 
 def load_manifest(data_dir, vocab_fingerprint=None, check_shards=True):
-    """The manifest of a complete prepared directory; PreparedDataError otherwise. With
-    `vocab_fingerprint`, also checks the records were made with that vocabulary. With
-    `check_shards`, checks each shard's size (cheap; `damaged_shards` reads them against their
-    checksums)."""
+    """The manifest of a complete prepared directory.
+
+    Args:
+      data_dir: a directory `prepare` wrote.
+      vocab_fingerprint: also check that the records were made with this vocabulary.
+      check_shards: check each shard's size (cheap; `damaged_shards` reads them against their
+        checksums).
+
+    Returns:
+      The manifest dict.
+
+    Raises:
+      PreparedDataError: missing, incomplete or inconsistent.
+    """
     path = os.path.join(data_dir, MANIFEST)
     if not os.path.exists(path):
         raise PreparedDataError(f"{data_dir} holds no complete prepared data (no {MANIFEST}); "
@@ -230,7 +247,14 @@ def load_manifest(data_dir, vocab_fingerprint=None, check_shards=True):
 
 
 def readable_fingerprint(vocab_file):
-    """The vocabulary's fingerprint; None if the file is missing or not a SentencePiece model."""
+    """A vocabulary file's fingerprint, if it is one.
+
+    Args:
+      vocab_file: a SentencePiece model path.
+
+    Returns:
+      `tokenizer.fingerprint` of it, or None if the file is missing or not a SentencePiece model.
+    """
     from google.protobuf.message import DecodeError
 
     try:
@@ -240,8 +264,16 @@ def readable_fingerprint(vocab_file):
 
 
 def damaged_shards(data_dir, manifest):
-    """[(split, "<file> is …")] for each shard that is missing or whose bytes are not those the
-    manifest records. Reads every shard through sha256 (at about the disk's read speed)."""
+    """The shards that are missing or whose bytes are not those the manifest records (each is read
+    through sha256).
+
+    Args:
+      data_dir: a prepared directory.
+      manifest: its manifest.
+
+    Returns:
+      [(split, "<file> is …")], one per damaged shard.
+    """
     damaged = []
     for split, entry in sorted(manifest["splits"].items()):
         for shard in entry["shards"]:
@@ -255,6 +287,19 @@ def damaged_shards(data_dir, manifest):
 
 
 def shard_paths(data_dir, manifest, split):
+    """A split's TFRecord files.
+
+    Args:
+      data_dir: a prepared directory.
+      manifest: its manifest.
+      split: "train", "dev" or "test".
+
+    Returns:
+      The shard paths.
+
+    Raises:
+      PreparedDataError: the split is not there.
+    """
     if split not in manifest["splits"]:
         raise PreparedDataError(f"{data_dir} has no {split!r} split")
     return [os.path.join(data_dir, s["file"]) for s in manifest["splits"][split]["shards"]]

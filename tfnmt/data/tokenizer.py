@@ -15,9 +15,20 @@ from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F4
 
 def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unigram",
                         max_sentences=2_000_000, seed_sentencepiece_size=1_000_000):
-    """Learns a joint model from an iterable of strings and writes it to `model_path`
-    (atomically: a `.tmp` name renamed when complete) without the paths of this machine
-    (`portable_model_proto`), so copying a model_dir keeps its bytes. Returns `model_path`."""
+    """Learns a joint SentencePiece model and writes it without the paths of this machine
+    (`portable_model_proto`), so copying a model_dir keeps its bytes.
+
+    Args:
+      sentences: an iterable of strings (source and target sentences).
+      model_path: the model file to write (atomically: a `.tmp` name renamed when complete).
+      vocab_size: pieces in the vocabulary, the four special tokens included.
+      model_type: "unigram" or "bpe".
+      max_sentences: sentences SentencePiece samples from the input.
+      seed_sentencepiece_size: the unigram model's initial seed pieces.
+
+    Returns:
+      `model_path`.
+    """
     import sentencepiece as spm
 
     if model_type not in ("unigram", "bpe"):
@@ -69,9 +80,16 @@ def _train(spm, sentences, prefix, vocab_size, model_type, max_sentences,
 
 
 def portable_model_proto(model_proto):
-    """A SentencePiece model (serialized ModelProto) without the paths of the machine that
-    trained it (`trainer_spec.model_prefix` and input files): it tokenizes identically, and
-    its bytes no longer depend on the directory it was trained in."""
+    """A SentencePiece model without the paths of the machine that trained it
+    (`trainer_spec.model_prefix` and input files): it tokenizes identically, and its bytes no
+    longer depend on the directory it was trained in.
+
+    Args:
+      model_proto: a serialized SentencePiece ModelProto.
+
+    Returns:
+      The serialized ModelProto without those paths.
+    """
     from sentencepiece import sentencepiece_model_pb2
 
     model = sentencepiece_model_pb2.ModelProto()
@@ -82,13 +100,28 @@ def portable_model_proto(model_proto):
 
 
 def fingerprint(model_proto):
-    """sha256 of what makes a SentencePiece model tokenize as it does (pieces, scores,
-    normalizer and trainer settings), not of where it was trained: a model's fingerprint
-    survives `cp -r`/`mv` of the directory it was written in."""
+    """A vocabulary's identity: sha256 of what makes a SentencePiece model tokenize as it does
+    (pieces, scores, normalizer and trainer settings), not of where it was trained, so it
+    survives `cp -r`/`mv` of the directory it was written in.
+
+    Args:
+      model_proto: a serialized SentencePiece ModelProto.
+
+    Returns:
+      The hex digest.
+    """
     return hashlib.sha256(portable_model_proto(model_proto)).hexdigest()
 
 
 def file_fingerprint(model_path):
+    """`fingerprint` of a SentencePiece model file.
+
+    Args:
+      model_path: the file.
+
+    Returns:
+      The hex digest.
+    """
     with open(model_path, "rb") as f:
         return fingerprint(f.read())
 
@@ -100,20 +133,42 @@ _NO_CONTENT = r"[\s\p{Z}\p{Cc}\p{Cf}\x{FFFD}]"
 
 
 def has_content(strings):
-    """strings [B] (valid UTF-8) -> bool [B]: whether any character carries text."""
+    """Whether each string has a character that carries text (not blanks, control or format
+    characters, or U+FFFD).
+
+    Args:
+      strings: [B] tf.string, valid UTF-8.
+
+    Returns:
+      [B] bool.
+    """
     return tf.not_equal(tf.strings.regex_replace(strings, _NO_CONTENT, ""), "")
 
 
 def to_source_ids(token_ids, max_length):
-    """Ragged subword ids [B, None] -> model source ids [B, S] int32: at most max_length - 1
-    subwords (the rest is cut), then EOS, padded with PAD."""
+    """Model source ids from tokenized sentences.
+
+    Args:
+      token_ids: ragged subword ids [B, None].
+      max_length: the longest source, EOS included (longer ones are cut).
+
+    Returns:
+      [B, S] int32: at most max_length - 1 subwords, then EOS, padded with PAD.
+    """
     token_ids = tf.cast(token_ids[:, : max_length - 1], tf.int32)
     eos = tf.RaggedTensor.from_tensor(tf.fill([token_ids.nrows(), 1], EOS_ID))
     return tf.concat([token_ids, eos], axis=1).to_tensor(PAD_ID)
 
 
 def strip_output(ids):
-    """Decoder output ids [B, T] -> ragged [B, None]: cut at the first EOS, PAD removed."""
+    """The tokens of decoder outputs.
+
+    Args:
+      ids: [B, T] decoder output ids.
+
+    Returns:
+      Ragged [B, None] int32: cut at the first EOS, PAD removed.
+    """
     ids = tf.convert_to_tensor(ids, tf.int32)
     before_eos = tf.equal(tf.cumsum(tf.cast(tf.equal(ids, EOS_ID), tf.int32), axis=1), 0)
     return tf.ragged.boolean_mask(ids, before_eos & tf.not_equal(ids, PAD_ID))
@@ -146,16 +201,38 @@ class Tokenizer:
         self.vocab_size = int(self._sp.vocab_size())
 
     def tokenize(self, strings):
-        """strings [B] -> ids RaggedTensor [B, None] (no BOS/EOS). Invalid UTF-8 bytes are
-        replaced by U+FFFD first, so malformed input gives a defined result, not an error."""
+        """Tokenizes strings. Invalid UTF-8 bytes are replaced by U+FFFD first, so malformed input gives
+        a defined result, not an error.
+
+        Args:
+          strings: [B] tf.string.
+
+        Returns:
+          RaggedTensor [B, None] int32 of ids (no BOS/EOS).
+        """
         strings = tf.strings.unicode_transcode(strings, "UTF-8", "UTF-8", errors="replace")
         return self._sp.tokenize(strings)
 
     def detokenize(self, ids):
-        """ids [B, T] (dense, padded; or ragged) -> strings [B]. Stops at the first EOS."""
+        """Joins ids into text; stops at the first EOS.
+
+        Args:
+          ids: [B, T] ids (dense and PAD-padded, or ragged).
+
+        Returns:
+          [B] tf.string.
+        """
         if not isinstance(ids, tf.RaggedTensor):
             ids = strip_output(ids)
         return self._sp.detokenize(ids)
 
     def id_to_piece(self, ids):
+        """The pieces of ids.
+
+        Args:
+          ids: int32 ids, any shape.
+
+        Returns:
+          tf.string pieces, same shape.
+        """
         return self._sp.id_to_string(ids)

@@ -16,6 +16,15 @@ NEG_INF = -1e9
 
 
 def length_penalty(length, alpha):
+    """The GNMT length penalty lp(|y|) = ((5 + |y|) / 6)^alpha (Wu et al., 2016).
+
+    Args:
+      length: output lengths, any int shape.
+      alpha: the exponent (0: no penalty).
+
+    Returns:
+      float32, the shape of `length`.
+    """
     return tf.pow((5.0 + tf.cast(length, tf.float32)) / 6.0, alpha)
 
 
@@ -55,6 +64,17 @@ class BeamSearch(DecodingStrategy):
     finalize -> (ids [B, N, L] without BOS, PAD after EOS; scores [B, N]; with return_attention,
     the last decoder layer's cross-attention averaged over heads [B, N, L, S]), N = n_best,
     best first.
+
+    Args:
+      beam_size: K, hypotheses kept per sentence.
+      alpha: the length penalty's exponent.
+      n_best: hypotheses returned per sentence, <= beam_size.
+      vocab_size: the output vocabulary's size, which caps the candidates kept per beam
+        (2 * beam_size).
+      **kwargs: `DecodingStrategy`'s.
+
+    Example:
+      ids, scores = dynamic_decode(model, BeamSearch(beam_size=4, alpha=0.6), source_ids)
     """
 
     def __init__(self, beam_size=4, alpha=0.6, n_best=1, vocab_size=None, **kwargs):
@@ -138,10 +158,16 @@ class BeamSearch(DecodingStrategy):
         return sentences, results, parents, staying
 
     def leave(self, results, left, length):
-        """Records the k best of the left sentences' finished and alive hypotheses, the alive
-        ones scored as ending at `length`. At a sentence's limit they end there; a sentence
-        that leaves by the bound keeps its finished ones (none alive beats them, and on ties
-        top_k keeps the first)."""
+        """Records the k best of the left sentences' finished and alive hypotheses, the alive ones
+        scored as ending at `length`. At a sentence's limit they end there; a sentence that leaves by
+        the bound keeps its finished ones (none alive beats them, and on ties top_k keeps the first).
+
+        Args:
+          results, left, length: as for `DecodingStrategy.leave`.
+
+        Returns:
+          The results with the left sentences' n_best recorded.
+        """
         alive_log_probs = left["alive_log_probs"]
         alive_scores = tf.where(alive_log_probs > NEG_INF / 2,
                                 alive_log_probs / length_penalty(length, self.alpha), NEG_INF)

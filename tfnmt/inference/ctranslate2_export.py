@@ -147,7 +147,14 @@ def _processor(spm_model_proto):
 
 
 def spm_pieces(spm_model_proto):
-    """The SentencePiece model's pieces in id order."""
+    """A SentencePiece model's vocabulary, for CTranslate2.
+
+    Args:
+      spm_model_proto: a serialized SentencePiece ModelProto.
+
+    Returns:
+      The pieces, in id order.
+    """
     processor = _processor(spm_model_proto)
     return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
 

@@ -12,10 +12,17 @@ EXTRA_LENGTH = 50  # outputs may be this much longer than their source (paper §
 
 
 def greedy_decode_uncached(model, source_ids, max_length, bos_id=BOS_ID, eos_id=EOS_ID):
-    """source_ids [B, S] -> output ids [B, <= max_length] without BOS; after EOS, PAD.
+    """Greedy decoding that re-runs the decoder over the whole prefix at each step (O(T²) work):
+    simple and obviously right, used in tests and as the baseline of the incremental decoders.
 
-    Re-runs the decoder over the whole prefix at each step (O(T^2) work): simple and obviously
-    right, used in tests and as the baseline of the incremental decoders.
+    Args:
+      model: a `Transformer`.
+      source_ids: [B, S] int32.
+      max_length: the longest output.
+      bos_id, eos_id: the start and end tokens.
+
+    Returns:
+      Output ids [B, <= max_length] without BOS; PAD after EOS.
     """
     source_ids = tf.convert_to_tensor(source_ids)
     memory, source_padding = model.encode(source_ids, training=False)
@@ -34,10 +41,19 @@ def greedy_decode_uncached(model, source_ids, max_length, bos_id=BOS_ID, eos_id=
 
 
 def decode_limits(model, source_ids, max_length=None, extra=EXTRA_LENGTH):
-    """Each sentence's output limit, int32 [B]: its own source length (EOS included) + `extra`
-    (paper §6.1: input + 50), or `max_length` (a scalar or [B]) where given, at least 1 and
-    never past the model's table of learned positions. Per sentence, so that a sentence's
-    output does not depend on the other sentences of its batch."""
+    """Each sentence's output limit, per sentence, so that a sentence's output does not depend on
+    the other sentences of its batch.
+
+    Args:
+      model: a `Transformer` (its learned-position table bounds the limit).
+      source_ids: [B, S] int32.
+      max_length: a scalar or [B] limit; None for each source's own length (EOS included) + `extra`
+        (paper §6.1: input + 50).
+      extra: subwords allowed beyond the source's length.
+
+    Returns:
+      [B] int32, at least 1.
+    """
     batch = tf.shape(source_ids)[0]
     if max_length is None:
         lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), axis=1)
@@ -61,6 +77,15 @@ def top_log_probs(logits, count, width=32):
     value, and at most `count` chunks do), so the top-k runs over count * width candidates.
     The log-normaliser comes from one softmax (a fused oneDNN kernel): log p = (x - max) +
     log softmax(x)[argmax], where softmax(x)[argmax] >= 1 / V never underflows.
+
+    Args:
+      logits: [R, V] float32.
+      count: how many tokens per row, <= V.
+      width: the chunk width.
+
+    Returns:
+      (log-probabilities [R, count], token ids [R, count] int32), best first, ties to the
+      lower id.
     """
     vocab = logits.shape[-1]
     if not fast_ops.enabled():
@@ -84,8 +109,17 @@ def top_log_probs(logits, count, width=32):
 
 
 def replace_rows(full, rows, updates):
-    """full [B, ...] with the rows `rows` [A] replaced by updates [A, ...]. A gather, since
-    TensorScatterUpdate refuses tensors with an empty dimension (such as zero time steps)."""
+    """Rows of a tensor replaced (a gather, since TensorScatterUpdate refuses tensors with an empty
+    dimension, such as zero time steps).
+
+    Args:
+      full: [B, ...].
+      rows: [A] int32 row indices.
+      updates: [A, ...].
+
+    Returns:
+      `full` with the rows replaced.
+    """
     batch = tf.shape(full)[0]
     selector = tf.tensor_scatter_nd_update(tf.range(batch), rows[:, None],
                                            batch + tf.range(tf.shape(rows)[0]))
@@ -93,8 +127,15 @@ def replace_rows(full, rows, updates):
 
 
 def loop_shape_invariants(loop_vars):
-    """tf.while_loop shape invariants for a nest of tensors and TensorArrays: each tensor keeps
-    its rank, every dimension may change (sentences leave, histories grow)."""
+    """tf.while_loop shape invariants for a nest of tensors and TensorArrays: each tensor keeps its
+    rank, every dimension may change (sentences leave, histories grow).
+
+    Args:
+      loop_vars: a nest of tensors and TensorArrays.
+
+    Returns:
+      The same nest of TensorShapes (TensorArrays as they are).
+    """
     def relaxed(value):
         if isinstance(value, tf.TensorArray):
             return tf.TensorShape(None)
@@ -109,6 +150,14 @@ class DecodingStrategy:
     and two nests of tensors: `sentences`, one entry [A, ...] per sentence still searched
     ("index" [A], its row in the batch, is required), and `results`, [B, ...] for the whole
     batch. A sentence leaves once its search is over; the decoder then runs on the others.
+    Subclasses implement the methods below; their docstrings here are the interface's.
+
+    Args:
+      return_attention: also keep the last decoder layer's cross-attention of each output token.
+      bos_id, eos_id: the start and end tokens.
+
+    Example (a strategy is run, not stepped by hand):
+      ids, scores = dynamic_decode(model, GreedySearch(), source_ids)
     """
 
     rows_per_sentence = 1
@@ -118,27 +167,69 @@ class DecodingStrategy:
         self.bos_id, self.eos_id = bos_id, eos_id
 
     def initialize(self, batch, limits, source_length):
-        """-> (sentences, results) before the first step; limits [B] bound each output."""
+        """The state before the first step.
+
+        Args:
+          batch: B, the number of sentences.
+          limits: [B] int32, each output's longest length.
+          source_length: S, the padded source length.
+
+        Returns:
+          (sentences, results).
+        """
         raise NotImplementedError
 
     def last_tokens(self, sentences):
-        """The token each hypothesis row ends with, [A * rows_per_sentence]."""
+        """The token each hypothesis row ends with (the decoder's next input).
+
+        Args:
+          sentences: the sentences' state.
+
+        Returns:
+          [A * rows_per_sentence] int32.
+        """
         raise NotImplementedError
 
     def step(self, step, log_probs_of, attention, sentences, results):
-        """One step. log_probs_of(count) gives each row's `count` best (log-probabilities,
-        token ids) [R, count]; attention is the last layer's cross-attention [R, S] or None.
-        -> (sentences, results, parents [A, rows_per_sentence]: the row of its sentence that each
-        new hypothesis extends, staying [A] bool: the sentences whose search goes on)."""
+        """One search step.
+
+        Args:
+          step: the time step.
+          log_probs_of: a function of `count` giving each row's `count` best (log-probabilities,
+            token ids), each [R, count].
+          attention: the last layer's cross-attention [R, S], or None.
+          sentences, results: the state.
+
+        Returns:
+          (sentences, results, parents [A, rows_per_sentence]: the row of its sentence that each new
+          hypothesis extends, staying [A] bool: the sentences whose search goes on).
+        """
         raise NotImplementedError
 
     def leave(self, results, left, length):
-        """results with the `left` sentences' (a gather of `sentences`) search, `length` steps
-        long, recorded."""
+        """Records the search of sentences that leave.
+
+        Args:
+          results: the whole batch's results.
+          left: the leaving sentences' state (a gather of `sentences`).
+          length: the steps their search took.
+
+        Returns:
+          The results with theirs recorded.
+        """
         return results
 
     def finalize(self, results, batch, source_length):
-        """The search's outputs from its results."""
+        """The search's outputs.
+
+        Args:
+          results: the whole batch's results.
+          batch: B.
+          source_length: S.
+
+        Returns:
+          The strategy's outputs (see the subclass).
+        """
         raise NotImplementedError
 
 
@@ -210,6 +301,8 @@ class GreedySearch(DecodingStrategy):
     finalize -> (ids [B, L] without BOS, PAD after EOS; log-probabilities [B] of the output,
     EOS included; with return_attention, the last decoder layer's cross-attention averaged
     over heads [B, L, S]).
+
+    Args: `DecodingStrategy`'s.
     """
 
     def initialize(self, batch, limits, source_length):

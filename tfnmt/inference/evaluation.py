@@ -12,8 +12,16 @@ from tfnmt.training.losses import masked_accuracy_sum, masked_loss_sum
 
 
 def translate_lines(translate_batch, lines, batch_size=32):
-    """Translates a list of str with `translate_batch` (str [B] -> (str [B] tensor, scores)) in
-    batches of similar length; returns str in input order."""
+    """Translates sentences in batches of similar length.
+
+    Args:
+      translate_batch: a function string [B] -> (translations string [B] tensor, scores).
+      lines: a list of str.
+      batch_size: sentences per call.
+
+    Returns:
+      The translations, a list of str in input order.
+    """
     order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
     results = [""] * len(lines)
     for start in range(0, len(order), batch_size):
@@ -25,9 +33,17 @@ def translate_lines(translate_batch, lines, batch_size=32):
 
 
 def loss_sums_function(model, label_smoothing=0.1):
-    """A tf.function: batch -> [smoothed loss sum, nll sum, correct tokens, tokens]. Traced once
-    for every batch shape ([None, None] ids), so an evaluation costs one trace, not one per
-    length bucket; keep it to reuse that trace across evaluations."""
+    """A tf.function batch -> [smoothed loss sum, nll sum, correct tokens, tokens], traced once for
+    every batch shape ([None, None] ids), so an evaluation costs one trace, not one per length
+    bucket; keep it to reuse that trace across evaluations.
+
+    Args:
+      model: a `Transformer`.
+      label_smoothing: the smoothing of the loss sum.
+
+    Returns:
+      The function.
+    """
     ids = tf.TensorSpec([None, None], tf.int32)
 
     @tf.function(input_signature=[{"source": ids, "target_in": ids, "target_out": ids}])
@@ -64,8 +80,19 @@ def evaluate_loss(model, dataset, label_smoothing=0.1, sums=None):
 
 
 class Translator:
-    """Batched greedy translation of raw strings with a model and its tokenizer (evaluation
-    during training; the exported translator is tfnmt.inference.serving.TranslationModule)."""
+    """Batched greedy translation of raw strings with a model and its tokenizer (evaluation during
+    training; the exported translator is `tfnmt.inference.serving.TranslationModule`).
+
+    Args:
+      model: a `Transformer`.
+      tokenizer: its `Tokenizer`.
+      max_source_length: the longest source, EOS included (longer ones are cut); default the
+        model's max_length.
+      batch_size: sentences per batch in `translate`.
+
+    Example:
+      Translator(model, tokenizer).translate(["Das ist ein Haus."])  # ["That is a house."]
+    """
 
     def __init__(self, model, tokenizer, max_source_length=None, batch_size=64):
         self.model = model
@@ -76,15 +103,37 @@ class Translator:
                                    reduce_retracing=True)
 
     def source_ids(self, sentences):
-        """Tokenized, truncated, EOS-terminated, padded: [B, S] int32."""
+        """Model inputs of sentences.
+
+        Args:
+          sentences: [B] strings.
+
+        Returns:
+          [B, S] int32: tokenized, truncated, EOS-terminated, padded.
+        """
         return to_source_ids(self.tokenizer.tokenize(sentences), self.max_source_length)
 
     def translate_batch(self, sentences):
+        """Translates one batch.
+
+        Args:
+          sentences: [B] strings.
+
+        Returns:
+          (translations [B] tf.string, log-probabilities [B]).
+        """
         ids, scores = self._decode(self.source_ids(sentences))
         return self.tokenizer.detokenize(ids), scores
 
     def translate(self, sentences):
-        """List of str -> list of str, in order, batching sentences of similar length."""
+        """Translates sentences, batching those of similar length.
+
+        Args:
+          sentences: a list of str.
+
+        Returns:
+          A list of str, in order.
+        """
         return translate_lines(self.translate_batch, list(sentences), self.batch_size)
 
 

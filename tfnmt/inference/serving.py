@@ -86,7 +86,14 @@ class TranslationModule:
             raise ValueError(f"chunk_size={chunk_size} must be >= 1")
 
     def source_ids(self, sentences):
-        """string [B] -> ids [B, S] int32: tokenized, truncated, EOS-terminated, padded."""
+        """Model inputs of sentences.
+
+        Args:
+          sentences: [B] tf.string.
+
+        Returns:
+          [B, S] int32: tokenized, truncated, EOS-terminated, padded.
+        """
         return self._tokenize(sentences)[1]
 
     def _tokenize(self, sentences):
@@ -95,8 +102,16 @@ class TranslationModule:
         return text, to_source_ids(self.tokenizer.tokenize(text), self.max_source_length)
 
     def translate_batch(self, sentences, n_best):
-        """sentences string [B] -> (translations string [B, n_best], scores float32
-        [B, n_best]), in chunks of at most `chunk_size` sentences."""
+        """Translates sentences in chunks of at most `chunk_size`, one chunk after the other.
+
+        Args:
+          sentences: [B] tf.string.
+          n_best: hypotheses per sentence.
+
+        Returns:
+          (translations [B, n_best] tf.string, scores [B, n_best] float32), best first; a sentence
+          without content gives "" and 0.0.
+        """
         sentences = _rank_1_strings(sentences)
         # Weight matrices (rank 2) cast once per call, before the loops.
         kernels = [v for v in self.model.trainable_variables if len(v.shape) == 2] \
@@ -158,11 +173,27 @@ class TranslationModule:
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)])
     def serve(self, sentences):
+        """The `serving_default` signature.
+
+        Args:
+          sentences: [B] tf.string.
+
+        Returns:
+          {"translations": [B] tf.string, "scores": [B] float32}.
+        """
         translations, scores = self.translate_batch(sentences, 1)
         return {"translations": translations[:, 0], "scores": scores[:, 0]}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)])
     def serve_n_best(self, sentences):
+        """The `translate_n_best` signature.
+
+        Args:
+          sentences: [B] tf.string.
+
+        Returns:
+          {"translations": [B, n_best] tf.string, "scores": [B, n_best] float32}, best first.
+        """
         translations, scores = self.translate_batch(sentences, self.n_best)
         return {"translations": translations, "scores": scores}
 
@@ -180,6 +211,14 @@ def _rank_1_strings(sentences):
 
 
 def next_version(export_dir):
+    """The version number a new export gets.
+
+    Args:
+      export_dir: the directory of numbered versions (need not exist).
+
+    Returns:
+      One more than the largest version there, or 1.
+    """
     versions = [int(n) for n in os.listdir(export_dir) if re.fullmatch(r"\d+", n)] \
         if os.path.isdir(export_dir) else []
     return max(versions, default=0) + 1
@@ -241,8 +280,15 @@ def _process_alive(pid):
 
 
 def remove_abandoned_exports(export_dir):
-    """Removes `.tmp-<version>-<pid>/` folders whose exporting process is gone (killed
-    mid-export); ones a live process is still writing stay. Returns the folders removed."""
+    """Removes `.tmp-<version>-<pid>/` folders whose exporting process is gone (killed mid-export);
+    ones a live process is still writing stay.
+
+    Args:
+      export_dir: the directory of numbered versions.
+
+    Returns:
+      The folders removed.
+    """
     removed = []
     for entry in sorted(os.listdir(export_dir)):
         match = re.fullmatch(r"\.tmp-\d+-(\d+)", entry)
@@ -256,11 +302,16 @@ def remove_abandoned_exports(export_dir):
 
 
 def write_saved_model(module, path):
-    """The module's signatures as a SavedModel at `path`, written with Keras's exporter
+    """Writes the module's signatures as a SavedModel with Keras's exporter
     (`keras.export.ExportArchive`), which saves the variables the signatures read, once.
     (`tf.saved_model.save` of an object holding a Keras 3 model saves a copy of each variable,
-    which TensorFlow's C++ loader restores while the graph reads the never-initialised
-    originals: every TF Serving request would fail.)"""
+    which TensorFlow's C++ loader restores while the graph reads the never-initialised originals:
+    every TF Serving request would fail.)
+
+    Args:
+      module: a `TranslationModule`.
+      path: the SavedModel directory to write.
+    """
     import keras
 
     archive = keras.export.ExportArchive()
@@ -271,9 +322,17 @@ def write_saved_model(module, path):
 
 
 def check_with_session_loader(path, sentences=CHECK_SENTENCES):
-    """Loads the SavedModel at `path` with TensorFlow's C++ loader (session_loader) and runs
-    each signature on `sentences`; raises ExportCheckError unless every one answers with a
-    translation and a score per sentence."""
+    """Loads a SavedModel with TensorFlow's C++ loader (`session_loader`), as TF Serving does, and
+    runs each signature.
+
+    Args:
+      path: the SavedModel directory.
+      sentences: the sentences to translate.
+
+    Raises:
+      ExportCheckError: the load failed, or a signature did not answer with a translation and a
+        score per sentence.
+    """
     import numpy as np
 
     from tfnmt.inference.session_loader import SessionLoaderError, SessionModel
@@ -293,7 +352,14 @@ def check_with_session_loader(path, sentences=CHECK_SENTENCES):
 
 
 def latest_export(path):
-    """An export version directory, or the newest version under an export_dir."""
+    """The SavedModel a path names.
+
+    Args:
+      path: an export version directory, or an export_dir of numbered versions.
+
+    Returns:
+      The version directory (the newest one under an export_dir).
+    """
     if os.path.exists(os.path.join(path, "saved_model.pb")):
         return path
     version = next_version(path) - 1

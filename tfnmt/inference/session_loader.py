@@ -192,7 +192,18 @@ class SessionModel:
             api.TF_DeleteStatus(status)
 
     def run(self, signature_name, inputs):
-        """inputs {name: array} -> {output name: numpy array}, by Session::Run."""
+        """Runs a signature by Session::Run.
+
+        Args:
+          signature_name: a key of `signatures`.
+          inputs: {input name: numpy array}.
+
+        Returns:
+          {output name: numpy array} (strings as bytes objects).
+
+        Raises:
+          SessionLoaderError: TensorFlow's error status, with its code and message.
+        """
         api = self._api
         if signature_name not in self.signatures:
             raise KeyError(f"no signature {signature_name!r}; the export has "

@@ -15,8 +15,16 @@ _LEVELS = 2 ** 16
 
 
 def dropout_keep_mask(shape, rate, seed):
-    """Boolean [shape] mask, True with probability 1 - round(rate · 2^16) / 2^16; `seed` is a
-    [2] int32 tensor (stateless: the same seed gives the same mask)."""
+    """A stateless keep mask (the same seed gives the same mask).
+
+    Args:
+      shape: the mask's shape.
+      rate: the drop probability; dropped with probability round(rate · 2^16) / 2^16.
+      seed: [2] int32 tensor.
+
+    Returns:
+      A bool tensor of `shape`, True where an element is kept.
+    """
     threshold = tf.constant(round(rate * _LEVELS), tf.uint16)
     shape = tf.convert_to_tensor(shape, tf.int32)
     count = tf.reduce_prod(shape)
@@ -27,8 +35,17 @@ def dropout_keep_mask(shape, rate, seed):
 
 
 def dropout(x, rate, seed):
-    """x with elements zeroed with probability ~rate (see dropout_keep_mask), the rest scaled
-    by 1 / keep probability. The mask is a constant for autodiff: the gradient is dy · mask."""
+    """Inverted dropout with `dropout_keep_mask`. The mask is a constant for autodiff: the gradient
+    is dy · mask / keep probability.
+
+    Args:
+      x: any float tensor.
+      rate: the drop probability.
+      seed: [2] int32 tensor.
+
+    Returns:
+      x with elements zeroed with probability ~rate, the rest scaled by 1 / keep probability.
+    """
     if rate == 0:
         return x
     keep_probability = 1.0 - round(rate * _LEVELS) / _LEVELS

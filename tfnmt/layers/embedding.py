@@ -45,7 +45,14 @@ class TokenEmbedding(keras.layers.Layer):
         return vectors * tf.cast(math.sqrt(self.d_model), vectors.dtype)
 
     def logits(self, hidden):
-        """Pre-softmax projection with the (transposed) embedding matrix: [B, T, D] -> [B, T, V]."""
+        """The pre-softmax projection with the (transposed) embedding matrix (paper §3.4).
+
+        Args:
+          hidden: [B, T, D].
+
+        Returns:
+          [B, T, V] logits in the compute dtype.
+        """
         if not self.built:
             self.build()
         return linear(hidden, self.embeddings, transpose_kernel=True)
@@ -61,7 +68,16 @@ class TokenEmbedding(keras.layers.Layer):
 
 
 def sinusoid_table(positions, d_model):
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...): [T] -> [T, D] float32."""
+    """The paper's positional encodings (§3.5): PE(pos, 2i) = sin(pos / 10000^(2i/d)),
+    PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
+
+    Args:
+      positions: [T] positions.
+      d_model: D.
+
+    Returns:
+      [T, D] float32.
+    """
     positions = tf.cast(positions, tf.float32)[:, None]  # [T, 1]
     dims = tf.range(d_model // 2, dtype=tf.float32)  # [D/2]
     inverse_freq = tf.exp(-math.log(10000.0) * 2.0 * dims / d_model)

@@ -21,8 +21,17 @@ from tfnmt import fast_ops
 
 
 def layer_norm(x, gamma, beta, epsilon, dtype=None):
-    """LayerNorm of x [..., D] with scale gamma [D] and offset beta [D] (float32 variables),
-    returned in `dtype` (default: x's)."""
+    """LayerNorm over the last axis, with the closed-form gradient when fast ops are on.
+
+    Args:
+      x: [..., D].
+      gamma, beta: [D] float32 scale and offset.
+      epsilon: added to the variance.
+      dtype: the result's dtype (default x's).
+
+    Returns:
+      [..., D] in `dtype`.
+    """
     dtype = tf.as_dtype(dtype or x.dtype)
 
     @tf.custom_gradient

@@ -21,16 +21,24 @@ _low_precision = threading.local()  # .kernels: {id(kernel): (kernel, its cast c
 
 @contextlib.contextmanager
 def low_precision_matmuls(kernels, dtype=tf.bfloat16):
-    """Within this scope, `linear` outside training multiplies by any of `kernels` (variables)
-    in `dtype`: its float32 input is rounded to `dtype`, multiplied by the kernel's `dtype`
-    copy (on CPU a oneDNN bf16 GEMM, AMX where present), and the product, itself rounded to
-    `dtype` (TF's CPU MatMul has no bf16 x bf16 -> float32 form), is cast back, so that the
-    bias, activation, residuals, LayerNorm and softmaxes stay float32.
+    """A scope in which `linear`, outside training, multiplies by any of `kernels` in `dtype`: its
+    float32 input is rounded to `dtype`, multiplied by the kernel's `dtype` copy (on CPU a oneDNN
+    bf16 GEMM, AMX where present), and the product, itself rounded to `dtype` (TF's CPU MatMul has
+    no bf16 x bf16 -> float32 form), is cast back, so that the bias, activation, residuals,
+    LayerNorm and softmaxes stay float32.
 
-    The kernels are cast here, once: a search traced inside the scope takes the copies into
-    its loop as loop-invariant inputs instead of casting every weight at every step. No
-    fusion applies across the casts, so `linear` gives the same bits in a graph as eagerly;
-    for a whole search to do so, its other ops must too (see layer_norm.py).
+    The kernels are cast here, once: a search traced inside the scope takes the copies into its
+    loop as loop-invariant inputs instead of casting every weight at every step. No fusion applies
+    across the casts, so `linear` gives the same bits in a graph as eagerly; for a whole search to
+    do so, its other ops must too (see layer_norm.py).
+
+    Args:
+      kernels: the float32 kernel variables to multiply by in `dtype`.
+      dtype: the product's dtype.
+
+    Example:
+      with low_precision_matmuls(model.trainable_variables):
+          ids, scores = beam_search(model, source_ids)
     """
     outer = getattr(_low_precision, "kernels", None)
     _low_precision.kernels = dict(outer or {})
@@ -43,17 +51,24 @@ def low_precision_matmuls(kernels, dtype=tf.bfloat16):
 
 
 def linear(x, kernel, bias=None, transpose_kernel=False, activation=None, training=False):
-    """activation(x [..., D_in] · kernel [D_in, D_out] (or [D_out, D_in] transposed) + bias)
-    -> [..., D_out], computed in x's dtype (the float32 variables are cast, as Keras mixed
-    precision does). The activation is applied before the result is reshaped back, so that
-    grappler can fuse MatMul + BiasAdd + ReLU (a Reshape in between stops it).
+    """activation(x · kernel + bias) on the last axis, as one 2-D MatMul (+ BiasAdd), computed in
+    x's dtype (the float32 variables are cast, as Keras mixed precision does). The activation is
+    applied before the result is reshaped back, so that grappler can fuse MatMul + BiasAdd + ReLU
+    (a Reshape in between stops it). Inside `low_precision_matmuls` (and not training) the product
+    runs in that scope's dtype. Under `fast_ops.plain_ops()`: tf.matmul + bias, nothing else.
 
-    Inside `low_precision_matmuls` (and not training) the product runs in that scope's dtype.
-    Under fast_ops.plain_ops(): tf.matmul + bias, nothing else.
+    Args:
+      x: [..., D_in].
+      kernel: [D_in, D_out], or [D_out, D_in] with transpose_kernel.
+      bias: [D_out] or None.
+      transpose_kernel: multiply by the kernel's transpose.
+      activation: None or an element-wise function (tf.nn.relu, tf.nn.gelu).
+      training: the result will be differentiated: a biased map (with ReLU or no activation)
+        then takes its gradient from _dense_with_gemm_gradients; elsewhere (inference, exports)
+        it stays plain ops.
 
-    training: the result will be differentiated. A biased map (with ReLU or no activation)
-    then takes its gradient from _dense_with_gemm_gradients; elsewhere (inference, exports)
-    it stays plain ops.
+    Returns:
+      [..., D_out] in x's dtype.
     """
     if not fast_ops.enabled():  # stock ops: a broadcasting matmul, as keras.layers.Dense
         y = tf.matmul(x, tf.cast(kernel, x.dtype), transpose_b=transpose_kernel)

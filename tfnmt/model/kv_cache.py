@@ -30,6 +30,9 @@ INITIAL_CAPACITY = 16
 class AppendCache:
     """A layer's self-attention keys and values [B, H, t, Dh], each step's appended by a concat.
 
+    Args:
+      key, value: [B, H, t, Dh].
+
     Example:
       cache = AppendCache.empty(batch, heads, head_dim, tf.float32)
       keys, values, cache = cache.append(new_keys, new_values)  # new [B, H, 1, Dh]
@@ -40,6 +43,15 @@ class AppendCache:
 
     @classmethod
     def empty(cls, batch, heads, head_dim, dtype):
+        """A cache of no positions.
+
+        Args:
+          batch, heads, head_dim: B, H, Dh.
+          dtype: the keys' dtype.
+
+        Returns:
+          An `AppendCache` of [B, H, 0, Dh] keys and values.
+        """
         empty = tf.zeros([batch, heads, 0, head_dim], dtype)
         return cls(empty, empty)
 
@@ -58,17 +70,30 @@ class AppendCache:
 
 
 class StoreCache:
-    """A layer's self-attention keys and values for one search step, in in-place stores (see
-    the module docstring): `append` writes the step's keys at `write_rows` and reads each row's
-    history at `read_rows` (`step_rows`). Safe only as a search uses it: a store is written by
-    the one step that owns it, and read after that write (the module docstring says why)."""
+    """A layer's self-attention keys and values for one search step, in in-place stores (see the
+    module docstring): `append` writes the step's keys at `write_rows` and reads each row's
+    history at `read_rows` (`step_rows`). Safe only as a search uses it: a store is written by the
+    one step that owns it, and read after that write (the module docstring says why).
+
+    Args:
+      key_store, value_store: [rows, Dh] stores.
+      write_rows: [R * H] int32, where this step's keys go.
+      read_rows: [R, H, t + 1] int32, the keys each row attends to.
+    """
 
     def __init__(self, key_store, value_store, write_rows, read_rows):
         self.key_store, self.value_store = key_store, value_store  # [rows, Dh]
         self.write_rows, self.read_rows = write_rows, read_rows  # [R * H], [R, H, t + 1]
 
     def append(self, key, value):
-        """key, value [R, H, 1, Dh] -> (keys, values [R, H, t + 1, Dh], the written cache)."""
+        """Writes one step's keys and values and reads each row's history.
+
+        Args:
+          key, value: [R, H, 1, Dh].
+
+        Returns:
+          (keys, values [R, H, t + 1, Dh], the cache with the written stores).
+        """
         key_store, key = write_and_read(self.key_store, key, self.write_rows, self.read_rows)
         value_store, value = write_and_read(self.value_store, value, self.write_rows,
                                             self.read_rows)
@@ -76,8 +101,18 @@ class StoreCache:
 
 
 def grow(stores, step, slots, heads, max_length):
-    """The stores with room for time `step`: unchanged while it fits, else copied into one twice
-    as large (at least INITIAL_CAPACITY steps, at most max_length)."""
+    """The stores with room for time `step`: unchanged while it fits, else copied into one twice as
+    large (at least INITIAL_CAPACITY steps, at most max_length).
+
+    Args:
+      stores: per layer {"key", "value"} [capacity * slots * H, Dh].
+      step: the time step to hold.
+      slots, heads: the stores' slots and heads.
+      max_length: the longest output.
+
+    Returns:
+      The stores, grown where needed.
+    """
     rows_per_step = slots * heads
     capacity = tf.shape(stores[0]["key"])[0] // rows_per_step
 
@@ -93,9 +128,18 @@ def grow(stores, step, slots, heads, max_length):
 
 
 def step_rows(step, slots, heads, row_slots, ancestry):
-    """Store rows of one step, for row_slots [R] (each hypothesis row's slot) and ancestry
-    [R, step] (the slots of its history): "write_rows" [R * H] where this step's keys go, and
-    "read_rows" [R, H, step + 1] the keys each row attends to, its own new ones last."""
+    """The store rows of one step.
+
+    Args:
+      step: the time step.
+      slots, heads: the stores' slots and heads.
+      row_slots: [R] int32, each hypothesis row's slot.
+      ancestry: [R, step] int32, the slots of each row's history.
+
+    Returns:
+      {"write_rows": [R * H] where this step's keys go, "read_rows": [R, H, step + 1] the keys
+      each row attends to, its own new ones last}.
+    """
     history = tf.concat([ancestry, row_slots[:, None]], axis=1)  # [R, step + 1]
     times = tf.range(tf.shape(history)[1])[None, :]  # [1, step + 1]
     head = tf.range(heads)
@@ -105,8 +149,17 @@ def step_rows(step, slots, heads, row_slots, ancestry):
 
 
 def write_and_read(store, new, write_rows, read_rows):
-    """store [rows, Dh], new [R, H, 1, Dh] -> (the store with `new` written in place,
-    the keys/values [R, H, t + 1, Dh] at read_rows)."""
+    """Writes new keys (or values) in place and reads histories.
+
+    Args:
+      store: [rows, Dh].
+      new: [R, H, 1, Dh].
+      write_rows: [R * H] int32.
+      read_rows: [R, H, t + 1] int32.
+
+    Returns:
+      (the store with `new` written, the keys/values [R, H, t + 1, Dh] at read_rows).
+    """
     store = tf.raw_ops.InplaceUpdate(x=store, i=write_rows,
                                      v=tf.reshape(new, [-1, tf.shape(new)[-1]]))
     return store, tf.gather(store, read_rows)

@@ -12,7 +12,14 @@ from tfnmt.model import kv_cache
 
 
 def causal_mask(length):
-    """[1, T, T] bool, True where position i may attend to j (j <= i)."""
+    """The decoder's self-attention mask.
+
+    Args:
+      length: T.
+
+    Returns:
+      [1, T, T] bool, True where position i may attend to j (j <= i).
+    """
     return tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0)[None]
 
 

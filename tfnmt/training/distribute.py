@@ -7,8 +7,12 @@ import tensorflow as tf
 
 
 def split_cpu(num_devices):
-    """Expose the CPU as `num_devices` logical devices (for mirrored training without GPUs, e.g.
-    tests). Must run before TensorFlow initialises its devices."""
+    """Exposes the CPU as several logical devices (mirrored training without GPUs, e.g. in tests).
+    Must run before TensorFlow initialises its devices.
+
+    Args:
+      num_devices: the number of logical CPUs (1: leave the CPU as it is).
+    """
     if num_devices > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
@@ -57,7 +61,14 @@ def make_strategy(name="auto"):
 
 
 def task_role(strategy):
-    """(is_chief, task_id) of this process; a single process is the chief."""
+    """This process's role in its cluster.
+
+    Args:
+      strategy: the training strategy.
+
+    Returns:
+      (is_chief, task_id); a single process is the chief.
+    """
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not resolver.cluster_spec().as_dict():
         return True, 0

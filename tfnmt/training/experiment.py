@@ -23,7 +23,7 @@ from tfnmt.checkpoints import DirectoryLock, newest_readable_checkpoint
 from tfnmt.data import pipeline, records
 from tfnmt.data.tokenizer import Tokenizer
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import SETTINGS
+from tfnmt.paths import AVERAGED, CHECKPOINTS, SETTINGS
 from tfnmt.training.distribute import PreReducedAdam, resolve_mixed_precision, task_role
 from tfnmt.training.evaluator import Evaluator
 from tfnmt.training.schedule import paper_adam
@@ -35,6 +35,14 @@ POLICIES = {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"
 
 
 def is_disk_full(error):
+    """Whether an error means the disk is full.
+
+    Args:
+      error: an OSError or tf.errors.OpError.
+
+    Returns:
+      True for ENOSPC/EDQUOT and TensorFlow's "No space left on device".
+    """
     if isinstance(error, OSError):
         return error.errno in (errno.ENOSPC, errno.EDQUOT)
     return isinstance(error, tf.errors.OpError) and "No space left on device" in str(error)
@@ -69,7 +77,7 @@ def run(settings, strategy, log=print):
     """
     model_dir = settings["model_dir"]
     is_chief, task_id = task_role(strategy)
-    checkpoint_dir = (os.path.join(model_dir, "checkpoints") if is_chief
+    checkpoint_dir = (os.path.join(model_dir, CHECKPOINTS) if is_chief
                       else os.path.join(model_dir, "workers", str(task_id)))
     data_dir = settings["data"].get("data_dir") or os.path.join(model_dir, "data")
     try:
@@ -111,14 +119,15 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     restored = keeper.restore()
     if is_chief:  # only once the checkpoint has read back into a model of these settings
         write_json(os.path.join(model_dir, SETTINGS), settings)
-    step = int(optimizer.iterations.numpy())
-    log(f"resumed from {restored} at step {step}" if restored else "starting from scratch")
+    first_step = int(optimizer.iterations.numpy())
+    log(f"resumed from {restored} at step {first_step}" if restored else "starting from scratch")
 
     def dataset_fn(context):
         # A resumed run reshuffles with a new seed rather than replaying the first batches.
         return pipeline.make_dataset(data_dir, "train", t["batch_tokens"],
                                      settings["data"]["max_length"], shuffle=True,
-                                     seed=t["seed"] + step, repeat=True, input_context=context,
+                                     seed=t["seed"] + first_step, repeat=True,
+                                     input_context=context,
                                      vocab_fingerprint=tokenizer.fingerprint,
                                      shape_stable=t.get("shape_stable", True),
                                      bucket_growth=t.get("bucket_growth", 1.1))
@@ -135,7 +144,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     def evaluate(step):
         log(_format_metrics(step, evaluator(step, eval_writer)))
 
-    stats = TrainingStats(t["train_steps"], step, train_writer, log)
+    stats = TrainingStats(t["train_steps"], first_step, train_writer, log)
     step = trainer(iterator, t["train_steps"], keeper=keeper, stats=stats, evaluate=evaluate,
                    log_every=t["log_every"], checkpoint_every=t["checkpoint_every"],
                    eval_every=t["eval_every"])
@@ -145,7 +154,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     if t["average_last"] > 1 and is_chief:
         paths = keeper.manager.checkpoints[-t["average_last"]:]
         if len(paths) > 1:
-            prefix = os.path.join(model_dir, "averaged", f"ckpt-{step}")
+            prefix = os.path.join(model_dir, AVERAGED, f"ckpt-{step}")
             average_checkpoints(model, paths, prefix)
             final_name = f"average of {len(paths)}"
             log(f"averaged {len(paths)} checkpoints into {prefix}")

@@ -15,9 +15,18 @@ SAMPLES = 3
 
 
 def pick_samples(pairs, count=SAMPLES, min_words=6, max_words=20):
-    """Indices of `count` pairs spread evenly over the split, among those whose source has
-    min_words..max_words words (a sentence long enough to show something, short enough to
-    read); any pairs when too few qualify."""
+    """Sample sentences for the report: spread evenly over the split, among those whose source has
+    min_words..max_words words (long enough to show something, short enough to read); any pairs
+    when too few qualify.
+
+    Args:
+      pairs: (source, reference) pairs.
+      count: how many.
+      min_words, max_words: the source's length in words.
+
+    Returns:
+      Indices into `pairs`.
+    """
     readable = [i for i, (source, _) in enumerate(pairs)
                 if min_words <= len(source.split()) <= max_words]
     pool = readable if len(readable) >= count else list(range(len(pairs)))
@@ -65,6 +74,14 @@ def test_report(model_dir, settings, beam_size=4, alpha=0.6, batch_size=64):
 
 
 def next_commands(model_dir):
+    """The commands that export, translate and evaluate the trained model.
+
+    Args:
+      model_dir: the run's directory.
+
+    Returns:
+      A list of shell commands.
+    """
     export_dir = os.path.join(model_dir, paths.EXPORT)
     return [f"python export.py --model_dir={model_dir}",
             f'echo "Das ist ein Haus." | python translate.py --export={export_dir}',
@@ -72,6 +89,16 @@ def next_commands(model_dir):
 
 
 def format_report(report, model_dir):
+    """The end-of-run report as text.
+
+    Args:
+      report: `test_report`'s result, or None.
+      model_dir: the run's directory.
+
+    Returns:
+      Lines: the test scores with their signatures and samples (when there is a report), then the
+      next commands.
+    """
     lines = []
     if report:
         lines.append(f"test ({report['sentences']:,d} sentences, beam {report['beam_size']}, "
@@ -89,6 +116,12 @@ def format_report(report, model_dir):
 
 
 def write_report(model_dir, report):
+    """Writes <model_dir>/report.json atomically.
+
+    Args:
+      model_dir: the run's directory.
+      report: a JSON-able dict.
+    """
     path = os.path.join(model_dir, paths.REPORT)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1, ensure_ascii=False)

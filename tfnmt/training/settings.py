@@ -6,7 +6,7 @@ import os
 
 from tfnmt.checkpoints import checkpoint_prefixes
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import SETTINGS
+from tfnmt.paths import CHECKPOINTS, SETTINGS
 
 # Settings a run in an existing model_dir must share with it: every model and training setting
 # but those meant to change on resume, and the data that defines the vocabulary.
@@ -21,7 +21,14 @@ class SettingsError(ValueError):
 
 
 def load_settings(model_dir):
-    """The settings saved in `model_dir`, or None where there are none."""
+    """The settings saved in a model_dir.
+
+    Args:
+      model_dir: the run's directory.
+
+    Returns:
+      The settings dict, or None where there are none.
+    """
     path = os.path.join(model_dir, SETTINGS)
     if not os.path.exists(path):
         return None
@@ -35,7 +42,16 @@ MODEL_DEFAULTS = {name: parameter.default for name, parameter
 
 
 def is_fixed(section, key):
-    """Whether a resumed run must keep this setting (section "model", "data" or "train")."""
+    """Whether a resumed run must keep a setting.
+
+    Args:
+      section: "model", "data" or "train".
+      key: the setting's name.
+
+    Returns:
+      True for every model setting, the data settings that define the vocabulary, and the
+      training settings not in RESUMABLE_TRAIN.
+    """
     return (section == "model" or (section == "data" and key in FIXED_DATA)
             or (section == "train" and key not in RESUMABLE_TRAIN))
 
@@ -46,14 +62,25 @@ def _fp16_switch(name, new, old):
 
 
 def resolve_settings(requested, explicit, model_dir):
-    """Settings for this run: `requested` (from flags), where the flags not given explicitly
-    (`explicit`: set of "section.key") take the values saved in model_dir. An explicit value
-    that changes a fixed saved setting (`is_fixed`; a setting the saved file does not record
-    counts as changed) is an error, raised before any work, as are checkpoints without a
-    saved settings file (nothing could tell whether they fit these settings)."""
+    """The settings of this run: `requested` (from flags), where the flags not given explicitly take
+    the values saved in model_dir.
+
+    Args:
+      requested: {"model_dir", "model", "data", "train"} from the flags.
+      explicit: the set of "section.key" given on the command line.
+      model_dir: the run's directory.
+
+    Returns:
+      The resolved settings.
+
+    Raises:
+      SettingsError: an explicit value changes a fixed saved setting (`is_fixed`; a setting the
+        saved file does not record counts as changed), or model_dir holds checkpoints without a
+        settings file (nothing could tell whether they fit). Raised before any work.
+    """
     saved = load_settings(model_dir)
     if saved is None:
-        if checkpoint_prefixes(os.path.join(model_dir, "checkpoints")):
+        if checkpoint_prefixes(os.path.join(model_dir, CHECKPOINTS)):
             raise SettingsError(f"{model_dir} holds checkpoints but no {SETTINGS}: nothing says "
                                 "which model they hold. Restore the file or use a new "
                                 "--model_dir.")
@@ -81,7 +108,12 @@ def resolve_settings(requested, explicit, model_dir):
 
 
 def write_json(path, value):
-    """Writes `value` as JSON to `path` atomically (the old file or the new one, never half)."""
+    """Writes JSON atomically (the old file or the new one, never half of one).
+
+    Args:
+      path: the file.
+      value: a JSON-able value.
+    """
     with open(path + ".tmp", "w") as f:
         json.dump(value, f, indent=1, sort_keys=True)
         f.flush()

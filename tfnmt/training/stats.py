@@ -41,8 +41,12 @@ class TrainingStats:
         self.window_start = time.time()
 
     def update(self, outputs):
-        """Adds one `Trainer.train_step`'s outputs (loss, target_tokens, grad_norm,
-        padding_fraction; tensors or floats)."""
+        """Adds one update's outputs to the window.
+
+        Args:
+          outputs: `Trainer.train_step`'s dict (loss, target_tokens, grad_norm, padding_fraction;
+            tensors or floats).
+        """
         out = {k: float(v) for k, v in outputs.items()}
         self.loss_sum += out["loss"] * out["target_tokens"]
         self.tokens += out["target_tokens"]
@@ -51,13 +55,24 @@ class TrainingStats:
         self.steps += 1
 
     def pause(self, seconds):
-        """Leaves `seconds` of non-training work out of the speed and the ETA."""
+        """Leaves non-training work out of the speed and the ETA.
+
+        Args:
+          seconds: the time it took.
+        """
         self.window_start += seconds
         self.run_start += seconds
 
     def report(self, step, learning_rate):
         """Logs the window ending at update `step`, writes its scalars, starts a new window.
-        Returns the scalars."""
+
+        Args:
+          step: the optimizer's update count.
+          learning_rate: the current rate.
+
+        Returns:
+          The scalars: loss, learning_rate, grad_norm, tokens_per_sec, rss_gib, padding_fraction.
+        """
         now = time.time()
         steps = max(self.steps, 1)
         scalars = {

@@ -4,8 +4,17 @@ import tensorflow as tf
 
 
 def heads_side_by_side(weights, pixel=4, gap=2):
-    """weights [H, Tq, Tk] in [0, 1] -> one RGB image [Tq*p, H*(Tk*p+gap)-gap, 3] uint8, a
-    white-to-dark-blue heatmap per head, query positions down, key positions across."""
+    """An attention picture: a white-to-dark-blue heatmap per head, query positions down, key
+    positions across.
+
+    Args:
+      weights: [H, Tq, Tk] in [0, 1].
+      pixel: the side of one weight's square, in pixels.
+      gap: pixels between heads.
+
+    Returns:
+      [Tq * pixel, H * (Tk * pixel + gap) - gap, 3] uint8 RGB.
+    """
     weights = np.asarray(weights, np.float32)
     heads, rows, cols = weights.shape
     # Each head scaled to its own maximum so that diffuse heads stay visible.
@@ -20,8 +29,17 @@ def heads_side_by_side(weights, pixel=4, gap=2):
 
 
 def attention_weights(model, source_ids, target_in):
-    """{name: [H, Tq, Tk]} for every layer: encoder self, decoder self, decoder cross
-    attention of one sentence pair ([1, S] and [1, T] ids), teacher-forced."""
+    """Every layer's attention of one sentence pair, teacher-forced.
+
+    Args:
+      model: a `Transformer`.
+      source_ids: [1, S].
+      target_in: [1, T], starting with BOS.
+
+    Returns:
+      {name: [H, Tq, Tk]} for the encoder self, decoder self and decoder cross attention of
+      each layer.
+    """
     memory, padding, encoder = model.encode(source_ids, training=False,
                                             return_attention_scores=True)
     _, decoder = model.decode(target_in, memory, padding, training=False,
@@ -36,7 +54,12 @@ def attention_weights(model, source_ids, target_in):
 
 
 def write_attention_images(model, source_ids, target_in, step):
-    """Writes one image summary per layer and attention kind (call inside a summary writer)."""
+    """Writes one image summary per layer and attention kind (call inside a summary writer).
+
+    Args:
+      model, source_ids, target_in: as for `attention_weights`.
+      step: the summary step.
+    """
     for name, weights in attention_weights(model, source_ids, target_in).items():
         image = heads_side_by_side(weights)[None]
         tf.summary.image(f"attention/{name}", image, step=step,

@@ -103,8 +103,15 @@ class Trainer:
         return step
 
     def replica_gradients(self, batches):
-        """(summed loss, real target tokens, padded positions, global-mean gradients) of this
-        replica's micro-batches; the gradients are already summed over replicas."""
+        """This replica's part of one update (call inside `strategy.run`).
+
+        Args:
+          batches: this replica's micro-batches.
+
+        Returns:
+          (summed loss, real target tokens, padded positions, gradients of the global per-token mean
+          loss, already summed over replicas).
+        """
         context = tf.distribute.get_replica_context()
         local_tokens = tf.add_n([tf.reduce_sum(tf.cast(tf.not_equal(b["target_out"], PAD_ID),
                                                        tf.float32)) for b in batches])
@@ -160,11 +167,18 @@ class Trainer:
 
 
 def dense_gradient(gradient, variable):
-    """A variable's gradient as a dense tensor. Embedding lookups give tf.IndexedSlices whose
-    rows repeat (the encoder and decoder gather from one position table; a batch repeats
-    tokens): summed here into one row per index, so that micro-batches can be added, Adam
-    squares the summed gradient ((Σg)², not Σg²), and the global norm is the true one.
-    An unused variable's None becomes zeros."""
+    """A variable's gradient as a dense tensor. Embedding lookups give tf.IndexedSlices whose rows
+    repeat (the encoder and decoder gather from one position table; a batch repeats tokens):
+    summed here into one row per index, so that micro-batches can be added, Adam squares the
+    summed gradient ((Σg)², not Σg²), and the global norm is the true one.
+
+    Args:
+      gradient: a tensor, tf.IndexedSlices or None (an unused variable).
+      variable: the variable.
+
+    Returns:
+      A dense tensor of the variable's shape (zeros for None).
+    """
     if gradient is None:
         return tf.zeros_like(variable)
     if isinstance(gradient, tf.IndexedSlices):
@@ -213,6 +227,14 @@ class CheckpointKeeper:
         return None
 
     def save(self, step):
+        """Saves a checkpoint.
+
+        Args:
+          step: its number (the optimizer's update count).
+
+        Returns:
+          The checkpoint's path.
+        """
         return self.manager.save(checkpoint_number=step)
 
 
