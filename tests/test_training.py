@@ -341,3 +341,33 @@ def test_two_workers_train_to_identical_weights(small_corpus, train_data, tmp_pa
         n for n in worker.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH")
     for name in names:
         np.testing.assert_array_equal(chief.get_tensor(name), worker.get_tensor(name))
+
+
+def test_a_seeded_run_does_not_depend_on_whether_its_data_was_prepared(small_prepared, tmp_path,
+                                                                     monkeypatch):
+    # TFDS builds a dataset the first time it is used and draws Python random numbers as it
+    # does; the model's initial weights and dropout seeds (Keras draws them from Python's
+    # random) must be those of a run whose data was already there.
+    import random
+
+    from tfnmt.data import records
+    from tfnmt.training import experiment
+
+    manifest = records.load_manifest(small_prepared)
+
+    def preparing(*args, **kwargs):
+        random.random()
+        np.random.rand()
+        return manifest
+
+    os.makedirs(tmp_path / "run")
+    settings = {"model_dir": str(tmp_path / "run"), "model": {},
+                "data": {"dataset": "files", "files": None, "vocab_size": 600,
+                         "vocab_type": "unigram"}, "train": {"seed": 7}}
+    draws = []
+    for prepare in (preparing, lambda *args, **kwargs: manifest):
+        monkeypatch.setattr(records, "prepare", prepare)
+        experiment._prepare_data(settings, True, small_prepared)
+        draws.append((random.random(), float(np.random.rand()),
+                      keras.random.uniform([3], seed=None).numpy().tolist()))
+    assert draws[0] == draws[1]

@@ -178,6 +178,10 @@ def _prepare_data(settings, is_chief, data_dir):
                                    model_vocab=model_vocab if model_fingerprint else None)
     else:
         manifest = _wait_for_data(data_dir, settings["train"].get("data_wait_secs", 1800))
+    # Seeded again: preparing data (TFDS builds the dataset on its first use) draws Python
+    # random numbers, and a seeded run must not depend on whether its data existed before.
+    # Before the tokenizer: tf.random.set_seed deletes the resources of existing ones.
+    keras.utils.set_random_seed(settings["train"]["seed"])
     tokenizer = Tokenizer(os.path.join(data_dir, records.VOCAB))
     if saved:
         trained_with = model_fingerprint or saved.get("vocab_fingerprint")
