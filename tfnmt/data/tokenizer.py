@@ -201,8 +201,8 @@ class Tokenizer:
         self.vocab_size = int(self._sp.vocab_size())
 
     def tokenize(self, strings):
-        """Tokenizes strings. Invalid UTF-8 bytes are replaced by U+FFFD first, so malformed input gives
-        a defined result, not an error.
+        """Tokenizes strings. Invalid UTF-8 bytes are replaced by U+FFFD first, so malformed input
+        gives a defined result, not an error.
 
         Args:
           strings: [B] tf.string.

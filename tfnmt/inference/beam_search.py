@@ -158,9 +158,10 @@ class BeamSearch(DecodingStrategy):
         return sentences, results, parents, staying
 
     def leave(self, results, left, length):
-        """Records the k best of the left sentences' finished and alive hypotheses, the alive ones
-        scored as ending at `length`. At a sentence's limit they end there; a sentence that leaves by
-        the bound keeps its finished ones (none alive beats them, and on ties top_k keeps the first).
+        """Records the k best of the left sentences' finished and alive hypotheses, the alive
+        ones scored as ending at `length`. At a sentence's limit they end there; a sentence that
+        leaves by the bound keeps its finished ones (none alive beats them, and on ties top_k
+        keeps the first).
 
         Args:
           results, left, length: as for `DecodingStrategy.leave`.
