@@ -5,9 +5,9 @@ scores and a report on the test split (beam 4: sacreBLEU, chrF, sample translati
 commands to export and translate). Re-running the same command resumes from the newest
 checkpoint in --model_dir. Flags not given on the command line take the values saved in
 <model_dir>/settings.json. A resumed run may change only --train_steps, --log_every,
---eval_every, --bleu_sentences, --checkpoint_every, --keep_checkpoints, --average_last,
---jit_compile, --mixed_precision (not to or from fp16), --data_dir and --tfds_data_dir; any
-other change is refused in one line.
+--eval_every, --bleu_sentences, --eval_beam_size, --best_metric, --early_stopping,
+--checkpoint_every, --keep_checkpoints, --average_last, --jit_compile, --mixed_precision (not
+to or from fp16), --data_dir and --tfds_data_dir; any other change is refused in one line.
 
   python train.py
   python train.py --model_dir=runs/base --preset=base --train_steps=100000 --batch_tokens=25000
@@ -92,6 +92,12 @@ flags.DEFINE_integer("log_every", 50, "Steps between progress lines and train su
 flags.DEFINE_integer("eval_every", None, "Steps between dev evaluations (0: only at the end; "
                      "default: the preset's).")
 flags.DEFINE_integer("bleu_sentences", 0, "Dev sentences translated for BLEU (0: all).")
+flags.DEFINE_integer("eval_beam_size", 1, "Dev translations: 1 = greedy (default), else beam "
+                     "search of this width (as served; slower).")
+flags.DEFINE_enum("best_metric", "bleu", ["bleu", "chrf", "loss"], "Dev metric that chooses "
+                  "the best checkpoint, kept in <model_dir>/best (export.py --checkpoint=best).")
+flags.DEFINE_integer("early_stopping", 0, "Stop after this many dev evaluations in a row "
+                     "without a better --best_metric (default 0: never).")
 flags.DEFINE_integer("checkpoint_every", 100, "Steps between checkpoints.")
 flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept.")
 flags.DEFINE_bool("test_report", True, "At the end, translate the test split with beam 4 (as "
@@ -106,14 +112,15 @@ DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type"
 TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "warmup_steps", "lr_scale",
                "label_smoothing", "mixed_precision", "shape_stable", "bucket_growth", "jit_compile",
                "seed",
-               "log_every", "eval_every",
-               "bleu_sentences", "checkpoint_every", "keep_checkpoints", "average_last")
+               "log_every", "eval_every", "bleu_sentences", "eval_beam_size", "best_metric",
+               "early_stopping", "checkpoint_every", "keep_checkpoints", "average_last")
 
 POSITIVE = ("vocab_size", "max_length", "batch_tokens", "accum_steps", "train_steps",
-            "warmup_steps", "log_every", "checkpoint_every", "keep_checkpoints", "cpu_devices")
+            "warmup_steps", "log_every", "checkpoint_every", "keep_checkpoints", "cpu_devices",
+            "eval_beam_size")
 for _name in POSITIVE:
     flags.register_validator(_name, lambda v: v is None or v > 0, f"--{_name} must be positive")
-for _name in ("eval_every", "bleu_sentences", "average_last"):
+for _name in ("eval_every", "bleu_sentences", "average_last", "early_stopping"):
     flags.register_validator(_name, lambda v: v is None or v >= 0, f"--{_name} must be >= 0")
 flags.register_validator("label_smoothing", lambda v: 0.0 <= v < 1.0,
                          "--label_smoothing must be in [0, 1)")
@@ -207,7 +214,9 @@ def main(argv):
     except (TrainingError, SettingsError, ModelDirError, CorpusError,
             records.PreparedDataError) as error:
         raise app.UsageError(str(error))
-    print(f"dev sacreBLEU {metrics['bleu']:.2f} (greedy)  ({FLAGS.model_dir})", flush=True)
+    search = "greedy" if settings["train"]["eval_beam_size"] == 1 \
+        else f"beam {settings['train']['eval_beam_size']}"
+    print(f"dev sacreBLEU {metrics['bleu']:.2f} ({search})  ({FLAGS.model_dir})", flush=True)
     if distribute.task_role(strategy)[0]:
         final_report(settings, metrics)
 

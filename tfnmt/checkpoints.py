@@ -11,7 +11,7 @@ import shutil
 import tensorflow as tf
 
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import AVERAGED, CHECKPOINTS, SETTINGS, VOCAB
+from tfnmt.paths import AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS, VOCAB
 
 
 class ModelDirError(ValueError):
@@ -156,14 +156,49 @@ def repair_checkpoint_state(directory, name="ckpt"):
             f"{len(prefixes)} checkpoint file(s) there (newest {os.path.basename(prefixes[-1])})")
 
 
+def read_best_state(directory):
+    """The best checkpoint's state in a directory.
+
+    Args:
+      directory: <model_dir>/best.
+
+    Returns:
+      The state dict, or None when there is none (or it does not parse).
+    """
+    try:
+        with open(os.path.join(directory, BEST_STATE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def best_checkpoint(directory):
+    """The best checkpoint's prefix.
+
+    Args:
+      directory: <model_dir>/best.
+
+    Returns:
+      The prefix the state names if its files exist, else the newest checkpoint there, or None.
+    """
+    state = read_best_state(directory) or {}
+    if state.get("checkpoint"):
+        prefix = os.path.join(directory, state["checkpoint"])
+        if tf.io.gfile.exists(prefix + ".index"):
+            return prefix
+    prefixes = checkpoint_prefixes(directory)
+    return prefixes[-1] if prefixes else None
+
+
 def candidate_checkpoints(model_dir, which="auto"):
     """The checkpoints to try loading, best first, found from the files (a damaged state file
     does not hide them).
 
     Args:
       model_dir: a training directory.
-      which: "latest" (the run's checkpoints, newest first), "averaged", "auto" (averaged
-        ones, then the latest ones) or a checkpoint path prefix.
+      which: "latest" (the run's checkpoints, newest first), "averaged", "best" (the one
+        with the best dev metric), "auto" (averaged ones, then the best, then the latest
+        ones) or a checkpoint path prefix.
 
     Returns:
       Checkpoint prefixes, best first.
@@ -171,13 +206,15 @@ def candidate_checkpoints(model_dir, which="auto"):
     Raises:
       ModelDirError: none found.
     """
-    if which not in ("auto", "latest", "averaged"):
+    if which not in ("auto", "latest", "averaged", "best"):
         if not tf.io.gfile.exists(which + ".index"):
             raise ModelDirError(f"no checkpoint at {which}")
         return [which]
     averaged = checkpoint_prefixes(os.path.join(model_dir, AVERAGED))[::-1]
+    best = [p for p in [best_checkpoint(os.path.join(model_dir, BEST))] if p]
     latest = checkpoint_prefixes(os.path.join(model_dir, CHECKPOINTS))[::-1]
-    paths = {"averaged": averaged, "latest": latest, "auto": averaged + latest}[which]
+    paths = {"averaged": averaged, "best": best, "latest": latest,
+             "auto": averaged + best + latest}[which]
     if not paths:
         raise ModelDirError(f"{model_dir} has no {which} checkpoint")
     return paths
@@ -188,8 +225,8 @@ def load_model(model_dir, which="auto"):
 
     Args:
       model_dir: a directory `train.py` wrote.
-      which: "auto" (the averaged checkpoint if any, else the newest), "latest", "averaged",
-        or a checkpoint path prefix. The newest candidate that reads back is used.
+      which: "auto" (the averaged checkpoint if any, else the best, else the newest),
+        "latest", "averaged", "best", or a checkpoint path prefix. The newest candidate that reads back is used.
 
     Returns:
       (a float32 `Transformer` with the restored weights, the SentencePiece model proto,

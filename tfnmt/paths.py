@@ -11,6 +11,8 @@ SETTINGS = "settings.json"    # every setting of the run
 VOCAB = "spm.model"           # the SentencePiece model (also in each prepared data dir)
 CHECKPOINTS = "checkpoints"   # ckpt-<step>, written by tf.train.CheckpointManager
 AVERAGED = "averaged"         # the average of the last N checkpoints
+BEST = "best"                 # the checkpoint with the best dev metric (--best_metric)
+BEST_STATE = "best.json"      # in BEST: the metric, its best value and step
 EXPORT = "export"             # export.py's default export_dir: numbered SavedModel versions
 CTRANSLATE2 = "ctranslate2"  # export.py --format=ctranslate2 (+ "-<quantization>")
 REPORT = "report.json"        # the final evaluation of the main job's end-of-run report

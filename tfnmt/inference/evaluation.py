@@ -7,6 +7,7 @@ import sacrebleu
 import tensorflow as tf
 
 from tfnmt.data.tokenizer import to_source_ids
+from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.decoding import greedy_decode
 from tfnmt.training.losses import masked_accuracy_sum, masked_loss_sum
 
@@ -80,8 +81,9 @@ def evaluate_loss(model, dataset, label_smoothing=0.1, sums=None):
 
 
 class Translator:
-    """Batched greedy translation of raw strings with a model and its tokenizer (evaluation during
-    training; the exported translator is `tfnmt.inference.serving.TranslationModule`).
+    """Batched translation of raw strings with a model and its tokenizer, greedy or by beam
+    search (evaluation during training; the exported translator is
+    `tfnmt.inference.serving.TranslationModule`).
 
     Args:
       model: a `Transformer`.
@@ -89,18 +91,27 @@ class Translator:
       max_source_length: the longest source, EOS included (longer ones are cut); default the
         model's max_length.
       batch_size: sentences per batch in `translate`.
+      beam_size: 1 for greedy search, else the beam search's width.
+      alpha: the beam search's length-penalty exponent.
 
     Example:
       Translator(model, tokenizer).translate(["Das ist ein Haus."])  # ["That is a house."]
     """
 
-    def __init__(self, model, tokenizer, max_source_length=None, batch_size=64):
+    def __init__(self, model, tokenizer, max_source_length=None, batch_size=64, beam_size=1,
+                 alpha=0.6):
         self.model = model
         self.tokenizer = tokenizer
         self.max_source_length = max_source_length or model.max_length
         self.batch_size = batch_size
-        self._decode = tf.function(lambda source: greedy_decode(model, source),
-                                   reduce_retracing=True)
+
+        def decode(source):  # -> ids [B, L], scores [B]
+            if beam_size == 1:
+                return greedy_decode(model, source)
+            ids, scores = beam_search(model, source, beam_size, alpha)
+            return ids[:, 0], scores[:, 0]
+
+        self._decode = tf.function(decode, reduce_retracing=True)
 
     def source_ids(self, sentences):
         """Model inputs of sentences.

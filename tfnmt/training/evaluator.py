@@ -1,5 +1,5 @@
-"""The dev evaluation during training: loss, perplexity, sacreBLEU/chrF of greedy translations,
-sample translations and attention images for TensorBoard."""
+"""The dev evaluation during training: loss, perplexity, sacreBLEU/chrF of greedy (or beam)
+translations, sample translations and attention images for TensorBoard."""
 import tensorflow as tf
 
 from tfnmt.data import pipeline
@@ -31,7 +31,8 @@ class Evaluator:
                                       d.get("tfds_data_dir")))
         limit = settings["train"].get("bleu_sentences") or len(self.pairs)
         self.pairs = self.pairs[:limit]
-        self.translator = Translator(model, tokenizer, d["max_length"])
+        self.translator = Translator(model, tokenizer, d["max_length"],
+                                     beam_size=settings["train"].get("eval_beam_size", 1))
         self.loss_sums = loss_sums_function(model, settings["train"]["label_smoothing"])
         self.tokenizer = tokenizer
 

@@ -7,6 +7,7 @@ model_dir layout:
   checkpoints/       ckpt-<step> written by tf.train.CheckpointManager; .lock held by the
                      process that trains (one writer per model_dir)
   averaged/          the average of the last N checkpoints (--average_last)
+  best/              the checkpoint with the best dev metric (--best_metric) and best.json
   train/, eval/      TensorBoard event files
   workers/<id>/      non-chief workers' checkpoints under multi_worker
 """
@@ -23,7 +24,8 @@ from tfnmt.checkpoints import DirectoryLock, newest_readable_checkpoint
 from tfnmt.data import pipeline, records
 from tfnmt.data.tokenizer import Tokenizer
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import AVERAGED, CHECKPOINTS, SETTINGS
+from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS
+from tfnmt.training.best import BestCheckpoint
 from tfnmt.training.distribute import PreReducedAdam, resolve_mixed_precision, task_role
 from tfnmt.training.evaluator import Evaluator
 from tfnmt.training.schedule import paper_adam
@@ -140,14 +142,28 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval")) \
         if is_chief else None
     evaluator = Evaluator(model, tokenizer, settings, data_dir)
+    best = BestCheckpoint(os.path.join(model_dir, BEST), model, t.get("best_metric", "bleu"),
+                          t.get("early_stopping", 0), write=is_chief)
+    evaluated = {}  # the last evaluation: {step: metrics}
 
     def evaluate(step):
-        log(_format_metrics(step, evaluator(step, eval_writer)))
+        """Evaluates, keeps the best checkpoint; returns whether to stop early."""
+        metrics = evaluated[step] = evaluator(step, eval_writer)
+        improved = best.update(step, metrics)
+        log(_format_metrics(step, metrics) + (f" | best {best.metric}" if improved else ""))
+        return _chief_decides(strategy, is_chief, best.should_stop)
 
     stats = TrainingStats(t["train_steps"], first_step, train_writer, log)
-    step = trainer(iterator, t["train_steps"], keeper=keeper, stats=stats, evaluate=evaluate,
-                   log_every=t["log_every"], checkpoint_every=t["checkpoint_every"],
-                   eval_every=t["eval_every"])
+    if best.should_stop:
+        step = first_step
+        log(f"stopped early before: {_early_stop_reason(best)}; raise --early_stopping (or "
+            "set it to 0) to train on")
+    else:
+        step = trainer(iterator, t["train_steps"], keeper=keeper, stats=stats,
+                       evaluate=evaluate, log_every=t["log_every"],
+                       checkpoint_every=t["checkpoint_every"], eval_every=t["eval_every"])
+        if step < t["train_steps"]:
+            log(f"stopped early at step {step}: {_early_stop_reason(best)}")
     train_writer.flush()
 
     final_name = "latest"
@@ -158,9 +174,30 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
             average_checkpoints(model, paths, prefix)
             final_name = f"average of {len(paths)}"
             log(f"averaged {len(paths)} checkpoints into {prefix}")
+    if final_name == "latest" and step in evaluated:  # stopped early: just evaluated
+        return evaluated[step]
     metrics = evaluator(step, eval_writer)
+    if final_name == "latest":  # averaged weights are kept in averaged/, not as the best
+        improved = best.update(step, metrics)
+        final_name += f", best {best.metric}" if improved else ""
     log(_format_metrics(step, metrics, final_name))
     return metrics
+
+
+def _early_stop_reason(best):
+    s = best.state
+    return (f"dev {best.metric} did not improve for {s['evaluations_without_improvement']} "
+            f"evaluations (best {s['value']:.4g} at step {s['step']}, kept in "
+            f"{best.directory})")
+
+
+def _chief_decides(strategy, is_chief, stop):
+    """The chief's early-stopping decision, on every worker (each evaluates, but the chief's
+    count is the one kept on disk; workers that disagreed would wait for each other forever)."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return stop
+    vote = strategy.run(lambda: tf.constant(1.0 if stop and is_chief else 0.0))
+    return float(strategy.reduce(tf.distribute.ReduceOp.SUM, vote, axis=None)) > 0
 
 
 def _prepare_data(settings, is_chief, data_dir):

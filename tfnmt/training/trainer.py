@@ -56,7 +56,8 @@ class Trainer:
 
     def __call__(self, iterator, train_steps, keeper=None, stats=None, evaluate=None,
                  log_every=100, checkpoint_every=1000, eval_every=0):
-        """Runs updates until the optimizer has applied `train_steps`; returns that count.
+        """Runs updates until the optimizer has applied `train_steps` (or `evaluate` stops
+        it); returns the update count reached.
 
         Args:
           iterator: a distributed iterator over training batches (it never ends).
@@ -64,7 +65,8 @@ class Trainer:
           keeper: a `CheckpointKeeper`, saved every `checkpoint_every` updates and at the end.
           stats: a `TrainingStats`, reported every `log_every` updates and at the end.
           evaluate: called with the step every `eval_every` updates (not at the end); its time
-            is left out of the reported speed.
+            is left out of the reported speed. When it returns True (early stopping), the
+            loop saves a checkpoint and stops there.
 
         Raises:
           TrainingError: fp16 loss scaling skipped more than MAX_SKIPPED_IN_A_ROW updates in a
@@ -97,9 +99,13 @@ class Trainer:
             if evaluate is not None and eval_every and step % eval_every == 0 \
                     and step < train_steps:
                 start = time.time()
-                evaluate(step)
+                stop = evaluate(step)
                 if stats is not None:
                     stats.pause(time.time() - start)
+                if stop:
+                    if keeper is not None and step % checkpoint_every != 0:
+                        keeper.save(step)
+                    break
         return step
 
     def replica_gradients(self, batches):

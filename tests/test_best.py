@@ -1,0 +1,104 @@
+"""The best checkpoint by a dev metric and early stopping: the tracker, and train.py with it."""
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from helpers import python, train_flags
+from tfnmt.checkpoints import candidate_checkpoints, checkpoint_prefixes, load_model
+from tfnmt.training.best import BestCheckpoint
+
+
+def small_model():
+    model = keras.Sequential([keras.layers.Dense(3)])
+    model.build((None, 2))
+    return model
+
+
+def saved_kernel(prefix, model):
+    clone = small_model()
+    tf.train.Checkpoint(model=clone).read(prefix).expect_partial()
+    return clone.layers[0].kernel.numpy()
+
+
+@pytest.mark.parametrize("metric, values, best_step", [
+    ("bleu", [1.0, 3.0, 2.0, 3.0, float("nan")], 2),   # higher is better; a tie is no gain
+    ("loss", [5.0, 4.0, 4.5, 4.0, float("nan")], 2),   # lower is better
+])
+def test_keeps_the_best_weights_and_counts_evaluations_without_gain(tmp_path, metric, values,
+                                                                    best_step):
+    model = small_model()
+    directory = str(tmp_path / "best")
+    best = BestCheckpoint(directory, model, metric, patience=3)
+    kernels = {}
+    for step, value in enumerate(values, start=1):
+        model.layers[0].kernel.assign(np.full((2, 3), float(step), np.float32))
+        kernels[step] = model.layers[0].kernel.numpy()
+        assert best.update(step, {metric: value}) == (step <= best_step)
+        assert best.should_stop == (step - best_step >= 3)
+    # Only the best evaluation's weights are on disk, and the state names them.
+    assert [os.path.basename(p) for p in checkpoint_prefixes(directory)] == [f"ckpt-{best_step}"]
+    np.testing.assert_array_equal(saved_kernel(os.path.join(directory, f"ckpt-{best_step}"),
+                                               model), kernels[best_step])
+    state = json.load(open(os.path.join(directory, "best.json")))
+    assert state == {"metric": metric, "value": values[best_step - 1], "step": best_step,
+                     "checkpoint": f"ckpt-{best_step}", "evaluations_without_improvement": 3}
+    # A resumed run goes on counting from the saved state.
+    resumed = BestCheckpoint(directory, small_model(), metric, patience=4)
+    assert not resumed.should_stop
+    resumed.update(len(values) + 1, {metric: values[0]})
+    assert resumed.should_stop
+
+
+def test_interrupted_and_changed_metric_states(tmp_path, caplog):
+    model = small_model()
+    directory = str(tmp_path / "best")
+    best = BestCheckpoint(directory, model, "bleu")
+    best.update(1, {"bleu": 1.0})
+    # A run killed after writing a new best but before recording it leaves a stray checkpoint:
+    # the next run removes it and keeps the recorded one.
+    tf.train.Checkpoint(model=model).write(os.path.join(directory, "ckpt-7"))
+    BestCheckpoint(directory, model, "bleu")
+    assert [os.path.basename(p) for p in checkpoint_prefixes(directory)] == ["ckpt-1"]
+    # The same evaluation again (the final one, at the step last evaluated) is no new evidence.
+    assert not best.update(1, {"bleu": 0.0}) and best.state["evaluations_without_improvement"] == 0
+    # Choosing by another metric starts over, and keeps the old checkpoint until replaced.
+    by_loss = BestCheckpoint(directory, model, "loss")
+    assert "chosen by bleu; now choosing by loss" in caplog.text
+    assert candidate_checkpoints(str(tmp_path), "best") == [os.path.join(directory, "ckpt-1")]
+    assert by_loss.update(2, {"loss": 9.0})
+    assert [os.path.basename(p) for p in checkpoint_prefixes(directory)] == ["ckpt-2"]
+    with pytest.raises(ValueError, match="unknown metric"):
+        BestCheckpoint(directory, model, "rouge")
+
+
+def test_train_py_stops_early_and_exports_the_best(small_corpus, train_data, tmp_path):
+    # With a learning rate of ~1e-33 the weights do not move in float32, so every evaluation
+    # scores exactly what the first did: the first is the best, and with --early_stopping=2
+    # training stops at the third (step 6 of 40), whatever the kernels compute.
+    model_dir = str(tmp_path / "run")
+    flags = train_flags(small_corpus, train_data, model_dir, train_steps=40, eval_every=2,
+                        checkpoint_every=4, average_last=0, lr_scale=1e-30, early_stopping=2,
+                        best_metric="loss")
+    result = python(*flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stopped early at step 6: dev loss did not improve for 2 evaluations" in result.stdout
+    assert "step      8/40" not in result.stdout
+    assert tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).endswith("ckpt-6")
+    state = json.load(open(os.path.join(model_dir, "best", "best.json")))
+    assert state["step"] == 2 and state["evaluations_without_improvement"] == 2
+    # export.py --checkpoint=best and the default ("auto": no averaged checkpoint) load it.
+    for which in ("best", "auto"):
+        _, _, path = load_model(model_dir, which)
+        assert path == os.path.join(model_dir, "best", "ckpt-2")
+    # The same command again trains no further; without early stopping it trains on.
+    again = python(*flags)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "stopped early before: dev loss did not improve for 2" in again.stdout
+    assert "/40 | loss" not in again.stdout
+    on = python(*flags, "--early_stopping=0", "--train_steps=8", "--eval_every=100")
+    assert on.returncode == 0, on.stderr[-3000:]
+    assert "step      8/8 | loss" in on.stdout
