@@ -9,8 +9,13 @@ checkpoint in --model_dir. Flags not given on the command line take the values s
 --checkpoint_every, --keep_checkpoints, --average_last, --jit_compile, --mixed_precision (not
 to or from fp16), --data_dir and --tfds_data_dir; any other change is refused in one line.
 
+Fine-tuning: --init_from starts a new --model_dir from a trained model (its model and
+vocabulary; the new data is tokenized with it), with a fresh optimizer unless --init_optimizer.
+
   python train.py
   python train.py --model_dir=runs/base --preset=base --train_steps=100000 --batch_tokens=25000
+  python train.py --model_dir=runs/medical --init_from=runs/de-en --dataset=files \
+    --train_files=med.de,med.en --dev_files=med-dev.de,med-dev.en --train_steps=400
   python train.py --flagfile=my.flags
 """
 import os
@@ -87,6 +92,12 @@ flags.DEFINE_bool("jit_compile", False, "XLA-compile the replica's train step (d
 flags.DEFINE_bool("plain_ops", False, "Stock TensorFlow ops instead of tfnmt's hand-written "
                   "fast ones (tfnmt/fast_ops.py): slower, same results up to rounding.")
 flags.DEFINE_integer("seed", 1234, "Seed for initialisation and data order.")
+flags.DEFINE_string("init_from", None, "Start a new --model_dir from this trained model_dir "
+                    "(its best weights: averaged, else best, else newest) or checkpoint prefix, "
+                    "with its model and vocabulary: fine-tuning on new data.")
+flags.DEFINE_bool("init_optimizer", False, "With --init_from: also continue its optimizer "
+                  "(Adam moments and step, so the schedule goes on; --train_steps counts from "
+                  "its step). Default false: a fresh optimizer and schedule.")
 # Bookkeeping.
 flags.DEFINE_integer("log_every", 50, "Steps between progress lines and train summaries.")
 flags.DEFINE_integer("eval_every", None, "Steps between dev evaluations (0: only at the end; "
@@ -131,16 +142,18 @@ flags.register_validator("dropout", lambda v: v is None or 0.0 <= v < 1.0,
                          "--dropout must be in [0, 1)")
 
 
-def requested_settings():
-    """Settings from the flags, and the set of those given explicitly."""
+def requested_settings(preset=None):
+    """Settings from the flags (training defaults from `preset`, default --preset), and the
+    set of those given explicitly."""
     from tfnmt.model.presets import get_preset, get_training
 
-    model = get_preset(FLAGS.preset, **{k: FLAGS[k].value for k in MODEL_FLAGS})
-    training = get_training(FLAGS.preset)
+    preset = preset if preset and not FLAGS["preset"].present else FLAGS.preset
+    model = get_preset(preset, **{k: FLAGS[k].value for k in MODEL_FLAGS})
+    training = get_training(preset)
     model["max_length"] = FLAGS.max_length
     settings = {
         "model_dir": FLAGS.model_dir,
-        "preset": FLAGS.preset,
+        "preset": preset,
         "model": model,
         "data": {k: FLAGS[k].value for k in DATA_FLAGS},
         "train": {k: training[k] if FLAGS[k].value is None and k in training
@@ -183,6 +196,28 @@ def check_paths():
             raise app.UsageError(f"--{flag}={path}: cannot create it ({error.strerror})")
 
 
+def starting_settings():
+    """The requested settings and explicit flags; with --init_from, those of the source model.
+    Raises SettingsError for an --init_from that cannot start this model_dir."""
+    from tfnmt.checkpoints import checkpoint_prefixes
+    from tfnmt.paths import CHECKPOINTS
+    from tfnmt.training import fine_tune
+    from tfnmt.training.settings import SettingsError, load_settings
+
+    if not FLAGS.init_from:
+        if FLAGS.init_optimizer:
+            raise SettingsError("--init_optimizer needs --init_from")
+        return requested_settings()
+    source = fine_tune.resolve_source(FLAGS.init_from, FLAGS.init_optimizer)
+    saved = load_settings(FLAGS.model_dir) or {}
+    started = checkpoint_prefixes(os.path.join(FLAGS.model_dir, CHECKPOINTS))
+    if started and saved.get("init_from") != source:
+        raise SettingsError(f"--init_from: {FLAGS.model_dir} holds a trained model already; "
+                            "fine-tune into a new --model_dir (or drop --init_from to resume)")
+    settings, explicit = requested_settings(load_settings(source["model_dir"]).get("preset"))
+    return fine_tune.apply_source(settings, explicit, source), explicit
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -200,8 +235,8 @@ def main(argv):
     from tfnmt.training.trainer import TrainingError
 
     distribute.split_cpu(FLAGS.cpu_devices)
-    settings, explicit = requested_settings()
     try:
+        settings, explicit = starting_settings()
         settings = resolve_settings(settings, explicit, FLAGS.model_dir)
     except SettingsError as error:
         raise app.UsageError(str(error))

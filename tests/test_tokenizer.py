@@ -1,6 +1,7 @@
 import os
 
 import numpy as np
+import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
@@ -53,3 +54,14 @@ def test_detokenize_dense_stops_at_eos_and_ignores_padding(small_prepared):
     ids = tokenizer.tokenize(["Guten Morgen.", "Ja."]).to_list()
     dense = [ids[0] + [EOS_ID, 57, 58], ids[1] + [EOS_ID] + [PAD_ID] * (len(ids[0]) + 2 - len(ids[1]))]
     assert tokenizer.detokenize(tf.constant(dense)).numpy().tolist() == [b"Guten Morgen.", b"Ja."]
+
+
+def test_a_vocabulary_the_text_cannot_give_is_one_clear_error(tmp_path):
+    from tfnmt.data.tokenizer import train_sentencepiece
+
+    sentences = ["Zimmer 1 ist frei.", "Room 1 is free."] * 50
+    with pytest.raises(ValueError, match=r"vocabulary size 5,000 does not fit the training "
+                                         r"text: Vocabulary size too high \(5000\)"):
+        train_sentencepiece(sentences, str(tmp_path / "spm.model"), vocab_size=5000)
+    with pytest.raises(ValueError, match="no training text"):
+        train_sentencepiece([], str(tmp_path / "spm.model"), vocab_size=100)

@@ -172,7 +172,10 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
             for source, target in _split_pairs(dataset, "train", files, tfds_data_dir):
                 yield source
                 yield target
-        train_sentencepiece(sentences(), model_path, vocab_size, vocab_type)
+        try:
+            train_sentencepiece(sentences(), model_path, vocab_size, vocab_type)
+        except ValueError as error:
+            raise corpus.CorpusError(str(error)) from None
     tokenizer = Tokenizer(model_path)
 
     splits = {}

@@ -28,6 +28,9 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
 
     Returns:
       `model_path`.
+
+    Raises:
+      ValueError: no text, or a vocabulary size the text cannot give.
     """
     import sentencepiece as spm
 
@@ -52,12 +55,16 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
     try:
         _train(spm, checked(sentences), prefix, vocab_size, model_type, max_sentences,
                seed_sentencepiece_size)
-    except RuntimeError:
+    except RuntimeError as error:
         if failures:
             raise failures[0] from None
         if count == 0:
             raise ValueError("no training text to learn the vocabulary from (the train split "
                              "is empty)") from None
+        detail = str(error).split("] ")[-1]
+        if "ocabulary size" in detail:  # too large or too small for this text
+            raise ValueError(f"vocabulary size {vocab_size:,d} does not fit the training text: "
+                             f"{detail}") from None
         raise
     with open(prefix + ".model", "rb") as f:
         proto = portable_model_proto(f.read())

@@ -25,6 +25,7 @@ from tfnmt.data import pipeline, records
 from tfnmt.data.tokenizer import Tokenizer
 from tfnmt.model.transformer import Transformer
 from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS
+from tfnmt.training import fine_tune
 from tfnmt.training.best import BestCheckpoint
 from tfnmt.training.distribute import PreReducedAdam, resolve_mixed_precision, task_role
 from tfnmt.training.evaluator import Evaluator
@@ -119,10 +120,22 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
                               t["keep_checkpoints"] if is_chief else 1)
     restored = keeper.restore()
+    source = settings.get("init_from")
+    if restored:
+        log(f"resumed from {restored} at step {int(optimizer.iterations.numpy())}")
+    elif source:
+        step = fine_tune.initialize(model, optimizer, source)
+        log(f"initialised from {source['checkpoint']}" +
+            (f" with its optimizer at step {step}" if source["optimizer"] else
+             " with a fresh optimizer"))
+        if step >= t["train_steps"]:
+            raise SettingsError(f"--train_steps={t['train_steps']}: the continued optimizer is "
+                                f"at step {step} already; give a larger --train_steps")
+    else:
+        log("starting from scratch")
     if is_chief:  # only once the checkpoint has read back into a model of these settings
         write_json(os.path.join(model_dir, SETTINGS), settings)
     first_step = int(optimizer.iterations.numpy())
-    log(f"resumed from {restored} at step {first_step}" if restored else "starting from scratch")
 
     def dataset_fn(context):
         # A resumed run reshuffles with a new seed rather than replaying the first batches.
@@ -209,9 +222,13 @@ def _prepare_data(settings, is_chief, data_dir):
     # A trained model's vocabulary is its own: data rebuilt for it is tokenized with it.
     model_vocab = os.path.join(model_dir, records.VOCAB)
     model_fingerprint = records.readable_fingerprint(model_vocab) if saved else None
+    vocab_path = None
+    if settings.get("init_from"):  # a fine-tuned model keeps its source's vocabulary
+        vocab_path = model_vocab if model_fingerprint else \
+            os.path.join(settings["init_from"]["model_dir"], records.VOCAB)
     if is_chief:
         manifest = records.prepare(data_dir, d["dataset"], d.get("files"), d.get("tfds_data_dir"),
-                                   d["vocab_size"], d["vocab_type"],
+                                   d["vocab_size"], d["vocab_type"], vocab_path=vocab_path,
                                    model_vocab=model_vocab if model_fingerprint else None)
     else:
         manifest = _wait_for_data(data_dir, settings["train"].get("data_wait_secs", 1800))

@@ -100,6 +100,8 @@ def resolve_settings(requested, explicit, model_dir):
                     and (key not in theirs or ours.get(key) != theirs[key]):
                 before = repr(theirs[key]) if key in theirs else "not recorded"
                 conflicts.append(f"{key}={ours.get(key)!r} (saved: {before})")
+    if "init_from" in saved:  # where the run started (train.py --init_from) stays recorded
+        resolved.setdefault("init_from", saved["init_from"])
     if conflicts:
         raise SettingsError(f"{model_dir} holds a run with other settings: "
                             f"{', '.join(conflicts)}. Use a new --model_dir, or drop these flags "

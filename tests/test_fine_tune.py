@@ -1,0 +1,120 @@
+"""train.py --init_from: fine-tuning a trained model on new data in a new model_dir."""
+import os
+
+import numpy as np
+import pytest
+
+from helpers import python, train_flags
+from tfnmt.checkpoints import load_model
+from tfnmt.data.tokenizer import Tokenizer
+from tfnmt.data.pipeline import make_dataset
+from tfnmt.inference.evaluation import Translator, corpus_scores, evaluate_loss
+from tfnmt.training import fine_tune
+from tfnmt.training.settings import SettingsError
+
+# A new domain the source model never saw: two templates with numbers.
+TEMPLATES = [("Zimmer {} ist frei.", "Room {} is free."),
+             ("Der Zug {} fährt um acht.", "Train {} leaves at eight.")]
+
+
+def domain_pairs(numbers):
+    return [(s.format(n), t.format(n)) for n in numbers for s, t in TEMPLATES]
+
+
+@pytest.fixture(scope="module")
+def source(small_corpus, train_data, tmp_path_factory):
+    """A tiny model trained 30 steps on the small corpus (best/ and checkpoints/ kept)."""
+    model_dir = str(tmp_path_factory.mktemp("source") / "run")
+    result = python(*train_flags(small_corpus, train_data, model_dir, train_steps=30,
+                                 warmup_steps=20, lr_scale=0.3, checkpoint_every=10,
+                                 eval_every=0, average_last=0, test_report="false"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return model_dir
+
+
+def scores_on(model_dir, pairs, data_dir):
+    """(dev perplexity by teacher forcing, chrF of greedy translations, the translations)."""
+    model, _, _ = load_model(model_dir)
+    tokenizer = Tokenizer(os.path.join(model_dir, "spm.model"))
+    perplexity = evaluate_loss(model, make_dataset(data_dir, "dev", 512, 64))["perplexity"]
+    hypotheses = Translator(model, tokenizer).translate([s for s, _ in pairs])
+    return perplexity, corpus_scores(hypotheses, [t for _, t in pairs])["chrf"], hypotheses
+
+
+def test_fine_tuning_starts_from_the_source_and_learns_the_new_domain(source, small_corpus,
+                                                                      tmp_path):
+    train = tmp_path / "domain_train.tsv"
+    dev = tmp_path / "domain_dev.tsv"
+    train.write_text("".join(f"{s}\t{t}\n" for s, t in domain_pairs(range(100, 250))))
+    dev_pairs = domain_pairs(range(300, 310))
+    dev.write_text("".join(f"{s}\t{t}\n" for s, t in dev_pairs))
+    domain = dict(train_files=str(train), dev_files=str(dev), data_dir=None, eval_every=0,
+                  average_last=0, test_report="false", init_from=source)
+
+    # Weights: with a learning rate too small to move float32 weights, the fine-tuned model
+    # is the source model (a fresh initialisation would be nowhere near it).
+    same = str(tmp_path / "same")
+    result = python(*train_flags(small_corpus, None, same, **dict(domain, train_steps=1, lr_scale=1e-30)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"initialised from {os.path.join(source, 'best', 'ckpt-30')} with a fresh optimizer" \
+        in result.stdout
+    source_model, source_proto, _ = load_model(source)
+    tuned_model, tuned_proto, _ = load_model(same, "latest")
+    assert tuned_proto == source_proto  # the new data was tokenized with the source vocabulary
+    assert tuned_model.settings == source_model.settings
+    for a, b in zip(source_model.weights, tuned_model.weights):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6, atol=1e-12)
+
+    # Fine-tuned for 150 steps on the new domain, the model predicts its dev references far
+    # better, and its translations move from the source model's to the references (chrF:
+    # character n-gram F-score, 0-100; measured: perplexity ~150 -> ~2, chrF ~1 -> ~45).
+    tuned = str(tmp_path / "tuned")
+    result = python(*train_flags(small_corpus, None, tuned, **dict(
+        domain, train_steps=150, warmup_steps=40, lr_scale=0.5, log_every=50)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = os.path.join(tuned, "data")  # the new domain, tokenized with the source vocabulary
+    ppl_before, chrf_before, _ = scores_on(source, dev_pairs, data)
+    ppl_after, chrf_after, hypotheses = scores_on(tuned, dev_pairs, data)
+    assert ppl_after < ppl_before / 10, (ppl_before, ppl_after)
+    assert chrf_after > chrf_before + 20, (chrf_before, chrf_after, hypotheses)
+
+
+def test_continued_optimizer_and_refusals(source, small_corpus, train_data, tmp_path):
+    run = str(tmp_path / "continued")
+    flags = train_flags(small_corpus, train_data, run, train_steps=32, eval_every=0,
+                        average_last=0, test_report="false", init_from=source,
+                        init_optimizer="true")
+    result = python(*flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (f"initialised from {os.path.join(source, 'checkpoints', 'ckpt-30')} with its "
+            "optimizer at step 30") in result.stdout
+    assert "step     32/32 | loss" in result.stdout and "step      4/" not in result.stdout
+    # Run again, the same command resumes the new model_dir rather than starting it over.
+    again = python(*flags[:-2], "--train_steps=34", *flags[-2:])
+    assert again.returncode == 0 and "resumed from" in again.stdout, again.stderr[-3000:]
+    # Another source for a model_dir that holds a trained model is refused.
+    other = python(*flags[:-2], f"--init_from={os.path.join(source, 'checkpoints', 'ckpt-20')}")
+    assert other.returncode == 1 and "holds a trained model already" in other.stderr
+    # A continued optimizer already at --train_steps is refused before training.
+    late = python(*train_flags(small_corpus, train_data, str(tmp_path / "late"), train_steps=30,
+                               init_from=source, init_optimizer="true"))
+    assert late.returncode == 1
+    assert "the continued optimizer is at step 30 already" in late.stderr
+
+
+def test_sources_that_cannot_start_a_run(source, tmp_path):
+    with pytest.raises(SettingsError, match="neither a model_dir nor a checkpoint"):
+        fine_tune.resolve_source(str(tmp_path / "missing"))
+    with pytest.raises(SettingsError, match="holds weights only"):
+        fine_tune.resolve_source(os.path.join(source, "best", "ckpt-30"), optimizer=True)
+    with pytest.raises(SettingsError, match="has no settings.json"):
+        os.makedirs(tmp_path / "bare")
+        fine_tune.resolve_source(str(tmp_path / "bare"))
+    requested = {"model": {"num_layers": 3, "dropout": 0.3, "max_length": 64},
+                 "data": {"vocab_size": 99, "vocab_type": "bpe"}}
+    with pytest.raises(SettingsError, match="num_layers=3 .source: 2."):
+        fine_tune.apply_source(requested, {"model.num_layers"}, fine_tune.resolve_source(source))
+    settings = fine_tune.apply_source(requested, {"model.dropout"},
+                                      fine_tune.resolve_source(source))
+    assert settings["model"]["num_layers"] == 2 and settings["model"]["dropout"] == 0.3
+    assert settings["data"] == {"vocab_size": 600, "vocab_type": "unigram"}
