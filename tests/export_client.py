@@ -5,7 +5,9 @@ signature's outputs for the sentences given as JSON on stdin, from
   route TF Serving takes;
 - "python": `tf.saved_model.load`, the object-graph loader Python clients use;
 
-and "rank_2_error": what the C++ loader's serving_default says to a [2, 2] input. Imports
+and "rank_2_error": what the C++ loader's serving_default says to a [2, 2] input; "score":
+the `score` signature on each sentence with serving_default's translation as its target, from
+both loaders; "prefix": translate_with_prefix through the C++ loader. Imports
 tensorflow, tensorflow_text and tfnmt.inference.session_loader (ctypes over the C API) only:
 nothing of tfnmt's model or serving code."""
 import json
@@ -39,11 +41,22 @@ def main():
             result["rank_2_error"] = None
         except SessionLoaderError as error:
             result["rank_2_error"] = str(error)
+        targets = result["session"]["serving_default"]["translations"]
+        scored = served.run("score", dict(feed, targets=np.array(
+            [t.encode("utf-8") for t in targets], object)))
+        result["score"] = {"targets": targets, "session": {
+            k: np.ravel(v).tolist() for k, v in scored.items()}}
+        prefixes = [("That is", "", "Good")[i % 3] for i in range(len(sentences))]
+        prefixed = served.run("translate_with_prefix", dict(feed, prefixes=np.array(
+            [p.encode("utf-8") for p in prefixes], object)))
+        result["prefix"] = {"prefixes": prefixes, "session": as_lists(prefixed)}
     loaded = tf.saved_model.load(path)
     result["python"] = {
         name: as_lists({k: v.numpy() for k, v in loaded.signatures[name](
             sentences=tf.constant(sentences, tf.string)).items()})
         for name in SIGNATURES}
+    result["score"]["python"] = {k: v.numpy().tolist() for k, v in loaded.signatures["score"](
+        sentences=tf.constant(sentences), targets=tf.constant(targets)).items()}
     result["tfnmt_modules"] = sorted(m for m in sys.modules if m.startswith("tfnmt"))
     print(json.dumps(result))
 

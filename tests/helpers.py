@@ -78,3 +78,20 @@ def run_layer_test(layer_class, init_kwargs, call_args, call_kwargs=None,
 
 def random_ids(rng, batch, length, vocab_size, low=4):
     return rng.integers(low, vocab_size, size=(batch, length)).astype("int32")
+
+
+def teacher_forced_log_prob(model, tokenizer_proto, source, target):
+    """log P(target | source) from the model's logits, in float64 numpy: the subwords of the
+    target, then EOS, each scored after BOS and the subwords before it."""
+    import sentencepiece
+    import tensorflow as tf
+
+    processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer_proto)
+    source_ids = processor.encode(source)[: model.max_length - 1] + [3]  # EOS
+    target_ids = processor.encode(target)[: model.max_length - 1]
+    logits = model((tf.constant([source_ids]), tf.constant([[2] + target_ids])),
+                   training=False).numpy()[0].astype(np.float64)  # [T, V]
+    log_probs = logits - logits.max(1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(1, keepdims=True))
+    outputs = target_ids + [3]
+    return float(sum(log_probs[t, token] for t, token in enumerate(outputs))), len(outputs)

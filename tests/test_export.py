@@ -10,9 +10,10 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
+from helpers import teacher_forced_log_prob
 from tfnmt import checkpoints
-from tfnmt.inference.serving import (SIGNATURES, ExportCheckError, TranslationModule,
-                                     export_saved_model)
+from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
+from tfnmt.inference.serving import TranslationModule
 from tfnmt.inference.session_loader import SessionModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,14 +115,15 @@ def decoded(strings):
     return [s.decode("utf-8") for s in np.ravel(strings)]
 
 
-def test_tf_serving_loader_answers_both_signatures_as_python_and_eager_do(exported, module):
+def test_tf_serving_loader_answers_every_signature_as_python_and_eager_do(exported, module,
+                                                                        tiny_model_dir):
     # TF Serving loads with TensorFlow's C++ LoadSavedModel and runs signatures by
     # Session::Run; a fresh process with nothing of tfnmt's model code does the same through
     # the C API, and also loads with tf.saved_model.load.
     loaded = run_export_client(exported, SENTENCES)
     assert loaded["tfnmt_modules"] == ["tfnmt", "tfnmt.inference",
                                        "tfnmt.inference.session_loader"]
-    for name in SIGNATURES:
+    for name in ("serving_default", "translate_n_best"):
         session, python = loaded["session"][name], loaded["python"][name]
         assert session["shape"] == python["shape"]
         assert session["translations"] == python["translations"]
@@ -145,6 +147,33 @@ def test_tf_serving_loader_answers_both_signatures_as_python_and_eager_do(export
     # A [2, 2] input is refused, not answered with the first sentence in every cell.
     assert "INVALID_ARGUMENT" in loaded["rank_2_error"]
     assert "rank-1 string tensor" in loaded["rank_2_error"]
+    check_score_and_prefix_signatures(loaded, module, tiny_model_dir)
+
+
+def check_score_and_prefix_signatures(loaded, module, tiny_model_dir):
+    """The `score` and `translate_with_prefix` answers of `run_export_client`."""
+    # Forced decoding through TF Serving's loader and tf.saved_model.load, each sentence
+    # scored with its beam translation as the target, against numpy over the model's logits.
+    score = loaded["score"]
+    proto = open(os.path.join(tiny_model_dir, "spm.model"), "rb").read()
+    for name in ("session", "python"):
+        assert len(score[name]["scores"]) == len(SENTENCES)
+    for i, (source, target) in enumerate(zip(SENTENCES, score["targets"])):
+        expected, length = teacher_forced_log_prob(module.model, proto, source, target)
+        assert score["session"]["lengths"][i] == length
+        assert score["session"]["scores"][i] == pytest.approx(expected, rel=1e-4, abs=1e-4)
+        assert score["python"]["scores"][i] == pytest.approx(expected, rel=1e-4, abs=1e-4)
+    # Translations that must start with given text, through TF Serving's loader: each starts
+    # with its prefix; a sentence without content still gives "".
+    prefix = loaded["prefix"]
+    for i, (translation, text) in enumerate(zip(prefix["session"]["translations"],
+                                                prefix["prefixes"])):
+        assert translation.startswith(text) if i in (0, 1, 3) else translation == ""
+    # Unequal counts and a [2, 2] input are refused.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="as many strings"):
+        module.score(tf.constant(["a", "b"]), tf.constant(["a"]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`targets` must be a rank-1"):
+        module.score_batch(tf.constant(["a"]), tf.constant([["a"]]))
 
 
 def test_export_that_the_cpp_loader_cannot_run_is_never_published(module, tmp_path,
@@ -153,7 +182,7 @@ def test_export_that_the_cpp_loader_cannot_run_is_never_published(module, tmp_pa
     # fail under the C++ loader (here: written by tf.saved_model.save of an object holding the
     # Keras model, so that the variables the graph reads are never restored) raises and
     # leaves no version and no temporary behind.
-    from tfnmt.inference import serving
+    from tfnmt.inference import saved_model
 
     def plain_save(module, path):
         tracked = tf.Module()
@@ -161,9 +190,9 @@ def test_export_that_the_cpp_loader_cannot_run_is_never_published(module, tmp_pa
         tf.saved_model.save(tracked, path, signatures={
             "serving_default": module.serve, "translate_n_best": module.serve_n_best})
 
-    monkeypatch.setattr(serving, "write_saved_model", plain_save)
+    monkeypatch.setattr(saved_model, "write_saved_model", plain_save)
     with pytest.raises(ExportCheckError, match="Could not find variable"):
-        serving.export_saved_model(module, str(tmp_path / "export"))
+        saved_model.export_saved_model(module, str(tmp_path / "export"))
     assert os.listdir(tmp_path / "export") == []
 
 

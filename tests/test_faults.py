@@ -182,7 +182,7 @@ def test_export_uses_the_newest_checkpoint_that_reads_back(copied, caplog):
         f.truncate(100)
     os.remove(os.path.join(checkpoints, "ckpt-4.index"))
     with caplog.at_level(logging.WARNING):
-        model, _, path = load_model(copied)
+        model, _, path = load_model(copied, "latest")
     assert path == os.path.join(checkpoints, "ckpt-2")
     assert f"using {path}: newer checkpoints do not read back (ckpt-6: " in caplog.text
     expected, _, _ = load_model(copied, path)

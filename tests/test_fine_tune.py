@@ -54,7 +54,8 @@ def test_fine_tuning_starts_from_the_source_and_learns_the_new_domain(source, sm
     # Weights: with a learning rate too small to move float32 weights, the fine-tuned model
     # is the source model (a fresh initialisation would be nowhere near it).
     same = str(tmp_path / "same")
-    result = python(*train_flags(small_corpus, None, same, **dict(domain, train_steps=1, lr_scale=1e-30)))
+    result = python(*train_flags(small_corpus, None, same,
+                                 **dict(domain, train_steps=1, lr_scale=1e-30)))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"initialised from {os.path.join(source, 'best', 'ckpt-30')} with a fresh optimizer" \
         in result.stdout

@@ -97,6 +97,34 @@ def test_learned_positions_get_one_adam_step_of_their_summed_gradient():
     assert float(metrics["grad_norm"]) == pytest.approx(norm, rel=1e-5)
 
 
+@pytest.mark.parametrize("clip_ratio", [0.25, 4.0])
+def test_clip_norm_scales_the_update_to_the_global_norm(clip_ratio):
+    # With SGD at learning rate 1 a weight moves by minus the gradient it is given: the loop's
+    # gradient g scaled by min(1, clip / |g|), the reference computed here in float64.
+    batch = {"source": np.array([[5, 6, 7, 3], [8, 9, 3, 0]], "int32"),
+             "target_in": np.array([[2, 5, 6, 7], [2, 8, 9, 0]], "int32"),
+             "target_out": np.array([[5, 6, 7, 3], [8, 9, 3, 0]], "int32")}
+    keras.utils.set_random_seed(0)
+    model = Transformer(vocab_size=30, **TINY)
+    model.build()
+    strategy = tf.distribute.get_strategy()
+    optimizer = keras.optimizers.SGD(learning_rate=1.0)
+    optimizer.build(model.trainable_variables)
+    trainer = Trainer(model, optimizer, strategy)
+    _, _, _, grads = strategy.run(trainer.replica_gradients, args=([batch],))
+    grads = [g.numpy().astype(np.float64) for g in grads]
+    norm = np.sqrt(sum(np.sum(g * g) for g in grads))
+    clip = trainer.clip_norm = clip_ratio * norm
+    before = [v.numpy().astype(np.float64) for v in model.trainable_variables]
+    metrics = trainer.train_step(iter(tf.data.Dataset.from_tensors(batch).repeat()))
+    assert float(metrics["grad_norm"]) == pytest.approx(norm, rel=1e-5)  # before clipping
+    factor = min(1.0, clip / norm)
+    moved = [b - v.numpy() for b, v in zip(before, model.trainable_variables)]
+    assert np.sqrt(sum(np.sum(m * m) for m in moved)) == pytest.approx(min(norm, clip), rel=1e-4)
+    for m, g in zip(moved, grads):
+        np.testing.assert_allclose(m, factor * g, atol=1e-6)
+
+
 def test_accumulating_micro_batches_equals_one_large_batch():
     rng = np.random.default_rng(1)
     target = rng.integers(4, 30, size=(4, 5)).astype("int32")
@@ -160,11 +188,14 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
                                                          str(tmp_path / "ckpt-2")]
 
 
-def event_tags(directory):
-    tags = set()
+def events(directory):
+    """{tag: its description} of the summaries in a directory's event files."""
+    tags = {}
     for name in os.listdir(directory):
-        for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
-            tags |= {value.tag for value in event.summary.value}
+        if name.startswith("events.out.tfevents"):
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
+                for value in event.summary.value:
+                    tags.setdefault(value.tag, value.metadata.summary_description)
     return tags
 
 
@@ -199,12 +230,21 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     assert settings["model"]["d_model"] == 64 and settings["data"]["vocab_size"] == 600
     assert os.path.exists(os.path.join(model_dir, "spm.model"))
     assert tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).endswith("ckpt-12")
-    assert event_tags(os.path.join(model_dir, "train")) >= {
-        "loss", "learning_rate", "grad_norm", "tokens_per_sec", "padding_fraction"}
-    eval_tags = event_tags(os.path.join(model_dir, "eval"))
-    assert eval_tags >= {"loss", "perplexity", "bleu", "chrf", "samples",
-                         "attention/encoder_self/layer_0", "attention/decoder_self/layer_1",
-                         "attention/decoder_cross/layer_1"}
+    # TensorBoard: tags grouped by kind, each scalar with its description; the settings for
+    # the HParams tab in the model_dir's own event file.
+    train_events = events(os.path.join(model_dir, "train"))
+    assert set(train_events) >= {"metrics/loss", "optim/learning_rate", "optim/grad_norm",
+                                 "system/target_tokens_per_sec", "system/padding_fraction",
+                                 "system/rss_gib"}
+    eval_events = events(os.path.join(model_dir, "eval"))
+    assert set(eval_events) >= {"metrics/loss", "metrics/perplexity", "metrics/accuracy",
+                                "metrics/bleu", "metrics/chrf", "samples/translations",
+                                "attention/encoder_self/layer_0",
+                                "attention/decoder_self/layer_1",
+                                "attention/decoder_cross/layer_1"}
+    assert "dev split" in eval_events["metrics/perplexity"]
+    assert all(train_events[tag] for tag in train_events)  # every scalar is described
+    assert "_hparams_/session_start_info" in events(model_dir)
 
 
 def train_with_loss_scale(flags, initial_scale, max_skipped_in_a_row=None):
@@ -251,19 +291,22 @@ def test_fp16_skipped_updates_are_not_counted_as_steps(small_corpus, train_data,
 
 
 def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus, train_data, tmp_path):
-    # Pre-norm, learned positions, separate embeddings, 2 micro-batches, 2 replicas at once,
-    # then stock ops
+    # Pre-norm, learned positions, separate embeddings, GELU, FFN dropout, a shallower decoder,
+    # an untied output layer, clipping, 2 micro-batches, 2 replicas at once, then stock ops
     # (test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy checks their
     # gradients in every combination; test_train_py_end_to_end runs the defaults).
     import tensorflow_text  # noqa: F401
 
     from tfnmt.checkpoints import load_model
-    from tfnmt.inference.serving import TranslationModule, export_saved_model
+    from tfnmt.inference.saved_model import export_saved_model
+    from tfnmt.inference.serving import TranslationModule
 
     model_dir = str(tmp_path / "run")
     overrides = dict(train_steps=1, checkpoint_every=1, log_every=1, eval_every=0,
                      bleu_sentences=2, average_last=0, norm_first=True, position="learned",
-                     share_embeddings=False, accum_steps=2, strategy="mirrored", cpu_devices=2)
+                     share_embeddings=False, accum_steps=2, strategy="mirrored", cpu_devices=2,
+                     activation="gelu", ffn_dropout=0.1, num_decoder_layers=1,
+                     tie_output="false", clip_norm=1.0)
     first = python(*train_flags(small_corpus, train_data, model_dir, **overrides))
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 replica(s)" in first.stdout and "step      1/1 | loss" in first.stdout
@@ -278,6 +321,9 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     assert model.settings["norm_first"] and model.settings["position"] == "learned"
     assert not model.settings["share_embeddings"]
     assert model.source_embedding is not model.target_embedding
+    assert model.settings["activation"] == "gelu" and model.settings["ffn_dropout"] == 0.1
+    assert (model.settings["num_encoder_layers"], model.settings["num_decoder_layers"]) == (2, 1)
+    assert not model.settings["tie_output"]
     # Published only after TensorFlow's C++ loader ran both signatures (ExportCheckError else).
     exported = export_saved_model(TranslationModule(model, proto, beam_size=2, n_best=1),
                                   str(tmp_path / "export"))
@@ -315,9 +361,11 @@ def free_ports(count):
 def test_two_workers_train_to_identical_weights(small_corpus, train_data, tmp_path):
     model_dir = str(tmp_path / "run")
     workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    # An evaluation at step 3 with early stopping on: every worker takes the chief's decision
+    # (a collective of both workers), here to go on.
     args = train_flags(small_corpus, train_data, model_dir, strategy="multi_worker",
-                       train_steps=6, checkpoint_every=3, eval_every=0, average_last=0,
-                       bleu_sentences=4)
+                       train_steps=6, checkpoint_every=3, eval_every=3, average_last=0,
+                       bleu_sentences=4, early_stopping=2)
     processes = []
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
@@ -332,7 +380,7 @@ def test_two_workers_train_to_identical_weights(small_corpus, train_data, tmp_pa
             p.kill()
     for p, (out, err) in zip(processes, outputs):
         assert p.returncode == 0, err[-3000:]
-        assert "2 replica(s)" in out and "step      6/6" in out
+        assert "2 replica(s)" in out and "step      6/6" in out and "eval step 3:" in out
     chief = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints", "ckpt-6"))
     worker = tf.train.load_checkpoint(os.path.join(model_dir, "workers", "1", "ckpt-6"))
     # Every tensor: weights (stored under the optimizer's shorter object path) and Adam slots.

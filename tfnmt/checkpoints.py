@@ -226,7 +226,8 @@ def load_model(model_dir, which="auto"):
     Args:
       model_dir: a directory `train.py` wrote.
       which: "auto" (the averaged checkpoint if any, else the best, else the newest),
-        "latest", "averaged", "best", or a checkpoint path prefix. The newest candidate that reads back is used.
+        "latest", "averaged", "best", or a checkpoint path prefix. The first candidate
+        that reads back is used.
 
     Returns:
       (a float32 `Transformer` with the restored weights, the SentencePiece model proto,

@@ -18,7 +18,7 @@ def _parse_flags(argv):
         sys.exit(1)
 
 
-def run(main):
+def run(main, doc=None):
     """absl's app.run(main), with flag errors and an app.UsageError printed as one line,
     `<program>: <message>`, and exit code 1 (absl would print the module's help before a
     UsageError, and a hint after a flag error). First the process gets its memory allocator
@@ -26,8 +26,12 @@ def run(main):
 
     Args:
       main: the entry point's main(argv).
+      doc: the program's description, which --help prints (absl reads it from __main__,
+        which is a shim or a console script, not the module that defines the program).
     """
     global ALLOCATOR
+    if doc:
+        sys.modules["__main__"].__doc__ = doc
     try:
         ALLOCATOR = allocator.use_fast_allocator()
     except allocator.AllocatorError as error:

@@ -2,9 +2,8 @@
 entry point and module reads them from here)."""
 import os
 
-# The embedded German-English corpus in this repository: {train,dev,test}.tsv.gz.
-EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "data", "de-en")
+# The embedded German-English corpus, shipped inside the package: {train,dev,test}.tsv.gz.
+EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "de-en")
 # Where train.py, export.py, translate.py and evaluate.py look when --model_dir is not given.
 DEFAULT_MODEL_DIR = os.path.join("runs", "de-en")
 SETTINGS = "settings.json"    # every setting of the run

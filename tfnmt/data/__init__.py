@@ -4,6 +4,9 @@
   tfds_embedded.py   the embedded corpus as a local TFDS builder
   tokenizer.py       the joint SentencePiece vocabulary, applied in-graph with tensorflow-text
   special_tokens.py  the reserved ids: PAD, UNK, BOS, EOS
-  records.py         TFRecord shards + manifest with checksums, rebuilt where damaged
-  pipeline.py        the length-bucketed, token-budget tf.data pipeline
+  filters.py         training-pair filters: length ratio, duplicates, identical sides
+  records.py         TFRecord shards + manifest with checksums, rebuilt where damaged;
+                     several training corpora apart
+  de-en/             the embedded German-English corpus
+  pipeline.py        the length-bucketed, token-budget tf.data pipeline; weighted corpora
 """

@@ -211,6 +211,19 @@ def read_tfds(name, split, data_dir=None, download=True):
         yield source.decode("utf-8", "replace"), target.decode("utf-8", "replace")
 
 
+def train_specs(files):
+    """The corpora of a files dict's train split.
+
+    Args:
+      files: {"train": spec or [spec, ...], ...} (a spec: a TSV path or "source,target").
+
+    Returns:
+      A list of specs, one per corpus.
+    """
+    specs = (files or {}).get("train")
+    return list(specs) if isinstance(specs, (list, tuple)) else [specs]
+
+
 def read_corpus(dataset, split, files=None, tfds_data_dir=None):
     """The sentence pairs of a split, skipping (and counting in the log) pairs with an empty
     side.
@@ -219,7 +232,8 @@ def read_corpus(dataset, split, files=None, tfds_data_dir=None):
       dataset: "embedded" (the German-English corpus in this repository), "files", or a
         TFDS translation dataset's name (e.g. "wmt14_translate/de-en").
       split: "train", "dev" or "test".
-      files: with dataset "files": a TSV path, or "source_path,target_path".
+      files: with dataset "files": a TSV path, "source_path,target_path", or a list of
+        these (several corpora, read one after the other).
       tfds_data_dir: where TFDS datasets are prepared.
 
     Yields:
@@ -235,7 +249,8 @@ def read_corpus(dataset, split, files=None, tfds_data_dir=None):
     elif dataset == "files":
         if not files:
             raise CorpusError(f"--dataset=files needs --{split}_files (a TSV or 'src,tgt')")
-        pairs = read_files(files)
+        pairs = itertools.chain.from_iterable(
+            read_files(spec) for spec in (files if isinstance(files, (list, tuple)) else [files]))
     else:
         pairs = read_tfds(dataset, split, tfds_data_dir)
     skipped = 0

@@ -7,6 +7,7 @@ replica, and each input pipeline reads its own shard files (or every n-th record
 fewer files than pipelines).
 """
 import logging
+import os
 
 import tensorflow as tf
 
@@ -97,9 +98,83 @@ def dropped_by_length(manifest, split, max_length):
     return sum(count for length, count in histogram.items() if int(length) > max_length)
 
 
+def _records(files, shuffle, seed, shuffle_buffer, repeat, input_context):
+    """Serialized pairs of TFRecord files: this input pipeline's share (whole files when there
+    are enough, else every n-th record), shuffled, repeated."""
+    dataset = tf.data.Dataset.from_tensor_slices(files)
+    shard_records = False
+    if input_context and input_context.num_input_pipelines > 1:
+        if len(files) >= input_context.num_input_pipelines:
+            dataset = dataset.shard(input_context.num_input_pipelines,
+                                    input_context.input_pipeline_id)
+        else:
+            shard_records = True
+    if shuffle:
+        dataset = dataset.shuffle(len(files), seed=seed)
+    dataset = dataset.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
+                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if shard_records:
+        dataset = dataset.shard(input_context.num_input_pipelines,
+                                input_context.input_pipeline_id)
+    if shuffle:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed)
+    return dataset.repeat() if repeat else dataset
+
+
+def corpus_weights(manifest, weights=None):
+    """The sampling probabilities of the train split's corpora.
+
+    Args:
+      manifest: a prepared directory's manifest.
+      weights: one positive weight per corpus, or None (each in proportion to its pairs, as
+        if they were one corpus).
+
+    Returns:
+      A list of probabilities summing to 1 (one per corpus; [1.0] for one corpus).
+
+    Raises:
+      ValueError: as many weights as corpora are needed, all positive.
+    """
+    corpora = manifest["splits"]["train"].get("corpora") or [
+        {"examples": manifest["splits"]["train"]["examples"]}]
+    if weights is None:
+        weights = [max(c["examples"], 1) for c in corpora]
+    if len(weights) != len(corpora) or min(weights) <= 0:
+        raise ValueError(f"{len(corpora)} training corpora need {len(corpora)} positive "
+                         f"weights, got {list(weights)}")
+    return [w / sum(weights) for w in weights]
+
+
+def model_inputs(data_dir, manifest, split, max_length=256, shuffle=True, seed=None,
+                 shuffle_buffer=20000, repeat=False, input_context=None, weights=None):
+    """A split's pairs as model inputs, one at a time, before batching: those of at most
+    `max_length` subwords, and with several training corpora (repeated and shuffled) drawn
+    from them at random by `weights`, among the pairs that length leaves.
+
+    Args: as `make_dataset`'s (`manifest`: the directory's).
+
+    Returns:
+      A `tf.data.Dataset` of {"source" [S], "target_in" [T], "target_out" [T]}.
+    """
+    def usable(records_dataset):
+        pairs = records_dataset.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE,
+                                    deterministic=True)
+        return pairs.filter(lambda example: _length(example) <= max_length)
+
+    corpora = manifest["splits"][split].get("corpora") or []
+    if len(corpora) > 1 and repeat and shuffle:  # a mixture, sampled in proportion
+        parts = [usable(_records([os.path.join(data_dir, f) for f in c["shards"]], shuffle,
+                                 seed, shuffle_buffer, repeat, input_context))
+                 for c in corpora]
+        return tf.data.Dataset.sample_from_datasets(parts, corpus_weights(manifest, weights),
+                                                    seed=seed)
+    files = records.shard_paths(data_dir, manifest, split)
+    return usable(_records(files, shuffle, seed, shuffle_buffer, repeat, input_context))
+
+
 def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=True, seed=None,
                  repeat=False, shuffle_buffer=20000, input_context=None, vocab_fingerprint=None,
-                 boundaries=None, shape_stable=False, bucket_growth=1.1):
+                 boundaries=None, shape_stable=False, bucket_growth=1.1, weights=None):
     """The training or evaluation batches of a prepared split, bucketed by length, each within a
     token budget.
 
@@ -119,6 +194,8 @@ def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=Tru
       boundaries: bucket edges; default `bucket_boundaries(max_length, growth=bucket_growth)`.
       shape_stable: pad each batch to its bucket's upper edge.
       bucket_growth: the ratio between consecutive bucket edges.
+      weights: with several training corpora, repeated and shuffled: how often each is
+        sampled (`corpus_weights`); pairs are drawn from them at random in these proportions.
 
     Returns:
       A `tf.data.Dataset` of {"source" [B, S], "target_in" [B, T], "target_out" [B, T]},
@@ -128,34 +205,13 @@ def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=Tru
       records.PreparedDataError: the directory is incomplete or made with another vocabulary.
     """
     manifest = records.load_manifest(data_dir, vocab_fingerprint)
-    files = records.shard_paths(data_dir, manifest, split)
     dropped = dropped_by_length(manifest, split, max_length)
     if dropped:
         logging.info("%s: dropping %d of %d pairs longer than max_length=%d", split, dropped,
                      manifest["splits"][split]["examples"], max_length)
 
-    dataset = tf.data.Dataset.from_tensor_slices(files)
-    shard_records = False
-    if input_context and input_context.num_input_pipelines > 1:
-        if len(files) >= input_context.num_input_pipelines:
-            dataset = dataset.shard(input_context.num_input_pipelines,
-                                    input_context.input_pipeline_id)
-        else:
-            shard_records = True
-    if shuffle:
-        dataset = dataset.shuffle(len(files), seed=seed)
-    dataset = dataset.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
-                                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if shard_records:
-        dataset = dataset.shard(input_context.num_input_pipelines,
-                                input_context.input_pipeline_id)
-    if shuffle:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed)
-    if repeat:
-        dataset = dataset.repeat()
-    dataset = dataset.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE,
-                          deterministic=True)
-    dataset = dataset.filter(lambda example: _length(example) <= max_length)
+    dataset = model_inputs(data_dir, manifest, split, max_length, shuffle, seed,
+                           shuffle_buffer, repeat, input_context, weights)
     boundaries = boundaries or bucket_boundaries(max_length, growth=bucket_growth)
     dataset = dataset.bucket_by_sequence_length(
         _length, boundaries, bucket_batch_sizes(boundaries, batch_tokens),

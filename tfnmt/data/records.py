@@ -19,6 +19,7 @@ import os
 import tensorflow as tf
 
 from tfnmt.data import corpus
+from tfnmt.data.filters import PairFilter
 from tfnmt.data.tokenizer import Tokenizer, file_fingerprint, train_sentencepiece
 from tfnmt.paths import EMBEDDED_DIR, VOCAB
 
@@ -50,10 +51,11 @@ def input_fingerprint(dataset, files=None, tfds_data_dir=None):
     if dataset == corpus.EMBEDDED:
         tsv_paths = [os.path.join(EMBEDDED_DIR, f"{s}.tsv.gz") for s in corpus.SPLITS]
         return {"embedded": {os.path.basename(p): _sha256_file(p) for p in tsv_paths}}
-    if dataset == "files":
+    if dataset == "files":  # a split's spec: "a.tsv", "a.de,a.en", or a list of such (train)
         return {"files": {split: {p: _sha256_file(p) if os.path.exists(p) else None
+                                  for spec in corpus.train_specs({"train": specs})
                                   for p in (spec or "").split(",") if p}
-                          for split, spec in sorted((files or {}).items())}}
+                          for split, specs in sorted((files or {}).items())}}
     return {"tfds": dataset, "tfds_data_dir": tfds_data_dir}
 
 
@@ -82,13 +84,20 @@ def _tokenized_pairs(tokenizer, pairs, batch_size=2048):
         yield from tokenize(batch)
 
 
-def _write_split(tokenizer, pairs, out_dir, split, num_shards):
-    names = [f"{split}-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
+def _write_split(tokenizer, pairs, out_dir, name, num_shards, pair_filter=None):
+    """Tokenizes pairs into `num_shards` TFRecord files named after `name`; -> the split's
+    manifest entry. `pair_filter` (a `filters.PairFilter`) drops pairs and counts them."""
+    names = [f"{name}-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
     writers = [tf.io.TFRecordWriter(os.path.join(out_dir, n + ".tmp")) for n in names]
     counts = [0] * num_shards
     histogram = collections.Counter()  # longest side incl. EOS/BOS -> number of pairs
     tokens = {"source": 0, "target": 0}
-    for index, (source_ids, target_ids) in enumerate(_tokenized_pairs(tokenizer, pairs)):
+    if pair_filter is not None:
+        pairs = (pair for pair in pairs if pair_filter.keep_text(*pair))
+    tokenized = _tokenized_pairs(tokenizer, pairs)
+    if pair_filter is not None:
+        tokenized = (ids for ids in tokenized if pair_filter.keep_ids(*ids))
+    for index, (source_ids, target_ids) in enumerate(tokenized):
         shard = index % num_shards  # round-robin keeps shards alike in length and content
         writers[shard].write(_serialize(source_ids, target_ids))
         counts[shard] += 1
@@ -106,8 +115,37 @@ def _write_split(tokenizer, pairs, out_dir, split, num_shards):
             "length_histogram": {str(k): v for k, v in sorted(histogram.items())}}
 
 
+def _write_train(tokenizer, dataset, files, tfds_data_dir, out_dir, num_shards, filters):
+    """The train split: one set of shards per corpus (several `files["train"]` specs), the
+    filters applied across all of them; -> its manifest entry, with "corpora" (each one's
+    files, shards and pair count) when there are several, and "filtered" (the counts)."""
+    pair_filter = PairFilter(**(filters or {}))
+    specs = corpus.train_specs(files) if dataset == "files" else [None]
+    if len(specs) == 1:
+        entry = _write_split(tokenizer, _split_pairs(dataset, "train", files, tfds_data_dir),
+                             out_dir, "train", num_shards, pair_filter)
+    else:
+        parts = [_write_split(tokenizer, corpus.read_corpus(dataset, "train", spec), out_dir,
+                              f"train.{index}", num_shards, pair_filter)
+                 for index, spec in enumerate(specs)]
+        histogram = collections.Counter()
+        for part in parts:
+            histogram.update({int(k): v for k, v in part["length_histogram"].items()})
+        entry = {"examples": sum(p["examples"] for p in parts),
+                 "shards": [s for p in parts for s in p["shards"]],
+                 "tokens": {side: sum(p["tokens"][side] for p in parts)
+                            for side in ("source", "target")},
+                 "length_histogram": {str(k): v for k, v in sorted(histogram.items())},
+                 "corpora": [{"files": spec, "examples": p["examples"],
+                              "shards": [s["file"] for s in p["shards"]]}
+                             for spec, p in zip(specs, parts)]}
+    entry["filtered"] = dict(pair_filter.dropped)
+    return entry
+
+
 def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vocab_size=8000,
-            vocab_type="unigram", train_shards=8, vocab_path=None, model_vocab=None):
+            vocab_type="unigram", train_shards=8, vocab_path=None, model_vocab=None,
+            filters=None):
     """Learns the vocabulary on the train split and writes all splits as TFRecords, unless
     `out_dir` already holds them for the same input and settings (damaged shards are
     rewritten).
@@ -121,6 +159,7 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
       model_vocab: the vocabulary of a model already trained on this data (its model_dir's
         spm.model). A rebuild then tokenizes with it instead of learning one again, which
         could differ (SentencePiece samples its input) and so no longer fit the model.
+      filters: `filters.PairFilter` arguments for the train split (none by default).
 
     Returns:
       The manifest (a dict: settings, vocabulary fingerprint, per-split shards, counts and
@@ -133,6 +172,8 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
                 "inputs": input_fingerprint(dataset, files, tfds_data_dir),
                 "vocab_size": vocab_size, "vocab_type": vocab_type, "train_shards": train_shards,
                 "vocab_source": _sha256_file(vocab_path) if vocab_path else "learned"}
+    if PairFilter(**(filters or {})).settings:  # absent when off: older data stays valid
+        settings["filters"] = PairFilter(**filters).settings
     manifest_path = os.path.join(out_dir, MANIFEST)
     if os.path.exists(manifest_path):
         try:
@@ -152,9 +193,9 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
             os.remove(manifest_path)
             tokenizer = Tokenizer(os.path.join(out_dir, manifest["vocab"]["file"]))
             for split in splits:
-                manifest["splits"][split] = _write_split(
-                    tokenizer, _split_pairs(dataset, split, files, tfds_data_dir), out_dir,
-                    split, len(manifest["splits"][split]["shards"]))
+                manifest["splits"][split] = _write_any_split(
+                    tokenizer, dataset, split, files, tfds_data_dir, out_dir,
+                    manifest["settings"]["train_shards"], filters)
             _write_manifest(manifest_path, manifest)
             return manifest
         os.remove(manifest_path)  # from here on the directory reads as incomplete
@@ -182,14 +223,23 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
     for split in corpus.SPLITS:
         if dataset == "files" and not (files or {}).get(split):
             continue  # local files: dev/test are optional
-        splits[split] = _write_split(tokenizer, _split_pairs(dataset, split, files, tfds_data_dir),
-                                     out_dir, split, train_shards if split == "train" else 1)
+        splits[split] = _write_any_split(tokenizer, dataset, split, files, tfds_data_dir,
+                                         out_dir, train_shards, filters)
         logging.info("%s: %d pairs", split, splits[split]["examples"])
     manifest = {"settings": settings, "vocab": {"file": VOCAB, "fingerprint": tokenizer.fingerprint,
                                                 "size": tokenizer.vocab_size},
                 "splits": splits}
     _write_manifest(manifest_path, manifest)
     return manifest
+
+
+def _write_any_split(tokenizer, dataset, split, files, tfds_data_dir, out_dir, train_shards,
+                     filters):
+    if split == "train":
+        return _write_train(tokenizer, dataset, files, tfds_data_dir, out_dir, train_shards,
+                            filters)
+    return _write_split(tokenizer, _split_pairs(dataset, split, files, tfds_data_dir), out_dir,
+                        split, 1)
 
 
 def _split_pairs(dataset, split, files, tfds_data_dir):

@@ -3,7 +3,7 @@
     import tfnmt.data.tfds_embedded, tensorflow_datasets as tfds
     ds = tfds.load("tfnmt_de_en", split="validation", as_supervised=True)
 
-It reads data/de-en/*.tsv.gz from this repository: preparing it downloads nothing.
+It reads tfnmt/data/de-en/*.tsv.gz from this repository: preparing it downloads nothing.
 """
 import gzip
 import os
@@ -18,14 +18,14 @@ class TfnmtDeEn(tfds.core.GeneratorBasedBuilder):
 
     VERSION = tfds.core.Version("1.1.0")
     RELEASE_NOTES = {"1.0.0": "Bible (Schlachter 1951 -> WEB) + Ding sentence pairs.",
-                     "1.1.0": "Keeps the order of data/de-en (no shuffling)."}
+                     "1.1.0": "Keeps the order of tfnmt/data/de-en (no shuffling)."}
     LOCAL = True  # nothing to download: tfnmt.data.corpus skips its network check
 
     def _info(self):
         return self.dataset_info_from_configs(
             features=tfds.features.Translation(languages=("de", "en")),
             supervised_keys=("de", "en"),
-            disable_shuffling=True,  # file order: dev/test read in the order of data/de-en
+            disable_shuffling=True,  # file order: dev/test read in the order of tfnmt/data/de-en
             homepage="https://github.com/ (tfnmt, data/README.md)",
         )
 

@@ -10,7 +10,8 @@ sentence's search depends on the other sentences of its batch.
 import tensorflow as tf
 
 from tfnmt.data.special_tokens import PAD_ID
-from tfnmt.inference.decoding import DecodingStrategy, dynamic_decode, replace_rows
+from tfnmt.inference.decoding import (DecodingStrategy, dynamic_decode, forced_tokens,
+                                      replace_rows)
 
 NEG_INF = -1e9
 
@@ -94,7 +95,7 @@ class BeamSearch(DecodingStrategy):
 
     def initialize(self, batch, limits, source_length):
         k = self.k
-        sentences = {
+        sentences = self.with_prefix({
             "index": tf.range(batch),  # [A]
             "limit": limits,  # [A]
             "tokens": tf.fill([batch, k], self.bos_id),  # [A, K]
@@ -102,7 +103,7 @@ class BeamSearch(DecodingStrategy):
             "alive_log_probs": tf.tile(tf.constant([[0.0] + [NEG_INF] * (k - 1)]), [batch, 1]),
             "finished": self._no_tracks(batch, source_length),
             "finished_scores": tf.fill([batch, k], NEG_INF),  # [A, K]
-        }
+        })
         results = {"tracks": self._no_tracks(batch, source_length),
                    "scores": tf.fill([batch, k], NEG_INF)}
         return sentences, results
@@ -115,6 +116,15 @@ class BeamSearch(DecodingStrategy):
         active = tf.shape(sentences["index"])[0]
         # 2k candidates: even if k of them end in EOS, k remain to continue.
         row_log_probs, row_tokens = log_probs_of(per_beam)  # [A*K, P]
+        if self.prefix is not None:  # a forced row's one candidate: its prefix token
+            prefix_tokens, forced = forced_tokens(step, sentences)  # [A]
+            rows_token = tf.repeat(prefix_tokens, k)
+            rows_forced = tf.repeat(forced, k)[:, None]
+            only = tf.concat([log_probs_of.of(rows_token)[:, None],
+                              tf.fill([active * k, per_beam - 1], NEG_INF)], axis=1)
+            row_log_probs = tf.where(rows_forced, only, row_log_probs)
+            row_tokens = tf.where(rows_forced, tf.tile(rows_token[:, None], [1, per_beam]),
+                                  row_tokens)
         candidates = (sentences["alive_log_probs"][:, :, None]
                       + _split_beams(row_log_probs, k))  # [A, K, P]
         flat = tf.reshape(candidates, [active, k * per_beam])
@@ -190,7 +200,7 @@ class BeamSearch(DecodingStrategy):
 
 
 def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_best=1,
-                return_attention=False):
+                return_attention=False, prefix=None):
     """Beam search (`dynamic_decode` with `BeamSearch`): the results are those of searching
     every sentence to the end.
 
@@ -203,6 +213,7 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
         subwords (`decoding.decode_limits`).
       n_best: hypotheses returned per sentence, <= beam_size.
       return_attention: also return the last decoder layer's cross-attention.
+      prefix: [B, P] int32 subword ids each output must start with (PAD-padded), or None.
 
     Returns:
       (ids [B, N, L] without BOS, PAD after EOS; scores [B, N], log P / length penalty;
@@ -210,5 +221,5 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
       N = n_best, best first.
     """
     strategy = BeamSearch(beam_size, alpha, n_best, model.settings["target_vocab_size"],
-                          return_attention=return_attention)
+                          return_attention=return_attention, prefix=prefix)
     return dynamic_decode(model, strategy, source_ids, max_length)

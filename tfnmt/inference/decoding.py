@@ -108,6 +108,42 @@ def top_log_probs(logits, count, width=32):
     return top_logits - top_logits[:, :1] + tf.math.log(max_probs), ids
 
 
+class StepLogProbs:
+    """A decoding step's next-token distributions, one per hypothesis row: call it with a
+    count for each row's best tokens (`top_log_probs`), or use `of` for given tokens.
+
+    Args:
+      logits: [R, V] float32.
+    """
+
+    def __init__(self, logits):
+        self.logits = logits
+
+    def __call__(self, count):
+        return top_log_probs(self.logits, count)
+
+    def of(self, tokens):
+        """log P of one given token per row: tokens [R] int32 -> [R] float32."""
+        log_probs = tf.nn.log_softmax(self.logits)
+        return tf.gather(log_probs, tokens[:, None], batch_dims=1)[:, 0]
+
+
+def forced_tokens(step, sentences):
+    """The prefix token each sentence is forced to at `step`, and whether it is forced.
+
+    Args:
+      step: the time step.
+      sentences: a strategy's state with "prefix" [A, P] (PAD-padded subword ids).
+
+    Returns:
+      (tokens [A] int32, forced [A] bool).
+    """
+    prefix = sentences["prefix"]  # ends with a PAD column (`with_prefix`)
+    lengths = tf.reduce_sum(tf.cast(tf.not_equal(prefix, PAD_ID), tf.int32), axis=1)
+    column = tf.minimum(step, tf.shape(prefix)[1] - 1)
+    return prefix[:, column], step < lengths
+
+
 def replace_rows(full, rows, updates):
     """Rows of a tensor replaced (a gather, since TensorScatterUpdate refuses tensors with an empty
     dimension, such as zero time steps).
@@ -155,6 +191,9 @@ class DecodingStrategy:
     Args:
       return_attention: also keep the last decoder layer's cross-attention of each output token.
       bos_id, eos_id: the start and end tokens.
+      prefix: [B, P] int32 subword ids, PAD-padded, or None: each output starts with its
+        sentence's prefix (forced decoding of those tokens, scored by the model), then the
+        search goes on from there.
 
     Example (a strategy is run, not stepped by hand):
       ids, scores = dynamic_decode(model, GreedySearch(), source_ids)
@@ -162,9 +201,17 @@ class DecodingStrategy:
 
     rows_per_sentence = 1
 
-    def __init__(self, return_attention=False, bos_id=BOS_ID, eos_id=EOS_ID):
+    def __init__(self, return_attention=False, bos_id=BOS_ID, eos_id=EOS_ID, prefix=None):
         self.return_attention = return_attention
         self.bos_id, self.eos_id = bos_id, eos_id
+        self.prefix = None if prefix is None else tf.convert_to_tensor(prefix, tf.int32)
+
+    def with_prefix(self, sentences):
+        """The initial sentence state with the prefix added ("prefix" [B, P + 1]: a PAD
+        column after it, so that it has a column at every step)."""
+        if self.prefix is None:
+            return sentences
+        return dict(sentences, prefix=tf.pad(self.prefix, [[0, 0], [0, 1]]))
 
     def initialize(self, batch, limits, source_length):
         """The state before the first step.
@@ -195,8 +242,9 @@ class DecodingStrategy:
 
         Args:
           step: the time step.
-          log_probs_of: a function of `count` giving each row's `count` best (log-probabilities,
-            token ids), each [R, count].
+          log_probs_of: a `StepLogProbs`: called with `count`, each row's `count` best
+            (log-probabilities, token ids), each [R, count]; `.of(tokens)`, the
+            log-probabilities of given tokens.
           attention: the last layer's cross-attention [R, S], or None.
           sentences, results: the state.
 
@@ -271,7 +319,7 @@ def dynamic_decode(model, strategy, source_ids, max_length=None):
         logits, caches = out[0], out[1]  # [A * K, V]
         cache_state = cache.update(cache_state, caches)
         sentences, results, parents, staying = strategy.step(
-            step, lambda count: top_log_probs(logits, count),
+            step, StepLogProbs(logits),
             out[2] if strategy.return_attention else None, sentences, results)
         leaving = tf.cast(tf.where(tf.logical_not(staying))[:, 0], tf.int32)
         staying = tf.cast(tf.where(staying)[:, 0], tf.int32)  # [A']
@@ -306,8 +354,8 @@ class GreedySearch(DecodingStrategy):
     """
 
     def initialize(self, batch, limits, source_length):
-        sentences = {"index": tf.range(batch), "limit": limits,
-                     "tokens": tf.fill([batch], self.bos_id)}
+        sentences = self.with_prefix({"index": tf.range(batch), "limit": limits,
+                                      "tokens": tf.fill([batch], self.bos_id)})
         results = {"ids": tf.TensorArray(tf.int32, size=0, dynamic_size=True),
                    "scores": tf.zeros([batch], tf.float32)}
         if self.return_attention:
@@ -317,16 +365,33 @@ class GreedySearch(DecodingStrategy):
     def last_tokens(self, sentences):
         return sentences["tokens"]
 
+    def choose(self, step, log_probs_of, sentences, batch):
+        """The next token of each sentence still searched.
+
+        Args:
+          step: the time step.
+          log_probs_of: as in `step`.
+          sentences: the state ("index" [A]: each one's row in the batch).
+          batch: B.
+
+        Returns:
+          (log-probabilities [A], tokens [A] int32).
+        """
+        best_log_probs, best_tokens = log_probs_of(1)  # [A, 1]
+        return best_log_probs[:, 0], best_tokens[:, 0]
+
     def step(self, step, log_probs_of, attention, sentences, results):
         # The outputs are written for the whole batch at each step, PAD for sentences that left.
         active = sentences["index"]  # [A]
         batch = tf.shape(results["scores"])[0]
-        best_log_probs, best_tokens = log_probs_of(1)  # [A, 1]
-        tokens = best_tokens[:, 0]
+        log_probs, tokens = self.choose(step, log_probs_of, sentences, batch)
+        if self.prefix is not None:
+            prefix_tokens, forced = forced_tokens(step, sentences)
+            tokens = tf.where(forced, prefix_tokens, tokens)
+            log_probs = tf.where(forced, log_probs_of.of(prefix_tokens), log_probs)
         results = dict(
             results,
-            scores=tf.tensor_scatter_nd_add(results["scores"], active[:, None],
-                                            best_log_probs[:, 0]),
+            scores=tf.tensor_scatter_nd_add(results["scores"], active[:, None], log_probs),
             ids=results["ids"].write(step, replace_rows(tf.fill([batch], PAD_ID), active,
                                                         tokens)))
         if attention is not None:  # [A, S]
@@ -348,8 +413,66 @@ class GreedySearch(DecodingStrategy):
         return ids, results["scores"], weights
 
 
+class SamplingSearch(GreedySearch):
+    """Each token drawn at random from the model's distribution, sharpened or flattened by a
+    temperature and optionally cut to the `top_k` most likely tokens: varied translations,
+    as back-translation wants them. The draws depend only on `seed`, the step and the
+    sentence's row in the batch, so the same input batch and seed give the same outputs.
+
+    finalize -> as `GreedySearch` (the scores are the log-probabilities of the drawn tokens
+    under the model, before temperature and top-k).
+
+    Args:
+      vocab_size: the target vocabulary's size.
+      temperature: > 0; the logits are divided by it (1: the model's distribution).
+      top_k: draw among the k most likely tokens only (0: all of them).
+      seed: the draws' seed.
+      **kwargs: `DecodingStrategy`'s.
+    """
+
+    def __init__(self, vocab_size, temperature=1.0, top_k=0, seed=0, **kwargs):
+        super().__init__(**kwargs)
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {top_k}")
+        self.count = min(top_k, vocab_size) if top_k else vocab_size
+        self.temperature, self.seed = float(temperature), int(seed)
+
+    def choose(self, step, log_probs_of, sentences, batch):
+        log_probs, tokens = log_probs_of(self.count)  # [A, k]
+        # Gumbel-max: argmax(log p / T + G) is a draw from softmax(log p / T). The noise is
+        # drawn for the whole batch and gathered, so a row's draw does not depend on which
+        # other sentences are still searched.
+        uniform = tf.random.stateless_uniform([batch, self.count], seed=[self.seed, step],
+                                              minval=1e-20, maxval=1.0)
+        gumbel = -tf.math.log(-tf.math.log(tf.gather(uniform, sentences["index"])))
+        pick = tf.argmax(log_probs / self.temperature + gumbel, axis=1, output_type=tf.int32)
+        return (tf.gather(log_probs, pick, batch_dims=1),
+                tf.gather(tokens, pick, batch_dims=1))
+
+
+def sample_decode(model, source_ids, temperature=1.0, top_k=0, seed=0, max_length=None,
+                  prefix=None):
+    """Random sampling (`dynamic_decode` with `SamplingSearch`).
+
+    Args:
+      model: a `Transformer`.
+      source_ids: [B, S] int32, PAD-padded, EOS-terminated.
+      temperature, top_k, seed: the draws (`SamplingSearch`).
+      max_length: output limit, a scalar or [B] (`decode_limits`).
+      prefix: [B, P] int32 subword ids each output must start with (PAD-padded), or None.
+
+    Returns:
+      (ids [B, L] without BOS, PAD after EOS; log-probabilities [B] of the drawn outputs).
+    """
+    strategy = SamplingSearch(model.settings["target_vocab_size"], temperature, top_k, seed,
+                              prefix=prefix)
+    return dynamic_decode(model, strategy, source_ids, max_length)
+
+
 def greedy_decode(model, source_ids, max_length=None, bos_id=BOS_ID, eos_id=EOS_ID,
-                  return_attention=False):
+                  return_attention=False, prefix=None):
     """Incremental greedy decoding (`dynamic_decode` with `GreedySearch`): a sentence stops at
     EOS or at its limit.
 
@@ -360,9 +483,11 @@ def greedy_decode(model, source_ids, max_length=None, bos_id=BOS_ID, eos_id=EOS_
         subwords (`decode_limits`).
       bos_id, eos_id: the start and end tokens.
       return_attention: also return the last decoder layer's cross-attention.
+      prefix: [B, P] int32 subword ids each output must start with (PAD-padded), or None.
 
     Returns:
       (ids [B, L] without BOS, PAD after EOS; log-probabilities [B] of the outputs, EOS
       included; with return_attention, the cross-attention averaged over heads [B, L, S])."""
-    strategy = GreedySearch(return_attention=return_attention, bos_id=bos_id, eos_id=eos_id)
+    strategy = GreedySearch(return_attention=return_attention, bos_id=bos_id, eos_id=eos_id,
+                            prefix=prefix)
     return dynamic_decode(model, strategy, source_ids, max_length)

@@ -12,18 +12,19 @@ from tfnmt.inference.decoding import greedy_decode
 from tfnmt.training.losses import masked_accuracy_sum, masked_loss_sum
 
 
-def translate_lines(translate_batch, lines, batch_size=32):
+def translate_lines(translate_batch, lines, batch_size=32, length=len):
     """Translates sentences in batches of similar length.
 
     Args:
       translate_batch: a function string [B] -> (translations string [B] tensor, scores).
-      lines: a list of str.
+      lines: a list of str (or of other items `translate_batch` takes a list of).
       batch_size: sentences per call.
+      length: an item's length, for batching.
 
     Returns:
       The translations, a list of str in input order.
     """
-    order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+    order = sorted(range(len(lines)), key=lambda i: length(lines[i]))
     results = [""] * len(lines)
     for start in range(0, len(order), batch_size):
         index = order[start:start + batch_size]

@@ -1,10 +1,15 @@
 """The exported translator: raw strings in, translations out, everything inside the graph.
 
 `TranslationModule` holds the model, the SentencePiece model (tensorflow-text op) and the beam
-search settings; `export_saved_model` writes it as `<export_dir>/<version>/` for TF Serving.
+search settings; `saved_model.export_saved_model` writes it as `<export_dir>/<version>/` for
+TF Serving.
 Signatures (all take `sentences`, string [B]):
   serving_default   -> translations string [B], scores float32 [B]       (best hypothesis)
   translate_n_best  -> translations string [B, N], scores float32 [B, N] (N = n_best, best first)
+  translate_with_prefix (+ prefixes string [B]) -> as serving_default, each translation
+                       starting with its prefix (its subwords forced, then beam search)
+  score (+ targets string [B]) -> scores float32 [B]: log P(target | sentence) by forced
+                       decoding, lengths int32 [B]: the target's subwords + EOS (`scoring`)
 
 A sentence's translation does not depend on its batch-mates (TF Serving batches requests of
 different clients together): its output limit is its own source length + 50 subwords. A request
@@ -16,22 +21,20 @@ outputs; invalid UTF-8 bytes become U+FFFD; a source longer than the model's max
 subwords is truncated to them (the rest is not translated); an input that is not a rank-1
 string tensor is an InvalidArgument error.
 """
-import logging
-import os
-import re
-import shutil
-
 import tensorflow as tf
 
 from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.data.tokenizer import has_content, portable_model_proto, strip_output, to_source_ids
 from tfnmt.inference.beam_search import beam_search
-from tfnmt.inference.decoding import EXTRA_LENGTH, decode_limits
+from tfnmt.inference.decoding import EXTRA_LENGTH, SamplingSearch, decode_limits, dynamic_decode
+from tfnmt.inference.scoring import sequence_log_probs, target_arrays
 from tfnmt.layers.linear import low_precision_matmuls
 
 MATMUL_DTYPES = ("float32", "bfloat16")
 
 SIGNATURE_INPUT = "sentences"
+SCORE_TARGETS = "targets"  # the `score` signature's second input
+PREFIXES = "prefixes"  # the `translate_with_prefix` signature's second input
 
 
 class TranslationModule:
@@ -56,6 +59,8 @@ class TranslationModule:
         emulated; the translations differ slightly from float32's (bench/README.md).
       chunk_size: sentences searched at once; a larger request is translated in chunks of this
         many, one after another.
+      sampling: None for beam search, or {"temperature", "top_k", "seed"}: each translation is
+        drawn at random instead (`decoding.SamplingSearch`; n_best must be 1).
 
     Example:
       module = TranslationModule(model, open("spm.model", "rb").read())
@@ -64,7 +69,7 @@ class TranslationModule:
 
     def __init__(self, model, spm_model_proto, beam_size=4, alpha=0.6, max_decode_length=0,
                  n_best=4, extra_length=EXTRA_LENGTH, parallel_searches=2,
-                 matmul_dtype="float32", chunk_size=64):
+                 matmul_dtype="float32", chunk_size=64, sampling=None):
         import tensorflow_text as tf_text
 
         self.model = model
@@ -84,6 +89,11 @@ class TranslationModule:
         self.chunk_size = int(chunk_size)
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+        if sampling is not None:
+            if self.n_best != 1:
+                raise ValueError("sampling draws one translation per sentence: n_best must be 1")
+            SamplingSearch(model.settings["target_vocab_size"], **sampling)  # checks them
+        self.sampling = sampling
 
     def source_ids(self, sentences):
         """Model inputs of sentences.
@@ -101,18 +111,28 @@ class TranslationModule:
         text = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace")
         return text, to_source_ids(self.tokenizer.tokenize(text), self.max_source_length)
 
-    def translate_batch(self, sentences, n_best):
+    def translate_batch(self, sentences, n_best, prefixes=None):
         """Translates sentences in chunks of at most `chunk_size`, one chunk after the other.
 
         Args:
           sentences: [B] tf.string.
           n_best: hypotheses per sentence.
+          prefixes: [B] tf.string or None: the text each translation must start with ("" for
+            none); its subwords are forced, then the search goes on.
 
         Returns:
           (translations [B, n_best] tf.string, scores [B, n_best] float32), best first; a sentence
           without content gives "" and 0.0.
         """
         sentences = _rank_1_strings(sentences)
+        if prefixes is not None:
+            prefixes = _rank_1_strings(prefixes, PREFIXES)
+            check = tf.debugging.Assert(
+                tf.equal(tf.size(sentences), tf.size(prefixes)),
+                ["`sentences` and `prefixes` must hold as many strings:", tf.size(sentences),
+                 tf.size(prefixes)])
+            with tf.control_dependencies([check]):
+                sentences = tf.identity(sentences)
         # Weight matrices (rank 2) cast once per call, before the loops.
         kernels = [v for v in self.model.trainable_variables if len(v.shape) == 2] \
             if self.matmul_dtype != "float32" else []
@@ -121,8 +141,9 @@ class TranslationModule:
             count = (batch + size - 1) // size
 
             def translate_chunk(index, translations, scores):
-                chunk = self._translate_chunk(sentences[index * size:(index + 1) * size],
-                                              n_best)
+                rows = slice(index * size, (index + 1) * size)
+                chunk = self._translate_chunk(
+                    sentences[rows], n_best, None if prefixes is None else prefixes[rows])
                 return (index + 1, translations.write(index, chunk[0]),
                         scores.write(index, chunk[1]))
 
@@ -137,9 +158,15 @@ class TranslationModule:
                 parallel_iterations=1)
             return translations.concat(), scores.concat()
 
-    def _translate_chunk(self, sentences, n_best):
-        """string [C] -> (translations string [C, n_best], scores float32 [C, n_best])."""
+    def _translate_chunk(self, sentences, n_best, prefixes=None):
+        """string [C] (and prefixes [C]) -> (translations string [C, n_best], scores float32
+        [C, n_best])."""
         text, source_ids = self._tokenize(sentences)
+        prefix = None
+        if prefixes is not None:  # [C, P] subword ids, PAD-padded
+            prefix_text = tf.strings.unicode_transcode(prefixes, "UTF-8", "UTF-8",
+                                                       errors="replace")
+            prefix = tf.cast(self.tokenizer.tokenize(prefix_text), tf.int32).to_tensor(PAD_ID)
         source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), 1)
         # No content: nothing left but EOS, or only blanks/format characters/U+FFFD. Searched
         # for one step only, and answered with "" and 0.
@@ -147,22 +174,33 @@ class TranslationModule:
         limits = decode_limits(self.model, source_ids, extra=self.extra_length)
         if self.max_decode_length:
             limits = tf.minimum(limits, self.max_decode_length)
+        if prefix is not None:  # room for the prefix and one more token
+            prefix_lengths = tf.reduce_sum(tf.cast(tf.not_equal(prefix, PAD_ID), tf.int32), 1)
+            limits = tf.maximum(limits, prefix_lengths + 1)
+            if self.model.settings["position"] == "learned":
+                limits = tf.minimum(limits, self.model.settings["max_length"])
         limits = tf.where(content, limits, 1)
-        ids, scores = self._search(source_ids, limits, n_best)  # [C, N, L], [C, N]
+        ids, scores = self._search(source_ids, limits, n_best, prefix)  # [C, N, L], [C, N]
         batch, length = tf.shape(ids)[0], tf.shape(ids)[2]
         text = self.tokenizer.detokenize(strip_output(tf.reshape(ids, [batch * n_best, length])))
         text = tf.reshape(text, [batch, n_best])
         return (tf.where(content[:, None], text, ""),
                 tf.where(content[:, None], scores, 0.0))
 
-    def _search(self, source_ids, limits, n_best):
-        """Beam search of source_ids [C, S] (limits [C]) in `parallel_searches` groups of
-        consecutive rows (their sizes differ by at most one; some are empty when C is
-        smaller)."""
+    def _search(self, source_ids, limits, n_best, prefix=None):
+        """Beam search of source_ids [C, S] (limits [C], prefix [C, P] or None) in
+        `parallel_searches` groups of consecutive rows (their sizes differ by at most one;
+        some are empty when C is smaller); or sampling, of all rows at once."""
+        if self.sampling is not None:
+            strategy = SamplingSearch(self.model.settings["target_vocab_size"], **self.sampling,
+                                      prefix=prefix)
+            ids, scores = dynamic_decode(self.model, strategy, source_ids, limits)
+            return ids[:, None], scores[:, None]
         batch, groups = tf.shape(source_ids)[0], self.parallel_searches
         bounds = [(group * batch) // groups for group in range(groups + 1)]
         results = [beam_search(self.model, source_ids[start:end], self.beam_size, self.alpha,
-                               limits[start:end], n_best)
+                               limits[start:end], n_best,
+                               prefix=None if prefix is None else prefix[start:end])
                    for start, end in zip(bounds[:-1], bounds[1:])]
         if groups == 1:
             return results[0]
@@ -184,6 +222,80 @@ class TranslationModule:
         translations, scores = self.translate_batch(sentences, 1)
         return {"translations": translations[:, 0], "scores": scores[:, 0]}
 
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT),
+                                  tf.TensorSpec([None], tf.string, name=PREFIXES)])
+    def serve_with_prefix(self, sentences, prefixes):
+        """The `translate_with_prefix` signature: translations that start with given text.
+
+        Args:
+          sentences: [B] tf.string.
+          prefixes: [B] tf.string, the start of each translation ("" for none).
+
+        Returns:
+          {"translations": [B] tf.string, "scores": [B] float32}.
+        """
+        translations, scores = self.translate_batch(sentences, 1, prefixes)
+        return {"translations": translations[:, 0], "scores": scores[:, 0]}
+
+    def score_batch(self, sentences, targets):
+        """Forced decoding (`scoring`): each target's log-probability as a translation of its
+        sentence, in chunks of at most `chunk_size`.
+
+        Args:
+          sentences: [B] tf.string, the sources.
+          targets: [B] tf.string, their translations (cut to max_length - 1 subwords).
+
+        Returns:
+          (log-probabilities [B] float32, lengths [B] int32: the target's subwords + EOS).
+        """
+        sentences = _rank_1_strings(sentences)
+        targets = _rank_1_strings(targets, SCORE_TARGETS)
+        check = tf.debugging.Assert(
+            tf.equal(tf.size(sentences), tf.size(targets)),
+            ["`sentences` and `targets` must hold as many strings:", tf.size(sentences),
+             tf.size(targets)])
+        with tf.control_dependencies([check]):
+            sentences = tf.identity(sentences)
+        kernels = [v for v in self.model.trainable_variables if len(v.shape) == 2] \
+            if self.matmul_dtype != "float32" else []
+        with low_precision_matmuls(kernels, tf.as_dtype(self.matmul_dtype)):
+            batch, size = tf.shape(sentences)[0], self.chunk_size
+            count = (batch + size - 1) // size
+
+            def score_chunk(index, scores, lengths):
+                chunk = slice(index * size, (index + 1) * size)
+                _, source_ids = self._tokenize(sentences[chunk])
+                text = tf.strings.unicode_transcode(targets[chunk], "UTF-8", "UTF-8",
+                                                    errors="replace")
+                target_in, target_out = target_arrays(self.tokenizer.tokenize(text),
+                                                      self.max_source_length)
+                chunk_scores, chunk_lengths = sequence_log_probs(self.model, source_ids,
+                                                                 target_in, target_out)
+                return (index + 1, scores.write(index, chunk_scores),
+                        lengths.write(index, chunk_lengths))
+
+            _, scores, lengths = tf.while_loop(
+                lambda index, *_: index < count, score_chunk,
+                (tf.constant(0), tf.TensorArray(tf.float32, size=count, infer_shape=False),
+                 tf.TensorArray(tf.int32, size=count, infer_shape=False)),
+                parallel_iterations=1)
+            return scores.concat(), lengths.concat()
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT),
+                                  tf.TensorSpec([None], tf.string, name=SCORE_TARGETS)])
+    def score(self, sentences, targets):
+        """The `score` signature (forced decoding).
+
+        Args:
+          sentences: [B] tf.string, the sources.
+          targets: [B] tf.string, their translations.
+
+        Returns:
+          {"scores": [B] float32 log P(target | source), "lengths": [B] int32 subwords + EOS}.
+        """
+        scores, lengths = self.score_batch(sentences, targets)
+        return {"scores": scores, "lengths": lengths}
+
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)])
     def serve_n_best(self, sentences):
         """The `translate_n_best` signature.
@@ -198,203 +310,13 @@ class TranslationModule:
         return {"translations": translations, "scores": scores}
 
 
-def _rank_1_strings(sentences):
+def _rank_1_strings(sentences, name=SIGNATURE_INPUT):
     """sentences as a string tensor, checked at run time to be rank 1 [B]. The signature says
     [None], but a Session (TF Serving) feeds whatever a request holds; a static check would be
     folded away."""
     sentences = tf.convert_to_tensor(sentences, tf.string)
     rank = tf.raw_ops.Rank(input=sentences)
     check = tf.debugging.Assert(
-        tf.equal(rank, 1), ["`sentences` must be a rank-1 string tensor [B]; got rank", rank])
+        tf.equal(rank, 1), [f"`{name}` must be a rank-1 string tensor [B]; got rank", rank])
     with tf.control_dependencies([check]):
         return tf.identity(sentences)
-
-
-def next_version(export_dir):
-    """The version number a new export gets.
-
-    Args:
-      export_dir: the directory of numbered versions (need not exist).
-
-    Returns:
-      One more than the largest version there, or 1.
-    """
-    versions = [int(n) for n in os.listdir(export_dir) if re.fullmatch(r"\d+", n)] \
-        if os.path.isdir(export_dir) else []
-    return max(versions, default=0) + 1
-
-
-SIGNATURES = ("serving_default", "translate_n_best")
-CHECK_SENTENCES = ("Guten Morgen!", "")
-
-
-class ExportCheckError(RuntimeError):
-    """The written SavedModel failed under TensorFlow's C++ loader (as TF Serving runs it)."""
-
-
-def export_saved_model(module, export_dir, version=None, check=True):
-    """Writes a new SavedModel version for TF Serving.
-
-    The version is written under a temporary name and renamed when complete, so a watching
-    TF Serving never loads half a model; an existing version is never overwritten.
-
-    Args:
-      module: a `TranslationModule`.
-      export_dir: the directory of numbered versions.
-      version: the version number; default the next integer.
-      check: load the written model with TensorFlow's C++ loader, as TF Serving loads it,
-        and translate CHECK_SENTENCES with both signatures before it is renamed into place.
-
-    Returns:
-      The version's path, `<export_dir>/<version>`.
-
-    Raises:
-      ExportCheckError: the check failed (the temporary directory is removed).
-      FileExistsError: the version exists."""
-    version = next_version(export_dir) if version is None else int(version)
-    final = os.path.join(export_dir, str(version))
-    if os.path.exists(final):
-        raise FileExistsError(f"{final} exists; versions are never overwritten")
-    os.makedirs(export_dir, exist_ok=True)
-    remove_abandoned_exports(export_dir)
-    temporary = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
-    try:
-        write_saved_model(module, temporary)
-        if check:
-            check_with_session_loader(temporary)
-        os.rename(temporary, final)
-    finally:
-        if os.path.exists(temporary):
-            shutil.rmtree(temporary)
-    return final
-
-
-def _process_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True
-
-
-def remove_abandoned_exports(export_dir):
-    """Removes `.tmp-<version>-<pid>/` folders whose exporting process is gone (killed mid-export);
-    ones a live process is still writing stay.
-
-    Args:
-      export_dir: the directory of numbered versions.
-
-    Returns:
-      The folders removed.
-    """
-    removed = []
-    for entry in sorted(os.listdir(export_dir)):
-        match = re.fullmatch(r"\.tmp-\d+-(\d+)", entry)
-        path = os.path.join(export_dir, entry)
-        if match and os.path.isdir(path) and not _process_alive(int(match.group(1))):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    if removed:
-        logging.warning("removed %s, left by interrupted exports", ", ".join(removed))
-    return removed
-
-
-def write_saved_model(module, path):
-    """Writes the module's signatures as a SavedModel with Keras's exporter
-    (`keras.export.ExportArchive`), which saves the variables the signatures read, once.
-    (`tf.saved_model.save` of an object holding a Keras 3 model saves a copy of each variable,
-    which TensorFlow's C++ loader restores while the graph reads the never-initialised originals:
-    every TF Serving request would fail.)
-
-    Args:
-      module: a `TranslationModule`.
-      path: the SavedModel directory to write.
-    """
-    import keras
-
-    archive = keras.export.ExportArchive()
-    archive.track(module.tokenizer)  # the SentencePiece model: a resource, not a variable
-    archive.add_endpoint("serving_default", module.serve)
-    archive.add_endpoint("translate_n_best", module.serve_n_best)
-    archive.write_out(path, verbose=False)
-
-
-def check_with_session_loader(path, sentences=CHECK_SENTENCES):
-    """Loads a SavedModel with TensorFlow's C++ loader (`session_loader`), as TF Serving does, and
-    runs each signature.
-
-    Args:
-      path: the SavedModel directory.
-      sentences: the sentences to translate.
-
-    Raises:
-      ExportCheckError: the load failed, or a signature did not answer with a translation and a
-        score per sentence.
-    """
-    import numpy as np
-
-    from tfnmt.inference.session_loader import SessionLoaderError, SessionModel
-
-    feed = {SIGNATURE_INPUT: np.array([s.encode() for s in sentences], object)}
-    try:
-        with SessionModel(path) as served:
-            for name in SIGNATURES:
-                out = served.run(name, feed)
-                if {k: v.shape[:1] for k, v in out.items()} != \
-                        {"translations": (len(sentences),), "scores": (len(sentences),)}:
-                    raise ExportCheckError(f"{name} answered {len(sentences)} sentences with "
-                                           f"{ {k: v.shape for k, v in out.items()} }")
-    except SessionLoaderError as error:
-        raise ExportCheckError(f"the export does not run under TensorFlow's C++ loader "
-                               f"(TF Serving's): {error}") from error
-
-
-def latest_export(path):
-    """The SavedModel a path names.
-
-    Args:
-      path: an export version directory, or an export_dir of numbered versions.
-
-    Returns:
-      The version directory (the newest one under an export_dir).
-    """
-    if os.path.exists(os.path.join(path, "saved_model.pb")):
-        return path
-    version = next_version(path) - 1
-    if version < 1:
-        raise FileNotFoundError(f"{path} holds no SavedModel and no numbered version of one")
-    return os.path.join(path, str(version))
-
-
-def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=0.6, checkpoint="auto"):
-    """A translation function from a model_dir's checkpoint or from an export.
-
-    Args:
-      model_dir: a training directory (used when `export` is not given).
-      export: an export version directory, or an export_dir (its newest version).
-      beam_size, alpha: beam settings for a model_dir (an export keeps its own).
-      checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
-
-    Returns:
-      A function string [B] -> (translations string [B], scores float32 [B]).
-    """
-    if export:
-        import tensorflow_text  # noqa: F401  registers the SentencePiece ops
-
-        signature = tf.saved_model.load(latest_export(export)).signatures["serving_default"]
-
-        def translate(sentences):
-            out = signature(sentences=tf.constant(sentences, tf.string))
-            return out["translations"], out["scores"]
-        return translate
-    from tfnmt.checkpoints import load_model
-
-    model, proto, _ = load_model(model_dir, checkpoint)
-    module = TranslationModule(model, proto, beam_size, alpha, n_best=1)
-
-    def translate(sentences):
-        out = module.serve(tf.constant(sentences, tf.string))
-        return out["translations"], out["scores"]
-    return translate

@@ -6,7 +6,7 @@ from tfnmt.data import pipeline
 from tfnmt.data.corpus import read_corpus
 from tfnmt.data.special_tokens import BOS_ID
 from tfnmt.inference.evaluation import Translator, corpus_scores, evaluate_loss, loss_sums_function
-from tfnmt.training.summaries import write_attention_images
+from tfnmt.training.summaries import write_attention_images, write_scalars
 
 
 class Evaluator:
@@ -46,11 +46,12 @@ class Evaluator:
         metrics.update(corpus_scores(hypotheses, [r for _, r in self.pairs]))
         if writer is not None:
             with writer.as_default():
-                for name, value in metrics.items():
-                    tf.summary.scalar(name, value, step=step)
+                write_scalars(metrics, step)
                 samples = [f"**source** {s}  \n**reference** {r}  \n**translation** {h}"
                            for (s, r), h in list(zip(self.pairs, hypotheses))[:4]]
-                tf.summary.text("samples", tf.constant(samples), step=step)
+                tf.summary.text("samples/translations", tf.constant(samples), step=step,
+                                description="The first dev sentences, their references and "
+                                "the model's translations at this step.")
                 source_ids = self.translator.source_ids(sources[:1])
                 target = self.tokenizer.tokenize([self.pairs[0][1]])[:, :50].to_tensor()
                 target_in = tf.concat([tf.fill([1, 1], BOS_ID), target], axis=1)

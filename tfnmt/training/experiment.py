@@ -32,6 +32,7 @@ from tfnmt.training.evaluator import Evaluator
 from tfnmt.training.schedule import paper_adam
 from tfnmt.training.settings import SettingsError, load_settings, write_json
 from tfnmt.training.stats import TrainingStats
+from tfnmt.training.summaries import write_hparams
 from tfnmt.training.trainer import CheckpointKeeper, Trainer, TrainingError, average_checkpoints
 
 POLICIES = {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -113,7 +114,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     os.makedirs(model_dir, exist_ok=True)
     manifest, tokenizer = _prepare_data(settings, is_chief, data_dir)
     precision = resolve_mixed_precision(t["mixed_precision"])
-    log(f"data: {manifest['splits']['train']['examples']:,d} training pairs, "
+    log(f"data: {_describe_data(manifest, settings['data'])}, "
         f"vocabulary {tokenizer.vocab_size:,d}, {strategy.num_replicas_in_sync} replica(s), "
         f"precision {precision}")
     model, optimizer = _build(settings, strategy, precision)
@@ -135,6 +136,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         log("starting from scratch")
     if is_chief:  # only once the checkpoint has read back into a model of these settings
         write_json(os.path.join(model_dir, SETTINGS), settings)
+        write_hparams(model_dir, settings)
     first_step = int(optimizer.iterations.numpy())
 
     def dataset_fn(context):
@@ -145,11 +147,12 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
                                      input_context=context,
                                      vocab_fingerprint=tokenizer.fingerprint,
                                      shape_stable=t.get("shape_stable", True),
-                                     bucket_growth=t.get("bucket_growth", 1.1))
+                                     bucket_growth=t.get("bucket_growth", 1.1),
+                                     weights=settings["data"].get("train_weights"))
 
     iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
     trainer = Trainer(model, optimizer, strategy, t["label_smoothing"], t["accum_steps"],
-                      t.get("jit_compile", False))
+                      t.get("jit_compile", False), t.get("clip_norm", 0.0))
     train_writer = tf.summary.create_file_writer(os.path.join(model_dir, "train")) \
         if is_chief else tf.summary.create_noop_writer()
     eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval")) \
@@ -229,7 +232,8 @@ def _prepare_data(settings, is_chief, data_dir):
     if is_chief:
         manifest = records.prepare(data_dir, d["dataset"], d.get("files"), d.get("tfds_data_dir"),
                                    d["vocab_size"], d["vocab_type"], vocab_path=vocab_path,
-                                   model_vocab=model_vocab if model_fingerprint else None)
+                                   model_vocab=model_vocab if model_fingerprint else None,
+                                   filters=data_filters(d))
     else:
         manifest = _wait_for_data(data_dir, settings["train"].get("data_wait_secs", 1800))
     # Seeded again: preparing data (TFDS builds the dataset on its first use) draws Python
@@ -248,6 +252,29 @@ def _prepare_data(settings, is_chief, data_dir):
         shutil.copyfile(tokenizer.model_path, model_vocab + ".tmp")
         os.replace(model_vocab + ".tmp", model_vocab)
     return manifest, tokenizer
+
+
+def data_filters(data):
+    """The train-split filters a run's data settings ask for (`filters.PairFilter`'s args)."""
+    return {"max_length_ratio": data.get("filter_length_ratio", 0.0),
+            "duplicates": data.get("filter_duplicates", False),
+            "identical": data.get("filter_identical", False)}
+
+
+def _describe_data(manifest, data):
+    """The log line about the training data: corpora with their sampling shares, filters."""
+    train = manifest["splits"]["train"]
+    line = f"{train['examples']:,d} training pairs"
+    corpora = train.get("corpora") or []
+    if len(corpora) > 1:
+        shares = pipeline.corpus_weights(manifest, data.get("train_weights"))
+        line += " (" + ", ".join(f"{c['examples']:,d} in {c['files']} sampled {share:.0%}"
+                                 for c, share in zip(corpora, shares)) + ")"
+    dropped = {k: v for k, v in (train.get("filtered") or {}).items() if v}
+    if dropped:
+        line += "; filtered out: " + ", ".join(f"{v:,d} {k.replace('_', ' ')}"
+                                               for k, v in dropped.items())
+    return line
 
 
 def _build(settings, strategy, precision):

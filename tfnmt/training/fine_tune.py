@@ -15,7 +15,7 @@ from tfnmt.paths import CHECKPOINTS, SETTINGS, VOCAB
 from tfnmt.training.settings import SettingsError, load_settings
 
 # Model settings a fine-tuning run may change: they create no variables.
-CHANGEABLE_MODEL = ("dropout", "attention_dropout")
+CHANGEABLE_MODEL = ("dropout", "attention_dropout", "ffn_dropout")
 
 
 def resolve_source(path, optimizer=False):

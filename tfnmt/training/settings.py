@@ -13,7 +13,8 @@ from tfnmt.paths import CHECKPOINTS, SETTINGS
 FIXED_DATA = ("dataset", "files", "vocab_size", "vocab_type")
 RESUMABLE_TRAIN = ("train_steps", "log_every", "eval_every", "bleu_sentences",
                    "checkpoint_every", "keep_checkpoints", "average_last", "jit_compile",
-                   "mixed_precision", "best_metric", "early_stopping", "eval_beam_size")
+                   "mixed_precision", "best_metric", "early_stopping", "eval_beam_size",
+                   "clip_norm")
 
 
 class SettingsError(ValueError):

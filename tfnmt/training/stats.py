@@ -2,9 +2,7 @@
 to TensorBoard."""
 import time
 
-import tensorflow as tf
-
-from tfnmt.training.summaries import rss_bytes
+from tfnmt.training.summaries import rss_bytes, write_scalars
 
 
 class TrainingStats:
@@ -91,7 +89,6 @@ class TrainingStats:
                  + (f" | {self.skipped} overflowing updates skipped" if self.skipped else ""))
         if self.writer is not None:
             with self.writer.as_default():
-                for name, value in scalars.items():
-                    tf.summary.scalar(name, value, step=step)
+                write_scalars(scalars, step)
         self._reset()
         return scalars

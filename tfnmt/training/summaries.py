@@ -1,6 +1,66 @@
-"""TensorBoard pictures (attention weights as heatmaps, heads side by side) and the RSS gauge."""
+"""What training writes for TensorBoard: scalars grouped by what they are about (each with a
+description), the run's settings for the HParams tab, attention heatmaps, and the RSS gauge.
+
+Tags: metrics/ (loss in both the train and eval runs, so one chart shows both; dev perplexity,
+accuracy, bleu, chrf), optim/ (learning rate, gradient norm), system/ (speed, memory, padding),
+samples/translations (text) and attention/<kind>/layer_<i> (images).
+"""
+import os
+
 import numpy as np
 import tensorflow as tf
+
+# name -> (TensorBoard tag, description).
+SCALARS = {
+    "loss": ("metrics/loss", "Label-smoothed cross-entropy per real target token: train, over "
+             "the updates since the last point; eval, over the dev split."),
+    "perplexity": ("metrics/perplexity", "exp of the unsmoothed cross-entropy per target "
+                   "token on the dev split (teacher forcing)."),
+    "accuracy": ("metrics/accuracy", "Share of dev target tokens that are the model's most "
+                 "likely next token, teacher-forced."),
+    "bleu": ("metrics/bleu", "sacreBLEU (13a) of the detokenized dev translations (greedy, or "
+             "beam with --eval_beam_size). Few points: set smoothing to 0."),
+    "chrf": ("metrics/chrf", "sacreBLEU chrF of the same dev translations."),
+    "learning_rate": ("optim/learning_rate", "Adam's learning rate (Noam schedule)."),
+    "grad_norm": ("optim/grad_norm", "Global norm of the update's gradient, before clipping; "
+                  "mean over the updates since the last point."),
+    "tokens_per_sec": ("system/target_tokens_per_sec", "Real (not padding) target tokens "
+                       "trained per second of training; evaluation time left out."),
+    "rss_gib": ("system/rss_gib", "Resident memory of the training process, GiB."),
+    "padding_fraction": ("system/padding_fraction", "Share of the batches' positions (source "
+                         "and target) that are padding."),
+}
+
+
+def write_scalars(values, step):
+    """Writes scalars under their tags with their descriptions (inside a summary writer).
+
+    Args:
+      values: {name in SCALARS: number}.
+      step: the summary step.
+    """
+    for name, value in values.items():
+        tag, description = SCALARS[name]
+        tf.summary.scalar(tag, value, step=step, description=description)
+
+
+def write_hparams(model_dir, settings):
+    """Writes the run's settings for TensorBoard's HParams tab (runs compared by their settings
+    and their metrics/ scalars), in an event file of the model_dir itself.
+
+    Args:
+      model_dir: the run's directory.
+      settings: the run's settings (model, data, train sections).
+    """
+    from tensorboard.plugins.hparams import api as hparams_api
+
+    values = {f"{section}.{key}": value for section in ("model", "data", "train")
+              for key, value in sorted((settings.get(section) or {}).items())
+              if isinstance(value, (bool, int, float, str))}
+    values["preset"] = settings.get("preset") or ""
+    with tf.summary.create_file_writer(model_dir).as_default() as writer:
+        hparams_api.hparams(values, trial_id=os.path.basename(os.path.abspath(model_dir)))
+        writer.flush()
 
 
 def heads_side_by_side(weights, pixel=4, gap=2):

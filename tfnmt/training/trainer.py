@@ -35,6 +35,8 @@ class Trainer:
       label_smoothing: the loss's label smoothing (paper: 0.1).
       accum_steps: micro-batches per replica per update.
       jit_compile: compile each replica's step with XLA.
+      clip_norm: scale the update's gradients down to this global norm when it is larger
+        (0: no clipping). The reported norm is the one before clipping.
 
     Example:
       trainer = Trainer(model, optimizer, strategy)
@@ -43,12 +45,13 @@ class Trainer:
     """
 
     def __init__(self, model, optimizer, strategy, label_smoothing=0.1, accum_steps=1,
-                 jit_compile=False):
+                 jit_compile=False, clip_norm=0.0):
         self.model = model
         self.optimizer = optimizer
         self.strategy = strategy
         self.label_smoothing = label_smoothing
         self.accum_steps = accum_steps
+        self.clip_norm = clip_norm
         # XLA can compile the replica's work (not the iterator reads around it).
         self.replica_step = tf.function(self._replica_step, jit_compile=True) \
             if jit_compile else self._replica_step
@@ -153,6 +156,9 @@ class Trainer:
         # With fp16 loss scaling the gradients are scaled; the norm is reported unscaled.
         scale = tf.cast(getattr(self.optimizer, "dynamic_scale", 1.0), tf.float32)
         grad_norm = tf.linalg.global_norm(grads) / scale
+        if self.clip_norm:  # on the summed global gradient, so the same on every replica
+            factor = tf.minimum(1.0, self.clip_norm / tf.maximum(grad_norm, 1e-30))
+            grads = [g * factor for g in grads]
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         source_tokens = tf.add_n([tf.reduce_sum(tf.cast(tf.not_equal(b["source"], PAD_ID),
                                                         tf.float32)) for b in batches])

@@ -1,0 +1,130 @@
+"""Several training corpora sampled by weight, and the training-pair filters."""
+import os
+
+import numpy as np
+import pytest
+import sentencepiece
+
+from helpers import python, train_flags
+from tfnmt.data import pipeline, records
+from tfnmt.data.filters import PairFilter
+
+
+def write_tsv(path, pairs):
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    return str(path)
+
+
+def test_pair_filter_drops_and_counts():
+    pair_filter = PairFilter(max_length_ratio=2.0, duplicates=True, identical=True)
+    text = [("a b", "x y"), ("a b", "x y"), ("same", "same"), ("c", "z")]
+    kept = [p for p in text if pair_filter.keep_text(*p)]
+    assert kept == [("a b", "x y"), ("c", "z")]
+    assert pair_filter.keep_ids([1, 2], [3, 4, 5, 6]) and not pair_filter.keep_ids([1], [3, 4, 5])
+    assert not pair_filter.keep_ids([], [3, 4, 5])  # an empty side counts as one subword
+    assert pair_filter.dropped == {"length_ratio": 2, "duplicates": 1, "identical": 1}
+    assert PairFilter().settings == {} and PairFilter(identical=True).settings == {
+        "identical": True}
+    with pytest.raises(ValueError, match=">= 1"):
+        PairFilter(max_length_ratio=0.5)
+
+
+FILTERS = {"max_length_ratio": 4.0, "duplicates": True, "identical": True}
+
+
+@pytest.fixture(scope="module")
+def two_corpora(small_corpus, tmp_path_factory):
+    """The small corpus (with duplicates, copies and a misaligned pair added) and a corpus of
+    one template, prepared with every filter on; -> (data_dir, manifest, the raw corpora)."""
+    root = tmp_path_factory.mktemp("mixture")
+    general = [tuple(line.rstrip("\n").split("\t")[:2])
+               for line in open(small_corpus["train"], encoding="utf-8")]
+    general += general[:40] + [("Berlin", "Berlin")] * 3 + [
+        ("Ja.", "Yes, and he went into the city and spoke to all who were there for many days.")]
+    template = [(f"Zimmer {n} ist frei.", f"Room {n} is free.") for n in range(600)]
+    files = {"train": [write_tsv(root / "general.tsv", general),
+                       write_tsv(root / "template.tsv", template)],
+             "dev": small_corpus["dev"]}
+    data_dir = str(root / "data")
+    manifest = records.prepare(data_dir, dataset="files", files=files, vocab_size=600,
+                               train_shards=2, filters=FILTERS)
+    return data_dir, manifest, (general, template), files
+
+
+def test_corpora_are_prepared_apart_and_filtered_across(two_corpora):
+    data_dir, manifest, (general, template), files = two_corpora
+    train = manifest["splits"]["train"]
+    # Brute force over the raw text: copies, then repeats, then the subword length ratio.
+    processor = sentencepiece.SentencePieceProcessor(
+        model_file=os.path.join(data_dir, "spm.model"))
+    seen, expected = set(), {"identical": 0, "duplicates": 0, "length_ratio": 0}
+    kept = []
+    for pairs in (general, template):
+        count = 0
+        for source, target in pairs:
+            source, target = source.strip(), target.strip()
+            if source == target:
+                expected["identical"] += 1
+            elif (source, target) in seen:
+                expected["duplicates"] += 1
+            else:
+                seen.add((source, target))
+                lengths = sorted(max(len(processor.encode(side)), 1) for side in (source, target))
+                if lengths[1] > 4.0 * lengths[0]:
+                    expected["length_ratio"] += 1
+                else:
+                    count += 1
+        kept.append(count)
+    assert expected["identical"] == 3 and expected["duplicates"] >= 40
+    assert expected["length_ratio"] >= 1
+    assert train["filtered"] == expected
+    assert [c["examples"] for c in train["corpora"]] == kept
+    assert train["examples"] == sum(kept)
+    assert manifest["settings"]["filters"] == FILTERS
+    # The same inputs and filters: up to date, nothing rewritten.
+    assert records.prepare(data_dir, dataset="files", files=files, vocab_size=600,
+                           train_shards=2, filters=FILTERS) == manifest
+
+
+@pytest.mark.parametrize("weights, share", [([1, 4], 0.2), (None, None)])
+def test_training_pairs_sample_the_corpora_in_proportion(two_corpora, weights, share):
+    # Counted on the pairs as they are drawn, before batching: the length buckets hold pairs
+    # back for a while (thousands of them), which shifts any short window of batches but not
+    # the proportions a run trains on.
+    data_dir, manifest, _, _ = two_corpora
+    corpora = manifest["splits"]["train"]["corpora"]
+    if share is None:  # no weights: in proportion to their sizes, as one corpus would be
+        share = corpora[0]["examples"] / sum(c["examples"] for c in corpora)
+    processor = sentencepiece.SentencePieceProcessor(
+        model_file=os.path.join(data_dir, "spm.model"))
+    prefix = processor.encode("Zimmer")  # how every source of the template corpus starts
+    pairs = pipeline.model_inputs(data_dir, manifest, "train", max_length=64, shuffle=True,
+                                  seed=3, repeat=True, weights=weights)
+    draws = 12000
+    template = sum(int(pair["source"][:len(prefix)].numpy().tolist() == prefix)
+                   for pair in pairs.take(draws))
+    # Binomial standard deviation at n = 12,000: at most 0.0046.
+    assert (draws - template) / draws == pytest.approx(share, abs=0.02)
+    # The batches hold both.
+    batches = pipeline.make_dataset(data_dir, "train", batch_tokens=2048, max_length=64,
+                                    shuffle=True, seed=3, repeat=True, weights=weights)
+    starts = np.concatenate([np.all(b["source"][:, :len(prefix)].numpy() == prefix, axis=1)
+                             for b in batches.take(60)])
+    assert 0 < starts.sum() < len(starts)
+    with pytest.raises(ValueError, match="2 training corpora need 2 positive weights"):
+        pipeline.corpus_weights(manifest, [1, 2, 3])
+
+
+def test_train_py_with_two_weighted_corpora(two_corpora, small_corpus, tmp_path):
+    specs = two_corpora[3]["train"]
+    flags = train_flags(small_corpus, None, str(tmp_path / "run"), train_files=specs[0],
+                        train_steps=2, eval_every=0, average_last=0, test_report="false",
+                        log_every=1, checkpoint_every=2, bleu_sentences=2)
+    result = python(*flags, f"--train_files={specs[1]}", "--train_weights=3,1",
+                    "--filter_identical", "--filter_duplicates")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sampled 75%" in result.stdout and "sampled 25%" in result.stdout
+    assert "filtered out: " in result.stdout and "3 identical" in result.stdout
+    refused = python(*flags, "--train_weights=3,1")
+    assert refused.returncode == 1
+    assert "one positive weight per --train_files (1), got 2" in refused.stderr

@@ -1,0 +1,157 @@
+"""Writing a `serving.TranslationModule` as a SavedModel version for TensorFlow Serving:
+`<export_dir>/<version>/`, written under a temporary name, loaded with TensorFlow's C++ loader
+(as TF Serving loads it) and every signature run, then renamed into place."""
+import logging
+import os
+import re
+import shutil
+
+from tfnmt.inference.serving import PREFIXES, SCORE_TARGETS, SIGNATURE_INPUT
+
+
+def next_version(export_dir):
+    """The version number a new export gets.
+
+    Args:
+      export_dir: the directory of numbered versions (need not exist).
+
+    Returns:
+      One more than the largest version there, or 1.
+    """
+    versions = [int(n) for n in os.listdir(export_dir) if re.fullmatch(r"\d+", n)] \
+        if os.path.isdir(export_dir) else []
+    return max(versions, default=0) + 1
+
+
+SIGNATURES = ("serving_default", "translate_n_best", "translate_with_prefix", "score")
+CHECK_SENTENCES = ("Guten Morgen!", "")
+
+
+class ExportCheckError(RuntimeError):
+    """The written SavedModel failed under TensorFlow's C++ loader (as TF Serving runs it)."""
+
+
+def export_saved_model(module, export_dir, version=None, check=True):
+    """Writes a new SavedModel version for TF Serving.
+
+    The version is written under a temporary name and renamed when complete, so a watching
+    TF Serving never loads half a model; an existing version is never overwritten.
+
+    Args:
+      module: a `TranslationModule`.
+      export_dir: the directory of numbered versions.
+      version: the version number; default the next integer.
+      check: load the written model with TensorFlow's C++ loader, as TF Serving loads it,
+        and run every signature on CHECK_SENTENCES before it is renamed into place.
+
+    Returns:
+      The version's path, `<export_dir>/<version>`.
+
+    Raises:
+      ExportCheckError: the check failed (the temporary directory is removed).
+      FileExistsError: the version exists."""
+    version = next_version(export_dir) if version is None else int(version)
+    final = os.path.join(export_dir, str(version))
+    if os.path.exists(final):
+        raise FileExistsError(f"{final} exists; versions are never overwritten")
+    os.makedirs(export_dir, exist_ok=True)
+    remove_abandoned_exports(export_dir)
+    temporary = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
+    try:
+        write_saved_model(module, temporary)
+        if check:
+            check_with_session_loader(temporary)
+        os.rename(temporary, final)
+    finally:
+        if os.path.exists(temporary):
+            shutil.rmtree(temporary)
+    return final
+
+
+def _process_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def remove_abandoned_exports(export_dir):
+    """Removes `.tmp-<version>-<pid>/` folders whose exporting process is gone (killed mid-export);
+    ones a live process is still writing stay.
+
+    Args:
+      export_dir: the directory of numbered versions.
+
+    Returns:
+      The folders removed.
+    """
+    removed = []
+    for entry in sorted(os.listdir(export_dir)):
+        match = re.fullmatch(r"\.tmp-\d+-(\d+)", entry)
+        path = os.path.join(export_dir, entry)
+        if match and os.path.isdir(path) and not _process_alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        logging.warning("removed %s, left by interrupted exports", ", ".join(removed))
+    return removed
+
+
+def write_saved_model(module, path):
+    """Writes the module's signatures as a SavedModel with Keras's exporter
+    (`keras.export.ExportArchive`), which saves the variables the signatures read, once.
+    (`tf.saved_model.save` of an object holding a Keras 3 model saves a copy of each variable,
+    which TensorFlow's C++ loader restores while the graph reads the never-initialised originals:
+    every TF Serving request would fail.)
+
+    Args:
+      module: a `TranslationModule`.
+      path: the SavedModel directory to write.
+    """
+    import keras
+
+    archive = keras.export.ExportArchive()
+    archive.track(module.tokenizer)  # the SentencePiece model: a resource, not a variable
+    archive.add_endpoint("serving_default", module.serve)
+    archive.add_endpoint("translate_n_best", module.serve_n_best)
+    archive.add_endpoint("translate_with_prefix", module.serve_with_prefix)
+    archive.add_endpoint("score", module.score)
+    archive.write_out(path, verbose=False)
+
+
+def check_with_session_loader(path, sentences=CHECK_SENTENCES):
+    """Loads a SavedModel with TensorFlow's C++ loader (`session_loader`), as TF Serving does, and
+    runs each signature.
+
+    Args:
+      path: the SavedModel directory.
+      sentences: the sentences to translate.
+
+    Raises:
+      ExportCheckError: the load failed, or a signature did not answer with a translation and a
+        score per sentence.
+    """
+    import numpy as np
+
+    from tfnmt.inference.session_loader import SessionLoaderError, SessionModel
+
+    strings = np.array([s.encode() for s in sentences], object)
+    try:
+        with SessionModel(path) as served:
+            for name in SIGNATURES:
+                feed, outputs = {SIGNATURE_INPUT: strings}, {"translations", "scores"}
+                if name == "translate_with_prefix":
+                    feed[PREFIXES] = strings
+                if name == "score":  # each sentence as its own translation
+                    feed[SCORE_TARGETS], outputs = strings, {"scores", "lengths"}
+                out = served.run(name, feed)
+                if {k: v.shape[:1] for k, v in out.items()} != \
+                        {k: (len(sentences),) for k in outputs}:
+                    raise ExportCheckError(f"{name} answered {len(sentences)} sentences with "
+                                           f"{ {k: v.shape for k, v in out.items()} }")
+    except SessionLoaderError as error:
+        raise ExportCheckError(f"the export does not run under TensorFlow's C++ loader "
+                               f"(TF Serving's): {error}") from error

@@ -1,0 +1,143 @@
+"""Score translations with sacreBLEU: BLEU, chrF and TER, each with its signature.
+
+What is translated: a split of the model's dataset (--split, the default: test), or your own
+line-aligned files (--source and --reference). Who translates: a training directory's
+checkpoint (--model_dir, beam search) or an export (--export, its own settings); or nobody,
+with --hypotheses naming translations made elsewhere.
+
+  python evaluate.py                                                # test split, beam 4
+  python evaluate.py --model_dir=runs/de-en --split=dev --output=dev.hyp
+  python evaluate.py --export=runs/de-en/export --source=news.de --reference=news.en
+  python evaluate.py --hypotheses=news.hyp --reference=news.en      # score existing output
+"""
+import json
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from absl import app, flags, logging  # noqa: E402
+
+from tfnmt import cli  # noqa: E402
+from tfnmt.paths import DEFAULT_MODEL_DIR, SETTINGS  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory: its checkpoints "
+                    "translate (unless --export), its settings.json names the dataset of --split.")
+flags.DEFINE_string("export", None, "Translate with this SavedModel (version dir or export_dir) "
+                    "instead of a checkpoint.")
+flags.DEFINE_string("checkpoint", "auto", "auto (averaged, else best, else latest) | latest | "
+                    "averaged | best | a checkpoint path.")
+flags.DEFINE_enum("split", "test", ["dev", "test"], "Split of the model's dataset to score "
+                  "(ignored with --source/--reference).")
+flags.DEFINE_string("source", None, "Source sentences, one per line (with --reference).")
+flags.DEFINE_string("reference", None, "Reference translations, line-aligned with --source "
+                    "or --hypotheses.")
+flags.DEFINE_string("hypotheses", None, "Score these translations (one per line) against "
+                    "--reference, translating nothing.")
+flags.DEFINE_integer("beam_size", 4, "Beam size (checkpoints only).")
+flags.DEFINE_float("alpha", 0.6, "Length penalty exponent (checkpoints only).")
+flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
+flags.DEFINE_string("output", None, "Also write the translations here, one per line.")
+flags.DEFINE_bool("json", False, "Print one JSON line instead of text.")
+
+
+def _read_lines(path, flag):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except UnicodeDecodeError as error:
+        raise app.UsageError(f"--{flag}={path}: not UTF-8 text ({error.reason} at byte "
+                             f"{error.start})")
+    except OSError as error:
+        raise app.UsageError(f"--{flag}={path}: {error.strerror}")
+
+
+def _split_pairs(model_dir, split):
+    from tfnmt.data.corpus import CorpusError, read_corpus
+
+    settings_path = os.path.join(model_dir, SETTINGS)
+    if not os.path.exists(settings_path):
+        raise app.UsageError(f"{model_dir} holds no trained model (no {SETTINGS}): give "
+                             "--model_dir, or --source and --reference")
+    with open(settings_path) as f:
+        data = json.load(f)["data"]
+    files = (data.get("files") or {}).get(split)
+    try:
+        pairs = list(read_corpus(data["dataset"], split, files, data.get("tfds_data_dir")))
+    except (CorpusError, OSError) as error:
+        raise app.UsageError(str(error))
+    if not pairs:
+        raise app.UsageError(f"the {split} split of {data['dataset']}"
+                             f"{f' ({files})' if files else ''} holds no sentence pairs to score")
+    return [s for s, _ in pairs], [t for _, t in pairs], f"{split} split"
+
+
+def _aligned(lines, references, flags_named):
+    if len(lines) != len(references):
+        raise app.UsageError(f"{flags_named} have {len(lines)} and {len(references)} lines: "
+                             "they must be line-aligned")
+    if not references:
+        raise app.UsageError(f"{flags_named} are empty: nothing to score")
+
+
+def _translate(sources):
+    from tfnmt.checkpoints import ModelDirError
+    from tfnmt.inference import loading
+    from tfnmt.inference.evaluation import translate_lines
+
+    try:
+        translate = loading.load_translate_fn(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
+                                              FLAGS.alpha, FLAGS.checkpoint)
+    except (ModelDirError, OSError) as error:
+        raise app.UsageError(str(error))
+    return translate_lines(translate, sources, FLAGS.batch_size)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if (FLAGS.source or FLAGS.hypotheses) and not FLAGS.reference:
+        raise app.UsageError("--source and --hypotheses need --reference")
+    if FLAGS.source and FLAGS.hypotheses:
+        raise app.UsageError("give --source (to translate) or --hypotheses (translated), "
+                             "not both")
+    if FLAGS.reference and not (FLAGS.source or FLAGS.hypotheses):
+        raise app.UsageError("--reference needs --source (to translate) or --hypotheses")
+    if FLAGS.hypotheses:
+        references = _read_lines(FLAGS.reference, "reference")
+        hypotheses = _read_lines(FLAGS.hypotheses, "hypotheses")
+        _aligned(hypotheses, references, "--hypotheses and --reference")
+        what = os.path.basename(FLAGS.hypotheses)
+    else:
+        if FLAGS.source:
+            sources = _read_lines(FLAGS.source, "source")
+            references = _read_lines(FLAGS.reference, "reference")
+            _aligned(sources, references, "--source and --reference")
+            what = os.path.basename(FLAGS.source)
+        else:
+            sources, references, what = _split_pairs(FLAGS.model_dir, FLAGS.split)
+        hypotheses = _translate(sources)
+    # TensorFlow is imported only once the inputs are good.
+    from tfnmt.inference.evaluation import corpus_scores
+
+    if FLAGS.output:
+        with open(FLAGS.output, "w", encoding="utf-8") as f:
+            f.writelines(h.replace("\n", " ") + "\n" for h in hypotheses)
+    scores = corpus_scores(hypotheses, references, ter=True, signatures=True)
+    if FLAGS.json:
+        print(json.dumps(dict(scores, sentences=len(references), scored=what)))
+        return
+    print(f"{what}: {len(references)} sentences")
+    for name, label in (("bleu", "BLEU"), ("chrf", "chrF2"), ("ter", "TER")):
+        print(f"  {label:6s} {scores[name]:6.2f}  {scores[f'{name}_signature']}")
+
+
+def run():
+    """The `evaluate.py` / `tfnmt-evaluate` command."""
+    logging.set_verbosity(logging.WARNING)
+    cli.run(main, __doc__)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,147 @@
+"""Export a trained tfnmt model as a versioned SavedModel for TensorFlow Serving.
+
+Writes <export_dir>/<version>/ whose `serving_default` signature takes raw sentences (string [B])
+and returns `translations` (string [B]) and `scores` (float32 [B]); `translate_n_best` returns
+[B, n_best] of each. Tokenization, beam search and detokenization run inside the graph, with
+core TensorFlow and tensorflow-text ops only. Loading it needs `import tensorflow_text` first.
+Before the version is published, TensorFlow's C++ loader (the one TF Serving uses) loads it and
+both signatures translate two sentences; if that fails, nothing is published (exit code 1).
+
+With --format=ctranslate2 it writes a CTranslate2 model instead
+(tfnmt/inference/ctranslate2_export.py):
+<export_dir> (default <model_dir>/ctranslate2, or ctranslate2-<quantization>) with spm.model beside
+CTranslate2's files, checked by translating two sentences with CTranslate2 before it is published.
+
+  python export.py --model_dir=runs/de-en                  # averaged weights if any
+  python export.py --model_dir=runs/de-en --checkpoint=latest --beam_size=5
+  python export.py --model_dir=runs/de-en --format=ctranslate2 --quantization=int8
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from absl import app, flags, logging  # noqa: E402
+
+from tfnmt import cli  # noqa: E402
+from tfnmt.paths import CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory (settings.json, "
+                    "spm.model, checkpoints/, averaged/, best/).")
+flags.DEFINE_string("checkpoint", "auto", "'auto' (the averaged checkpoint if there is one, "
+                    "else the best, else the latest), 'latest', 'averaged', 'best' (best dev "
+                    "metric), or a checkpoint path prefix.")
+flags.DEFINE_enum("format", "saved_model", ["saved_model", "ctranslate2"], "saved_model: for "
+                  "TensorFlow Serving (default); ctranslate2: for the CTranslate2 engine.")
+flags.DEFINE_string("export_dir", None, "Where versions are written (default <model_dir>/export); "
+                    "with --format=ctranslate2 the new directory to write (default "
+                    "<model_dir>/ctranslate2[-<quantization>]).")
+flags.DEFINE_enum("quantization", "none", ["none", "int8", "int8_float32", "int16", "float16",
+                                           "bfloat16"],
+                  "--format=ctranslate2 only: the stored weights' type (default none: float32).")
+flags.DEFINE_integer("version", None, "Version number (default: the next integer); an "
+                     "existing version is never overwritten.")
+flags.DEFINE_integer("beam_size", 4, "Beam size (paper: 4).")
+flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (paper: 0.6).")
+flags.DEFINE_integer("max_decode_length", 0, "Cap on output subwords (0: source length + 50).")
+flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtype of the "
+                  "weight matmuls (projections, feed-forward, output layer); all else is float32. "
+                  "bfloat16 decodes faster where bf16 is native (AVX512-BF16/AMX CPUs, GPUs of "
+                  "compute capability >= 8.0) and much slower where it is not; its translations "
+                  "differ slightly from float32's (bench/README.md). "
+                  "auto: bfloat16 if this machine has native bf16, else float32 (export on, or "
+                  "choose for, the machine that serves).")
+flags.DEFINE_integer("n_best", 4, "Hypotheses returned by the translate_n_best signature.")
+flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into, searched at the "
+                     "same time, to keep CPU cores busy (CHANGELOG.md); each sentence's "
+                     "translation is the same. Default 2; use 1 for GPUs.")
+flags.DEFINE_integer("chunk_size", 64, "Sentences searched at once: a larger request is "
+                     "translated in chunks of this many, one after another, so its memory stays "
+                     "that of one chunk (docs/serving.md).")
+flags.DEFINE_bool("check", True, "Before publishing, load the export and translate two "
+                  "sentences: a SavedModel with TensorFlow's C++ loader (as TF Serving does), "
+                  "each signature; a CTranslate2 model with CTranslate2.")
+flags.register_validator("beam_size", lambda v: v >= 1, "--beam_size must be >= 1")
+flags.register_validator("chunk_size", lambda v: v >= 1, "--chunk_size must be >= 1")
+flags.register_validator("max_decode_length", lambda v: v >= 0, "--max_decode_length must be >= 0")
+flags.register_validator("alpha", lambda v: v >= 0, "--alpha must be >= 0")
+flags.register_validator("parallel_searches", lambda v: v >= 1, "--parallel_searches must be >= 1")
+
+
+SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "max_decode_length", "matmul_dtype",
+                    "n_best", "parallel_searches", "chunk_size")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not 1 <= FLAGS.n_best <= FLAGS.beam_size:
+        raise app.UsageError(f"--n_best must be in [1, --beam_size={FLAGS.beam_size}]")
+    if FLAGS.format != "ctranslate2" and FLAGS["quantization"].present:
+        raise app.UsageError("--quantization needs --format=ctranslate2")
+    if FLAGS.format == "ctranslate2":
+        for name in SAVED_MODEL_ONLY:
+            if FLAGS[name].present:
+                raise app.UsageError(f"--{name} is for SavedModel exports; CTranslate2 takes its "
+                                     "decoding options when it translates")
+    import tensorflow as tf
+
+    from tfnmt import checkpoints
+    from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
+    from tfnmt.inference.serving import TranslationModule
+    from tfnmt.training.distribute import resolve_mixed_precision
+
+    matmul_dtype = FLAGS.matmul_dtype
+    if matmul_dtype == "auto":
+        matmul_dtype = "bfloat16" if resolve_mixed_precision("auto") == "bf16" else "float32"
+
+    export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, EXPORT)
+    if os.path.exists(export_dir) and not os.path.isdir(export_dir):
+        raise app.UsageError(f"--export_dir={export_dir} is a file, not a directory")
+    try:
+        model, proto, path = checkpoints.load_model(FLAGS.model_dir, FLAGS.checkpoint)
+    except checkpoints.ModelDirError as error:
+        raise app.UsageError(str(error))
+    if FLAGS.format == "ctranslate2":
+        return export_ctranslate2(model, proto, path)
+    module = TranslationModule(model, proto, FLAGS.beam_size, FLAGS.alpha,
+                               FLAGS.max_decode_length, FLAGS.n_best,
+                               parallel_searches=FLAGS.parallel_searches,
+                               matmul_dtype=matmul_dtype, chunk_size=FLAGS.chunk_size)
+    try:
+        final = export_saved_model(module, export_dir, FLAGS.version, check=FLAGS.check)
+    except FileExistsError as error:
+        raise app.UsageError(str(error))
+    except (ExportCheckError, OSError, tf.errors.OpError) as error:  # e.g. a full disk
+        print(f"export.py: nothing published: {str(error).splitlines()[0]}", file=sys.stderr)
+        return 1
+    print(f"exported {path} to {final} (weight matmuls in {matmul_dtype})")
+
+
+def export_ctranslate2(model, proto, path):
+    from tfnmt.inference import ctranslate2_export
+
+    quantization = None if FLAGS.quantization == "none" else FLAGS.quantization
+    default_name = CTRANSLATE2 + (f"-{quantization}" if quantization else "")
+    export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, default_name)
+    try:
+        final = ctranslate2_export.export_ctranslate2(model, proto, export_dir, quantization,
+                                                      check=FLAGS.check)
+    except FileExistsError as error:
+        raise app.UsageError(str(error))
+    except (ctranslate2_export.CTranslate2ExportError, OSError) as error:
+        print(f"export.py: nothing published: {str(error).splitlines()[0]}", file=sys.stderr)
+        return 1
+    print(f"exported {path} to {final} (CTranslate2, weights in {quantization or 'float32'})")
+
+
+def run():
+    """The `export.py` / `tfnmt-export` command."""
+    logging.set_verbosity(logging.WARNING)
+    cli.run(main, __doc__)
+
+
+if __name__ == "__main__":
+    run()

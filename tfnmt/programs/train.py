@@ -1,0 +1,328 @@
+"""Train a Transformer translation model (tfnmt).
+
+With no flags: the `cpu` preset on the embedded German->English corpus for 1,200 steps, then dev
+scores and a report on the test split (beam 4: sacreBLEU, chrF, sample translations, the
+commands to export and translate). Re-running the same command resumes from the newest
+checkpoint in --model_dir. Flags not given on the command line take the values saved in
+<model_dir>/settings.json. A resumed run may change only --train_steps, --log_every,
+--eval_every, --bleu_sentences, --eval_beam_size, --best_metric, --early_stopping,
+--clip_norm, --checkpoint_every, --keep_checkpoints, --average_last, --jit_compile,
+--mixed_precision (not to or from fp16), --data_dir and --tfds_data_dir; any other change is
+refused in one line.
+
+Fine-tuning: --init_from starts a new --model_dir from a trained model (its model and
+vocabulary; the new data is tokenized with it), with a fresh optimizer unless --init_optimizer.
+
+  python train.py
+  python train.py --model_dir=runs/base --preset=base --train_steps=100000 --batch_tokens=25000
+  python train.py --model_dir=runs/medical --init_from=runs/de-en --dataset=files \
+    --train_files=med.de,med.en --dev_files=med-dev.de,med-dev.en --train_steps=400
+  python train.py --flagfile=my.flags
+"""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from absl import app, flags, logging  # noqa: E402
+
+from tfnmt import cli  # noqa: E402
+
+from tfnmt.model.presets import PRESETS  # noqa: E402
+from tfnmt.paths import DEFAULT_MODEL_DIR  # noqa: E402
+
+FLAGS = flags.FLAGS
+# Where and what.
+flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Directory for checkpoints, settings, "
+                    "vocabulary and TensorBoard logs; rerunning resumes from it.")
+flags.DEFINE_string("dataset", "embedded", "'embedded' (tfnmt/data/de-en, the default), 'files' "
+                    "(with --train_files etc.), or a TFDS translation dataset name such as "
+                    "wmt14_translate/de-en or ted_hrlr_translate/pt_to_en.")
+flags.DEFINE_multi_string("train_files", None, "With --dataset=files: a TSV (source<TAB>target) "
+                          "or 'source.txt,target.txt' of line-aligned files; .gz is read too. "
+                          "Repeat the flag for several corpora (see --train_weights).")
+flags.DEFINE_list("train_weights", None, "With several --train_files: how often each corpus is "
+                  "sampled, e.g. 3,1 (default: in proportion to their sizes).")
+flags.DEFINE_float("filter_length_ratio", 0.0, "Drop training pairs whose longer side has more "
+                   "than this many times the subwords of the shorter (default 0: off).")
+flags.DEFINE_bool("filter_duplicates", False, "Drop training pairs seen before (same source and "
+                  "target, in any corpus).")
+flags.DEFINE_bool("filter_identical", False, "Drop training pairs whose source is their target.")
+flags.DEFINE_string("dev_files", None, "With --dataset=files: the dev set, as --train_files.")
+flags.DEFINE_string("test_files", None, "With --dataset=files: the test set, as --train_files.")
+flags.DEFINE_string("tfds_data_dir", None, "TFDS data directory (default ~/tensorflow_datasets).")
+flags.DEFINE_string("data_dir", None, "Where the vocabulary and TFRecords are prepared "
+                    "(default <model_dir>/data); reused when up to date.")
+flags.DEFINE_integer("vocab_size", 8000, "Shared SentencePiece vocabulary size (~32000 for WMT).")
+flags.DEFINE_enum("vocab_type", "unigram", ["unigram", "bpe"], "SentencePiece model type.")
+flags.DEFINE_integer("max_length", 256, "Longest pair kept, in subwords (incl. BOS/EOS); "
+                     "longer training pairs are dropped (counted in the log).")
+# Model.
+flags.DEFINE_enum("preset", "cpu", list(PRESETS), "Model size and its training defaults "
+                  "(tfnmt/model/presets.py).")
+flags.DEFINE_integer("num_layers", None, "Override: encoder and decoder layers.")
+flags.DEFINE_integer("d_model", None, "Override: model width.")
+flags.DEFINE_integer("num_heads", None, "Override: attention heads.")
+flags.DEFINE_integer("d_ff", None, "Override: feed-forward inner width.")
+flags.DEFINE_float("dropout", None, "Override: residual/embedding dropout.")
+flags.DEFINE_float("attention_dropout", None, "Override: dropout on attention weights.")
+flags.DEFINE_float("ffn_dropout", None, "Override: dropout inside the feed-forward block "
+                   "(default 0).")
+flags.DEFINE_enum("activation", None, ["relu", "gelu"], "Override: feed-forward activation "
+                  "(default relu, as the paper).")
+flags.DEFINE_integer("num_encoder_layers", None, "Override: encoder depth (default "
+                     "--num_layers).")
+flags.DEFINE_integer("num_decoder_layers", None, "Override: decoder depth (default "
+                     "--num_layers).")
+flags.DEFINE_bool("tie_output", None, "Override: the target embedding also projects to the "
+                  "softmax (default true); false gives the model its own output layer.")
+flags.DEFINE_bool("norm_first", None, "Override: pre-norm layers instead of the paper's post-norm.")
+flags.DEFINE_enum("position", None, ["sinusoidal", "learned"], "Override: position encoding.")
+flags.DEFINE_bool("share_embeddings", None, "Override: one embedding matrix for source, target "
+                  "and output (default true); false gives source and target their own.")
+# Optimisation.
+flags.DEFINE_integer("batch_tokens", None, "Token budget per replica and micro-batch: "
+                     "batch size x padded length of the longer side (default: the preset's).")
+flags.DEFINE_integer("accum_steps", 1, "Micro-batches accumulated per update (the paper's "
+                     "~25k-token batches on fewer devices).")
+flags.DEFINE_integer("train_steps", None, "Total optimizer updates; a resumed run stops here "
+                     "(default: the preset's).")
+flags.DEFINE_integer("warmup_steps", None, "Noam warm-up steps (default: the preset's; "
+                     "paper: 4000 with 25k-token batches).")
+flags.DEFINE_float("lr_scale", None, "Multiplier of the Noam learning rate (default: the "
+                   "preset's).")
+flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing epsilon.")
+flags.DEFINE_float("clip_norm", 0.0, "Scale each update's gradients down to this global norm "
+                   "when larger (default 0: no clipping; the paper does not clip).")
+flags.DEFINE_enum("strategy", "auto", ["auto", "one_device", "mirrored", "multi_worker"],
+                  "tf.distribute strategy; multi_worker reads TF_CONFIG.")
+flags.DEFINE_integer("cpu_devices", 1, "Split the CPU into this many logical devices "
+                     "(for mirrored training without GPUs).")
+flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16", "fp16"],
+                  "Compute dtype of matmuls (weights, softmax, LayerNorm and loss stay "
+                  "float32): auto = bf16 on CPUs with AVX512-BF16/AMX and GPUs of compute "
+                  "capability >= 8.0, else none (float32); fp16 uses dynamic loss scaling.")
+flags.DEFINE_bool("shape_stable", True, "Pad each batch to its length bucket's upper edge, so "
+                  "every bucket has one shape (kernels are set up once per bucket, and memory "
+                  "stays flat); false pads to the batch's longest pair.")
+flags.DEFINE_float("bucket_growth", 1.1, "Length buckets: each this much wider than the last "
+                   "(default 1.1); 1.0: one per length from 8 tokens on (fuller batches, more "
+                   "batch shapes; bench/README.md compares them).")
+flags.DEFINE_bool("jit_compile", False, "XLA-compile the replica's train step (default false: "
+                  "slower on the CPUs of bench/README.md).")
+flags.DEFINE_bool("plain_ops", False, "Stock TensorFlow ops instead of tfnmt's hand-written "
+                  "fast ones (tfnmt/fast_ops.py): slower, same results up to rounding.")
+flags.DEFINE_integer("seed", 1234, "Seed for initialisation and data order.")
+flags.DEFINE_string("init_from", None, "Start a new --model_dir from this trained model_dir "
+                    "(its best weights: averaged, else best, else newest) or checkpoint prefix, "
+                    "with its model and vocabulary: fine-tuning on new data.")
+flags.DEFINE_bool("init_optimizer", False, "With --init_from: also continue its optimizer "
+                  "(Adam moments and step, so the schedule goes on; --train_steps counts from "
+                  "its step). Default false: a fresh optimizer and schedule.")
+# Bookkeeping.
+flags.DEFINE_integer("log_every", 50, "Steps between progress lines and train summaries.")
+flags.DEFINE_integer("eval_every", None, "Steps between dev evaluations (0: only at the end; "
+                     "default: the preset's).")
+flags.DEFINE_integer("bleu_sentences", 0, "Dev sentences translated for BLEU (0: all).")
+flags.DEFINE_integer("eval_beam_size", 1, "Dev translations: 1 = greedy (default), else beam "
+                     "search of this width (as served; slower).")
+flags.DEFINE_enum("best_metric", "bleu", ["bleu", "chrf", "loss"], "Dev metric that chooses "
+                  "the best checkpoint, kept in <model_dir>/best (export.py --checkpoint=best).")
+flags.DEFINE_integer("early_stopping", 0, "Stop after this many dev evaluations in a row "
+                     "without a better --best_metric (default 0: never).")
+flags.DEFINE_integer("checkpoint_every", 100, "Steps between checkpoints.")
+flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept.")
+flags.DEFINE_bool("test_report", True, "At the end, translate the test split with beam 4 (as "
+                  "export.py serves) and print test sacreBLEU/chrF and sample translations.")
+flags.DEFINE_integer("average_last", 0, "Average the last N checkpoints at the end (paper: 5 "
+                     "for base, 20 for big, near convergence; 0 or 1: no averaging). Off for the "
+                     "short default run: averaging a still-improving model lowers its BLEU.")
+
+MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_dropout",
+               "ffn_dropout", "activation", "num_encoder_layers", "num_decoder_layers",
+               "norm_first", "position", "share_embeddings", "tie_output")
+DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type", "max_length",
+              "filter_length_ratio", "filter_duplicates", "filter_identical")
+TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "warmup_steps", "lr_scale",
+               "label_smoothing", "clip_norm", "mixed_precision", "shape_stable",
+               "bucket_growth", "jit_compile", "seed", "log_every", "eval_every",
+               "bleu_sentences", "eval_beam_size", "best_metric", "early_stopping",
+               "checkpoint_every", "keep_checkpoints", "average_last")
+
+POSITIVE = ("vocab_size", "max_length", "batch_tokens", "accum_steps", "train_steps",
+            "warmup_steps", "log_every", "checkpoint_every", "keep_checkpoints", "cpu_devices",
+            "eval_beam_size")
+for _name in POSITIVE:
+    flags.register_validator(_name, lambda v: v is None or v > 0, f"--{_name} must be positive")
+for _name in ("eval_every", "bleu_sentences", "average_last", "early_stopping"):
+    flags.register_validator(_name, lambda v: v is None or v >= 0, f"--{_name} must be >= 0")
+flags.register_validator("label_smoothing", lambda v: 0.0 <= v < 1.0,
+                         "--label_smoothing must be in [0, 1)")
+flags.register_validator("clip_norm", lambda v: v >= 0.0, "--clip_norm must be >= 0")
+flags.register_validator("filter_length_ratio", lambda v: v == 0.0 or v >= 1.0,
+                         "--filter_length_ratio must be 0 (off) or >= 1")
+flags.register_validator("lr_scale", lambda v: v is None or v > 0,
+                         "--lr_scale must be positive")
+flags.register_validator("bucket_growth", lambda v: v >= 1.0, "--bucket_growth must be >= 1.0")
+for _name in ("dropout", "attention_dropout", "ffn_dropout"):
+    flags.register_validator(_name, lambda v: v is None or 0.0 <= v < 1.0,
+                             f"--{_name} must be in [0, 1)")
+for _name in ("num_layers", "num_encoder_layers", "num_decoder_layers", "d_model", "num_heads",
+              "d_ff"):
+    flags.register_validator(_name, lambda v: v is None or v > 0, f"--{_name} must be positive")
+
+
+def requested_settings(preset=None):
+    """Settings from the flags (training defaults from `preset`, default --preset), and the
+    set of those given explicitly."""
+    from tfnmt.model.presets import get_preset, get_training
+
+    preset = preset if preset and not FLAGS["preset"].present else FLAGS.preset
+    model = get_preset(preset, **{k: FLAGS[k].value for k in MODEL_FLAGS})
+    training = get_training(preset)
+    model["max_length"] = FLAGS.max_length
+    settings = {
+        "model_dir": FLAGS.model_dir,
+        "preset": preset,
+        "model": model,
+        "data": {k: FLAGS[k].value for k in DATA_FLAGS},
+        "train": {k: training[k] if FLAGS[k].value is None and k in training
+                  else FLAGS[k].value for k in TRAIN_FLAGS},
+    }
+    files = {s: FLAGS[f"{s}_files"].value for s in ("train", "dev", "test")
+             if FLAGS[f"{s}_files"].value}
+    if files.get("train"):  # one corpus: a spec, as settings have always held it
+        files["train"] = files["train"][0] if len(files["train"]) == 1 else files["train"]
+    settings["data"]["files"] = files or None
+    if FLAGS.train_weights:
+        settings["data"]["train_weights"] = [float(w) for w in FLAGS.train_weights]
+    explicit = {f"train.{k}" for k in TRAIN_FLAGS if FLAGS[k].present}
+    explicit |= {f"data.{k}" for k in DATA_FLAGS if FLAGS[k].present}
+    explicit |= {"data.files" for s in ("train", "dev", "test") if FLAGS[f"{s}_files"].present}
+    explicit |= {"data.train_weights"} if FLAGS["train_weights"].present else set()
+    explicit |= {f"model.{k}" for k in MODEL_FLAGS if FLAGS[k].present}
+    if FLAGS["preset"].present:  # a preset sets every size
+        explicit |= {f"model.{k}" for k in model}
+    explicit.add("model.max_length") if FLAGS["max_length"].present else None
+    return settings, explicit
+
+
+def check_paths():
+    """One line (app.UsageError) for a path that cannot work, before any work starts."""
+    from tfnmt.data.corpus import CorpusError, check_files
+
+    if FLAGS.dataset == "files":
+        for split in ("train", "dev", "test"):
+            specs = FLAGS[f"{split}_files"].value or []
+            for spec in [specs] if isinstance(specs, str) else specs:
+                try:
+                    check_files(spec)
+                except CorpusError as error:
+                    raise app.UsageError(f"--{split}_files: {error}")
+    if FLAGS.train_weights:
+        try:
+            weights = [float(w) for w in FLAGS.train_weights]
+        except ValueError:
+            raise app.UsageError(f"--train_weights={','.join(FLAGS.train_weights)}: numbers, "
+                                 "one per --train_files")
+        if len(weights) != len(FLAGS.train_files or []) or min(weights) <= 0:
+            raise app.UsageError(f"--train_weights: one positive weight per --train_files "
+                                 f"({len(FLAGS.train_files or [])}), got {len(weights)}")
+    if not FLAGS.model_dir:
+        raise app.UsageError("--model_dir must name a directory")
+    for flag in ("model_dir", "data_dir"):
+        path = FLAGS[flag].value
+        if path and os.path.exists(path) and not os.path.isdir(path):
+            raise app.UsageError(f"--{flag}={path} is a file, not a directory")
+        try:
+            if path:
+                os.makedirs(path, exist_ok=True)
+        except OSError as error:
+            raise app.UsageError(f"--{flag}={path}: cannot create it ({error.strerror})")
+
+
+def starting_settings():
+    """The requested settings and explicit flags; with --init_from, those of the source model.
+    Raises SettingsError for an --init_from that cannot start this model_dir."""
+    from tfnmt.checkpoints import checkpoint_prefixes
+    from tfnmt.paths import CHECKPOINTS
+    from tfnmt.training import fine_tune
+    from tfnmt.training.settings import SettingsError, load_settings
+
+    if not FLAGS.init_from:
+        if FLAGS.init_optimizer:
+            raise SettingsError("--init_optimizer needs --init_from")
+        return requested_settings()
+    source = fine_tune.resolve_source(FLAGS.init_from, FLAGS.init_optimizer)
+    saved = load_settings(FLAGS.model_dir) or {}
+    started = checkpoint_prefixes(os.path.join(FLAGS.model_dir, CHECKPOINTS))
+    if started and saved.get("init_from") != source:
+        raise SettingsError(f"--init_from: {FLAGS.model_dir} holds a trained model already; "
+                            "fine-tune into a new --model_dir (or drop --init_from to resume)")
+    settings, explicit = requested_settings(load_settings(source["model_dir"]).get("preset"))
+    return fine_tune.apply_source(settings, explicit, source), explicit
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.dataset == "files" and not FLAGS.train_files:
+        raise app.UsageError("--dataset=files needs --train_files (and --dev_files for BLEU)")
+    if FLAGS.dataset == "files" and not FLAGS.dev_files:
+        raise app.UsageError("--dataset=files needs --dev_files: evaluation reports dev BLEU")
+    check_paths()
+    from tfnmt import fast_ops
+    from tfnmt.checkpoints import ModelDirError
+    from tfnmt.data import records
+    from tfnmt.data.corpus import CorpusError
+    from tfnmt.training import distribute, experiment
+    from tfnmt.training.settings import SettingsError, resolve_settings
+    from tfnmt.training.trainer import TrainingError
+
+    distribute.split_cpu(FLAGS.cpu_devices)
+    try:
+        settings, explicit = starting_settings()
+        settings = resolve_settings(settings, explicit, FLAGS.model_dir)
+    except SettingsError as error:
+        raise app.UsageError(str(error))
+    strategy = distribute.make_strategy(FLAGS.strategy)
+    fast_ops.set_plain_ops(FLAGS.plain_ops)
+    print(f"memory allocator: {cli.ALLOCATOR}" + ("; stock ops (--plain_ops)" if FLAGS.plain_ops
+                                                  else ""), flush=True)
+    try:
+        metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
+    except (TrainingError, SettingsError, ModelDirError, CorpusError,
+            records.PreparedDataError) as error:
+        raise app.UsageError(str(error))
+    search = "greedy" if settings["train"]["eval_beam_size"] == 1 \
+        else f"beam {settings['train']['eval_beam_size']}"
+    print(f"dev sacreBLEU {metrics['bleu']:.2f} ({search})  ({FLAGS.model_dir})", flush=True)
+    if distribute.task_role(strategy)[0]:
+        final_report(settings, metrics)
+
+
+def final_report(settings, dev_metrics):
+    """Test scores, samples and next commands (printed, and in <model_dir>/report.json)."""
+    import keras
+
+    from tfnmt.data.corpus import CorpusError
+    from tfnmt.training import report
+
+    keras.config.set_dtype_policy("float32")  # the model as exported
+    result = None
+    try:
+        result = report.test_report(FLAGS.model_dir, settings) if FLAGS.test_report else None
+    except (CorpusError, OSError) as error:  # training succeeded: say why, keep its results
+        print(f"no test report: {error}", flush=True)
+    report.write_report(FLAGS.model_dir, {"dev_greedy": dev_metrics, "test": result})
+    print(report.format_report(result, FLAGS.model_dir), flush=True)
+
+
+def run():
+    """The `train.py` / `tfnmt-train` command."""
+    logging.set_verbosity(logging.WARNING)
+    cli.run(main, __doc__)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,234 @@
+"""Translate text with a trained model (checkpoint) or an exported SavedModel.
+
+One sentence per line (a line ends at LF or CRLF only), from a file or stdin, to stdout or a
+file, one output line per input line; sentences are batched by length for speed and written
+back in input order.
+
+  echo "Das ist ein Haus." | python translate.py --model_dir=runs/de-en
+  python translate.py --export=runs/de-en/export --input=test.de --output=test.en
+  python translate.py --model_dir=runs/de-en --plot_attention=plots --input=one.de
+
+n-best lists (`<line> ||| <translation> ||| <score>`, N lines per input line, best first),
+random sampling (back-translation), and scores of given translations (forced decoding:
+`<log P(target | source)>\t<target subwords + EOS>` per line):
+
+  python translate.py --model_dir=runs/de-en --n_best=4 --beam_size=4 --input=test.de
+  python translate.py --model_dir=runs/de-en --sampling_topk=10 --seed=7 --input=mono.de
+  python translate.py --export=runs/de-en/export --input=test.de --score_targets=test.en
+  python translate.py --model_dir=runs/de-en --input=test.de --target_prefix=starts.en
+"""
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from absl import app, flags, logging  # noqa: E402
+
+from tfnmt import cli  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_dir", None, "Training directory to translate with.")
+flags.DEFINE_string("export", None, "SavedModel version directory, or an export_dir (newest "
+                    "version); beam settings are the export's own.")
+flags.DEFINE_string("checkpoint", "auto", "With --model_dir: auto (averaged, else best, else "
+                    "latest) | latest | averaged | best | a checkpoint path.")
+flags.DEFINE_string("input", "-", "Input file, one sentence per line ('-': stdin).")
+flags.DEFINE_string("output", "-", "Output file ('-': stdout).")
+flags.DEFINE_integer("beam_size", 4, "With --model_dir: beam size.")
+flags.DEFINE_float("alpha", 0.6, "With --model_dir: length penalty exponent.")
+flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
+flags.DEFINE_integer("n_best", 1, "Translations per sentence, best first (<= --beam_size; "
+                     "an export gives at most its own n_best); > 1 writes "
+                     "'<line> ||| <translation> ||| <score>' lines.")
+flags.DEFINE_string("score_targets", None, "Score these translations (one per --input line) "
+                    "instead of translating: writes '<log-probability><TAB><subwords + EOS>'.")
+flags.DEFINE_string("target_prefix", None, "A file of prefixes, one per --input line (an "
+                    "empty line for none): each translation starts with its prefix.")
+flags.DEFINE_integer("sampling_topk", None, "With --model_dir: draw each token at random among "
+                     "the k most likely (0: among all) instead of beam search.")
+flags.DEFINE_float("sampling_temperature", 1.0, "With sampling: divide the logits by this "
+                   "(default 1: the model's distribution).")
+flags.DEFINE_integer("seed", 0, "With sampling: the draws' seed (same input and seed, same "
+                     "translations).")
+flags.DEFINE_string("plot_attention", None, "With --model_dir: write PNG attention heatmaps "
+                    "(per layer, heads side by side) of the first input sentence here.")
+flags.register_validator("batch_size", lambda v: v > 0, "--batch_size must be positive")
+flags.register_validator("beam_size", lambda v: v > 0, "--beam_size must be positive")
+flags.register_validator("n_best", lambda v: v > 0, "--n_best must be positive")
+flags.register_validator("sampling_topk", lambda v: v is None or v >= 0,
+                         "--sampling_topk must be >= 0")
+flags.register_validator("sampling_temperature", lambda v: v > 0,
+                         "--sampling_temperature must be positive")
+
+
+def read_lines(path):
+    """The input's lines, split at "\\n" only (a "\\r" before it is dropped): other line breaks
+    (VT, FF, NEL, U+2028, a lone CR...) stay inside their line, so there is one output line
+    per input line. Invalid UTF-8 bytes become U+FFFD, as in the exported graph."""
+    with (open(path, "rb") if path != "-" else sys.stdin.buffer) as f:
+        text = f.read().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    if lines[-1] == "":  # the last line's newline, or no input at all
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def write_lines(path, lines):
+    """One line per item; a line break inside an item becomes a space."""
+    text = "".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines)
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+
+
+def check_paths(input_path, output_path):
+    """One clear line (UsageError) before any work for an input that cannot be read or an
+    output that cannot be written."""
+    if input_path != "-":
+        if os.path.isdir(input_path):
+            raise app.UsageError(f"--input {input_path}: is a directory, not a file")
+        if not os.path.exists(input_path):
+            raise app.UsageError(f"--input {input_path}: file not found")
+        if not os.access(input_path, os.R_OK):
+            raise app.UsageError(f"--input {input_path}: not readable")
+    if output_path != "-":
+        directory = os.path.dirname(os.path.abspath(output_path))
+        if os.path.isdir(output_path):
+            raise app.UsageError(f"--output {output_path}: is a directory, not a file")
+        if not os.path.isdir(directory):
+            raise app.UsageError(f"--output {output_path}: directory {directory} does not exist")
+        if not os.access(directory, os.W_OK):
+            raise app.UsageError(f"--output {output_path}: directory {directory} is not writable")
+
+
+def score_lines(score, sources, targets, batch_size):
+    """(log-probability, length) of each target as a translation of its source, batching
+    pairs of similar source length."""
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    results = [None] * len(sources)
+    for start in range(0, len(order), batch_size):
+        index = order[start:start + batch_size]
+        log_probs, lengths = score([sources[i] for i in index], [targets[i] for i in index])
+        for i, p, n in zip(index, log_probs.numpy().tolist(), lengths.numpy().tolist()):
+            results[i] = (p, n)
+    return results
+
+
+def n_best_lines(translate_n_best, lines):
+    """Moses-style n-best lines, --n_best per input line, best first."""
+    import numpy as np
+
+    def one_batch(sentences):  # [B, N] -> the first --n_best of each, flattened
+        translations, scores = translate_n_best(sentences)
+        if translations.shape[1] < FLAGS.n_best:
+            raise app.UsageError(f"the export gives {translations.shape[1]} translations per "
+                                 f"sentence, fewer than --n_best={FLAGS.n_best}")
+        return translations[:, :FLAGS.n_best], scores[:, :FLAGS.n_best]
+
+    out = []
+    for start in range(0, len(lines), FLAGS.batch_size):
+        translations, scores = one_batch(lines[start:start + FLAGS.batch_size])
+        for row, (texts, values) in enumerate(zip(translations.numpy(), np.array(scores))):
+            out += [f"{start + row} ||| {t.decode('utf-8')} ||| {v:.6f}"
+                    for t, v in zip(texts, values)]
+    return out
+
+
+def plot_attention(model_dir, checkpoint, sentence, translation, directory):
+    import tensorflow as tf
+
+    from tfnmt.checkpoints import load_model
+    from tfnmt.inference.serving import TranslationModule
+    from tfnmt.training.summaries import attention_weights, heads_side_by_side
+
+    model, proto, _ = load_model(model_dir, checkpoint)
+    module = TranslationModule(model, proto, n_best=1)
+    source_ids = module.source_ids(tf.constant([sentence]))
+    target = module.tokenizer.tokenize([translation]).to_tensor()
+    target_in = tf.concat([tf.fill([1, 1], 2), tf.cast(target, tf.int32)], axis=1)
+    os.makedirs(directory, exist_ok=True)
+    for name, weights in attention_weights(model, source_ids, target_in).items():
+        path = os.path.join(directory, name.replace("/", "_") + ".png")
+        tf.io.write_file(path, tf.io.encode_png(heads_side_by_side(weights, pixel=8)))
+        print(f"wrote {path}", file=sys.stderr)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if bool(FLAGS.model_dir) == bool(FLAGS.export):
+        raise app.UsageError("give exactly one of --model_dir and --export")
+    if FLAGS.plot_attention and not FLAGS.model_dir:
+        raise app.UsageError("--plot_attention needs --model_dir (weights come from the model)")
+    sampling = None if FLAGS.sampling_topk is None else {
+        "temperature": FLAGS.sampling_temperature, "top_k": FLAGS.sampling_topk,
+        "seed": FLAGS.seed}
+    if sampling and FLAGS.export:
+        raise app.UsageError("sampling needs --model_dir (exports search with beams)")
+    if sampling and FLAGS.n_best > 1:
+        raise app.UsageError("sampling draws one translation per sentence: drop --n_best")
+    if FLAGS.model_dir and FLAGS.n_best > FLAGS.beam_size:
+        raise app.UsageError(f"--n_best={FLAGS.n_best} needs --beam_size >= {FLAGS.n_best}")
+    check_paths(FLAGS.input, FLAGS.output)
+    for flag in ("score_targets", "target_prefix"):
+        if FLAGS[flag].value and not os.path.isfile(FLAGS[flag].value):
+            raise app.UsageError(f"--{flag} {FLAGS[flag].value}: file not found")
+    if FLAGS.target_prefix and (FLAGS.n_best > 1 or FLAGS.score_targets):
+        raise app.UsageError("--target_prefix gives one translation per line: drop --n_best "
+                             "and --score_targets")
+    from tfnmt.checkpoints import ModelDirError
+    from tfnmt.inference import loading
+    from tfnmt.inference.evaluation import translate_lines
+
+    lines = read_lines(FLAGS.input)
+    paired = {flag: read_lines(FLAGS[flag].value) for flag in ("score_targets", "target_prefix")
+              if FLAGS[flag].value}
+    for flag, other in paired.items():
+        if len(other) != len(lines):
+            raise app.UsageError(f"--{flag} has {len(other)} lines for {len(lines)} input "
+                                 "lines")
+    targets = paired.get("score_targets")
+    try:
+        signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
+                                             FLAGS.alpha, FLAGS.checkpoint,
+                                             n_best=FLAGS.n_best, sampling=sampling)
+    except (ModelDirError, FileNotFoundError, OSError) as error:
+        raise app.UsageError(str(error))
+    if targets is not None:
+        if "score" not in signatures:
+            raise app.UsageError(f"{FLAGS.export} has no score signature (export it again)")
+        scores = score_lines(signatures["score"], lines, targets, FLAGS.batch_size)
+        write_lines(FLAGS.output, [f"{p:.6f}\t{n}" for p, n in scores])
+        return
+    if FLAGS.n_best > 1:
+        write_lines(FLAGS.output, n_best_lines(signatures["translate_n_best"], lines))
+        return
+    if "target_prefix" in paired:
+        if "translate_with_prefix" not in signatures:
+            raise app.UsageError(f"{FLAGS.export} has no translate_with_prefix signature "
+                                 "(export it again)")
+        translate = signatures["translate_with_prefix"]
+        write_lines(FLAGS.output, translate_lines(
+            lambda pairs: translate([s for s, _ in pairs], [p for _, p in pairs]),
+            list(zip(lines, paired["target_prefix"])), FLAGS.batch_size,
+            length=lambda pair: len(pair[0])))
+        return
+    translations = translate_lines(signatures["serving_default"], lines, FLAGS.batch_size)
+    write_lines(FLAGS.output, translations)
+    if FLAGS.plot_attention and lines:
+        plot_attention(FLAGS.model_dir, FLAGS.checkpoint, lines[0], translations[0],
+                       FLAGS.plot_attention)
+
+
+def run():
+    """The `translate.py` / `tfnmt-translate` command."""
+    logging.set_verbosity(logging.WARNING)
+    cli.run(main, __doc__)
+
+
+if __name__ == "__main__":
+    run()
