@@ -66,12 +66,14 @@ def test_fine_tuning_starts_from_the_source_and_learns_the_new_domain(source, sm
     for a, b in zip(source_model.weights, tuned_model.weights):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6, atol=1e-12)
 
-    # Fine-tuned for 150 steps on the new domain, the model predicts its dev references far
-    # better, and its translations move from the source model's to the references (chrF:
-    # character n-gram F-score, 0-100; measured: perplexity ~150 -> ~2, chrF ~1 -> ~45).
+    # Fine-tuned for 300 float32 steps on the new domain, the model predicts its dev references
+    # far better, and its translations move from the source model's to the references (chrF:
+    # character n-gram F-score, 0-100; measured with Eigen kernels: perplexity 232 -> 2.3,
+    # chrF 0 -> 59; a bf16 run of 150 steps reached only chrF 15 there).
     tuned = str(tmp_path / "tuned")
     result = python(*train_flags(small_corpus, None, tuned, **dict(
-        domain, train_steps=150, warmup_steps=40, lr_scale=0.5, log_every=50)))
+        domain, train_steps=300, warmup_steps=40, lr_scale=0.5, log_every=100,
+        mixed_precision="none")))
     assert result.returncode == 0, result.stderr[-3000:]
     data = os.path.join(tuned, "data")  # the new domain, tokenized with the source vocabulary
     ppl_before, chrf_before, _ = scores_on(source, dev_pairs, data)
