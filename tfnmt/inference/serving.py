@@ -126,37 +126,41 @@ class TranslationModule:
         """
         sentences = _rank_1_strings(sentences)
         if prefixes is not None:
-            prefixes = _rank_1_strings(prefixes, PREFIXES)
-            check = tf.debugging.Assert(
-                tf.equal(tf.size(sentences), tf.size(prefixes)),
-                ["`sentences` and `prefixes` must hold as many strings:", tf.size(sentences),
-                 tf.size(prefixes)])
-            with tf.control_dependencies([check]):
-                sentences = tf.identity(sentences)
-        # Weight matrices (rank 2) cast once per call, before the loops.
+            sentences, prefixes = _as_many(sentences, prefixes, PREFIXES)
+        return self._in_chunks(
+            lambda rows, prefix_rows: self._translate_chunk(rows, n_best, prefix_rows),
+            [sentences, prefixes], [(tf.string, [None, n_best]), (tf.float32, [None, n_best])])
+
+    def _in_chunks(self, chunk_fn, inputs, outputs):
+        """Runs `chunk_fn` on `chunk_size` consecutive rows of every input at a time, one chunk
+        after the other (parallel_iterations=1: memory is that of one chunk), with the
+        weight matmuls in `matmul_dtype`.
+
+        Args:
+          chunk_fn: a function of each input's rows (None for a None input) -> its results.
+          inputs: [B, ...] tensors (or None), the first one not None.
+          outputs: (dtype, element shape) of each result.
+
+        Returns:
+          The results of all chunks, concatenated.
+        """
+        # Weight matrices (rank 2) cast once per call, before the loop.
         kernels = [v for v in self.model.trainable_variables if len(v.shape) == 2] \
             if self.matmul_dtype != "float32" else []
         with low_precision_matmuls(kernels, tf.as_dtype(self.matmul_dtype)):
-            batch, size = tf.shape(sentences)[0], self.chunk_size
+            batch, size = tf.shape(inputs[0])[0], self.chunk_size
             count = (batch + size - 1) // size
 
-            def translate_chunk(index, translations, scores):
+            def one_chunk(index, *arrays):
                 rows = slice(index * size, (index + 1) * size)
-                chunk = self._translate_chunk(
-                    sentences[rows], n_best, None if prefixes is None else prefixes[rows])
-                return (index + 1, translations.write(index, chunk[0]),
-                        scores.write(index, chunk[1]))
+                results = chunk_fn(*[None if x is None else x[rows] for x in inputs])
+                return (index + 1,) + tuple(a.write(index, r) for a, r in zip(arrays, results))
 
-            def results(dtype):
-                return tf.TensorArray(dtype, size=count, element_shape=[None, n_best],
-                                      infer_shape=False)
-
-            # One chunk at a time (parallel_iterations=1): memory is that of one chunk.
-            _, translations, scores = tf.while_loop(
-                lambda index, *_: index < count, translate_chunk,
-                (tf.constant(0), results(tf.string), results(tf.float32)),
-                parallel_iterations=1)
-            return translations.concat(), scores.concat()
+            arrays = tuple(tf.TensorArray(dtype, size=count, element_shape=shape,
+                                          infer_shape=False) for dtype, shape in outputs)
+            _, *arrays = tf.while_loop(lambda index, *_: index < count, one_chunk,
+                                       (tf.constant(0),) + arrays, parallel_iterations=1)
+            return tuple(a.concat() for a in arrays)
 
     def _translate_chunk(self, sentences, n_best, prefixes=None):
         """string [C] (and prefixes [C]) -> (translations string [C, n_best], scores float32
@@ -248,38 +252,17 @@ class TranslationModule:
         Returns:
           (log-probabilities [B] float32, lengths [B] int32: the target's subwords + EOS).
         """
-        sentences = _rank_1_strings(sentences)
-        targets = _rank_1_strings(targets, SCORE_TARGETS)
-        check = tf.debugging.Assert(
-            tf.equal(tf.size(sentences), tf.size(targets)),
-            ["`sentences` and `targets` must hold as many strings:", tf.size(sentences),
-             tf.size(targets)])
-        with tf.control_dependencies([check]):
-            sentences = tf.identity(sentences)
-        kernels = [v for v in self.model.trainable_variables if len(v.shape) == 2] \
-            if self.matmul_dtype != "float32" else []
-        with low_precision_matmuls(kernels, tf.as_dtype(self.matmul_dtype)):
-            batch, size = tf.shape(sentences)[0], self.chunk_size
-            count = (batch + size - 1) // size
+        sentences, targets = _as_many(_rank_1_strings(sentences), targets, SCORE_TARGETS)
+        return self._in_chunks(self._score_chunk, [sentences, targets],
+                               [(tf.float32, [None]), (tf.int32, [None])])
 
-            def score_chunk(index, scores, lengths):
-                chunk = slice(index * size, (index + 1) * size)
-                _, source_ids = self._tokenize(sentences[chunk])
-                text = tf.strings.unicode_transcode(targets[chunk], "UTF-8", "UTF-8",
-                                                    errors="replace")
-                target_in, target_out = target_arrays(self.tokenizer.tokenize(text),
-                                                      self.max_source_length)
-                chunk_scores, chunk_lengths = sequence_log_probs(self.model, source_ids,
-                                                                 target_in, target_out)
-                return (index + 1, scores.write(index, chunk_scores),
-                        lengths.write(index, chunk_lengths))
-
-            _, scores, lengths = tf.while_loop(
-                lambda index, *_: index < count, score_chunk,
-                (tf.constant(0), tf.TensorArray(tf.float32, size=count, infer_shape=False),
-                 tf.TensorArray(tf.int32, size=count, infer_shape=False)),
-                parallel_iterations=1)
-            return scores.concat(), lengths.concat()
+    def _score_chunk(self, sentences, targets):
+        """string [C], [C] -> (log-probabilities [C] float32, lengths [C] int32)."""
+        _, source_ids = self._tokenize(sentences)
+        text = tf.strings.unicode_transcode(targets, "UTF-8", "UTF-8", errors="replace")
+        target_in, target_out = target_arrays(self.tokenizer.tokenize(text),
+                                              self.max_source_length)
+        return sequence_log_probs(self.model, source_ids, target_in, target_out)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT),
                                   tf.TensorSpec([None], tf.string, name=SCORE_TARGETS)])
@@ -308,6 +291,18 @@ class TranslationModule:
         """
         translations, scores = self.translate_batch(sentences, self.n_best)
         return {"translations": translations, "scores": scores}
+
+
+def _as_many(sentences, others, name):
+    """(sentences, others as a rank-1 string tensor), checked at run time to hold as many
+    strings (InvalidArgument otherwise)."""
+    others = _rank_1_strings(others, name)
+    check = tf.debugging.Assert(
+        tf.equal(tf.size(sentences), tf.size(others)),
+        [f"`sentences` and `{name}` must hold as many strings:", tf.size(sentences),
+         tf.size(others)])
+    with tf.control_dependencies([check]):
+        return tf.identity(sentences), others
 
 
 def _rank_1_strings(sentences, name=SIGNATURE_INPUT):
