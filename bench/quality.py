@@ -8,18 +8,20 @@ same length penalty (GNMT, alpha 0.6) by sacreBLEU.
   python bench/quality.py --onmt_python=/tmp/onmt/bin/python --minutes=15,30,60 \\
       --mixed_precision=none
 
-Each system trains once, for the largest budget, from a fresh model, saving a checkpoint every
---checkpoint_steps; minutes are measured from its process start. tfnmt's count its start-up and
-its data preparation (SentencePiece training, TFRecords), as the main job's do; the peer is
-then given the pieces of tfnmt's SentencePiece model, prepared outside its budget. The
-checkpoint written last before each budget is then translated and scored, outside the budget.
-tfnmt runs `train.py` with the main job's defaults (what `python train.py` trains); the peer
-runs `onmt-main train` on the same SentencePiece pieces with each --peer_configs entry (its
-paper-style Noam recipe, and tfnmt's recipe translated to its options) and the best entry is
-reported per budget, the others beside it.
+Minutes are measured from each training process' start: tfnmt's count its start-up and its
+data preparation (SentencePiece training, TFRecords), as the main job's do; the peer is given
+the pieces of tfnmt's SentencePiece model, prepared outside its budget.
 
-Prints one JSON line (per system and budget: step, minutes, BLEU, chrF, signatures) and writes
---plot (PNG: test BLEU against training minutes, every checkpoint).
+A recipe whose learning rate falls to zero at its last step (tfnmt's main job, `lr_decay=linear`;
+the peer's `budgeted` recipe, OpenNMT-tf's CosineAnnealing with the same warm-up and peak) is
+trained once per budget, for the number of steps that fits the budget: the steps per minute
+come from a calibration run (`--calibration_minutes`) on this machine, and a run still going at
+its budget is stopped there and its last checkpoint scored (`"cut": true`). A recipe of open
+length (the peer's `noam` recipes) trains once, for the largest budget, and the checkpoint saved
+last before each budget is scored; its checkpoints every --checkpoint_minutes draw its curve.
+
+Prints one JSON line (per system, recipe and budget: step, minutes, BLEU, chrF, signatures) and
+writes --plot (PNG: test BLEU against training minutes).
 """
 import json
 import os
@@ -46,7 +48,13 @@ flags.DEFINE_float("checkpoint_minutes", 2.5, "Minutes between the checkpoints s
                    "plot (the last one saved before each multiple).")
 flags.DEFINE_enum("mixed_precision", "none", ["none", "bf16"], "Training compute dtype of both.")
 flags.DEFINE_string("work_dir", "runs/quality", "Where both systems train (emptied first).")
-flags.DEFINE_list("peer_configs", ["tfnmt_recipe", "noam4000"], "OpenNMT-tf recipes to run.")
+flags.DEFINE_list("peer_configs", ["budgeted", "noam4000"], "OpenNMT-tf recipes to run: "
+                  "budgeted (tfnmt's warm-up and peak, cosine to zero at the budget's last step), "
+                  "noam (tfnmt's warm-up and scale on Noam's decay), noam4000 (the paper's).")
+flags.DEFINE_float("calibration_minutes", 4.0, "Length of the run that measures a system's steps "
+                   "per minute for its budgeted recipes.")
+flags.DEFINE_float("budget_margin", 0.05, "Budgeted runs plan this fraction fewer steps than the "
+                   "calibration predicts (their final checkpoint and evaluation).")
 flags.DEFINE_list("systems", ["tfnmt", "opennmt"], "Which systems to train and score (the peer "
                   "needs tfnmt's run: its model size and SentencePiece model).")
 flags.DEFINE_string("plot", "runs/quality/quality.png", "PNG plot of test BLEU against minutes.")
@@ -73,9 +81,8 @@ data:
 params:
   optimizer: Adam
   optimizer_params: {{beta_1: 0.9, beta_2: 0.98, epsilon: 1.0e-9}}
-  learning_rate: {lr_scale}
-  decay_type: NoamDecay
-  decay_params: {{model_dim: {d_model}, warmup_steps: {warmup_steps}}}
+  learning_rate: {learning_rate}
+  {schedule}
   label_smoothing: 0.1
   beam_width: 4
   length_penalty: 0.6
@@ -90,7 +97,7 @@ train:
   sample_buffer_size: -1
   save_checkpoints_steps: {checkpoint_steps}
   keep_checkpoint_max: 10000
-  max_step: 100000000
+  max_step: {max_step}
   save_summary_steps: 100
 infer:
   batch_size: 32
@@ -98,9 +105,17 @@ infer:
   length_bucket_width: 5
 """
 
-# OpenNMT-tf recipes: tfnmt's main-job recipe in its options, and the paper-style Noam recipe
-# OpenNMT-tf's own Transformer auto_config starts from (learning rate 2, 4,000 warm-up steps).
-PEER_RECIPES = {"tfnmt_recipe": {}, "noam4000": {"lr_scale": 2.0, "warmup_steps": 4000}}
+# OpenNMT-tf recipes: tfnmt's main-job warm-up and peak with a decay to zero at the budget's
+# last step (OpenNMT-tf's CosineAnnealing), the same on Noam's open-ended decay, and the
+# paper-style Noam recipe OpenNMT-tf's own Transformer auto_config starts from (learning rate 2,
+# 4,000 warm-up steps).
+PEER_RECIPES = {"budgeted": {"budgeted": True}, "noam": {},
+                "noam4000": {"lr_scale": 2.0, "warmup_steps": 4000}}
+NOAM = "decay_type: NoamDecay\n  decay_params: {{model_dim: {d_model}, warmup_steps: {warmup_steps}}}"
+flags.register_validator("peer_configs", lambda names: set(names) <= set(PEER_RECIPES),
+                         f"--peer_configs: names among {', '.join(PEER_RECIPES)}")
+COSINE = ("decay_type: CosineAnnealing\n  decay_params: {{warmup_steps: {warmup_steps}, "
+          "max_step: {max_step}}}")
 
 
 def train_until(command, budget_seconds, log_path, env):
@@ -160,38 +175,91 @@ def test_pairs():
     return pairs[:FLAGS.score_sentences] if FLAGS.score_sentences else pairs
 
 
-def run_tfnmt(work, budgets):
-    """Trains the main job for max(budgets) minutes; -> [{step, minutes, bleu, chrf, ...}]."""
-    model_dir = os.path.join(work, "tfnmt")
-    command = [sys.executable, os.path.join(ROOT, "train.py"), f"--model_dir={model_dir}",
-               "--train_steps=100000000", "--eval_every=0",
-               f"--checkpoint_every={FLAGS.checkpoint_steps}", "--keep_checkpoints=10000",
-               f"--mixed_precision={FLAGS.mixed_precision}", "--test_report=false"]
-    start = train_until(command, max(budgets) * 60, os.path.join(work, "tfnmt.log"), os.environ)
-    checkpoints = checkpoint_times(os.path.join(model_dir, "checkpoints"), start,
-                                   r"ckpt-(\d+)\.index")
+def calibrate(checkpoints):
+    """(step, minutes, steps per minute) from a calibration run's [(step, minutes)]."""
+    if len(checkpoints) < 2:
+        raise RuntimeError("the calibration run saved fewer than two checkpoints: raise "
+                           "--calibration_minutes or lower --checkpoint_steps")
+    (first_step, first_minutes), (last_step, last_minutes) = checkpoints[1], checkpoints[-1]
+    if last_minutes <= first_minutes:  # two checkpoints only: from the first one
+        (first_step, first_minutes) = checkpoints[0]
+    rate = (last_step - first_step) / (last_minutes - first_minutes)
+    return {"step": last_step, "minutes": round(last_minutes, 2), "steps_per_minute": round(rate, 1)}
+
+
+def steps_within(calibration, budget):
+    """Steps a run of the calibrated system completes within `budget` minutes (less the margin)."""
+    steps = calibration["step"] + calibration["steps_per_minute"] * (budget - calibration["minutes"])
+    return max(int(steps * (1 - FLAGS.budget_margin)), FLAGS.checkpoint_steps)
+
+
+def budget_result(checkpoints, steps, budget):
+    """The checkpoint a budgeted run is scored by: its last step, or the last one saved within
+    the budget if the run was stopped there."""
+    within = [c for c in checkpoints if c[1] <= budget + 1e-9]
+    if not within:
+        raise RuntimeError(f"no checkpoint within {budget} minutes")
+    return within[-1], within[-1][0] < steps
+
+
+def load_scorer(model_dir):
+    """translate(step) -> test hypotheses of a tfnmt checkpoint (beam 4, alpha 0.6)."""
     # Imported only now: TensorFlow's thread pools must not compete with the training process.
     from tfnmt.checkpoints import load_model
     from tfnmt.inference.evaluation import translate_lines
     from tfnmt.inference.serving import TranslationModule
 
-    pairs = test_pairs()
-    results = []
-    for step, minutes in chosen(checkpoints, budgets, FLAGS.checkpoint_minutes):
+    def hypotheses(step):
         path = os.path.join(model_dir, "checkpoints", f"ckpt-{step}")
         model, proto, _ = load_model(model_dir, path)
         module = TranslationModule(model, proto, beam_size=4, alpha=0.6, n_best=1)
 
-        def translate(sentences, module=module):
+        def translate(sentences):
             out = module.serve(sentences)
             return out["translations"], out["scores"]
 
-        hypotheses = translate_lines(translate, [s for s, _ in pairs], 64)
-        results.append({"step": step, "minutes": round(minutes, 2),
-                        **score(hypotheses, [t for _, t in pairs])})
+        return translate_lines(translate, [s for s, _ in test_pairs()], 64)
+    return hypotheses
+
+
+def run_tfnmt(work, budgets):
+    """Trains the main job's recipe per budget (or once, for an open-ended schedule) and scores
+    it; -> ({"calibration", "checkpoints"}, settings, SentencePiece model path)."""
+    from tfnmt.model.presets import get_training
+
+    def train(name, minutes, steps=100000000):
+        model_dir = os.path.join(work, name)
+        command = [sys.executable, os.path.join(ROOT, "train.py"), f"--model_dir={model_dir}",
+                   f"--train_steps={steps}", "--eval_every=0",
+                   f"--checkpoint_every={FLAGS.checkpoint_steps}", "--keep_checkpoints=10000",
+                   f"--mixed_precision={FLAGS.mixed_precision}", "--test_report=false"]
+        start = train_until(command, minutes * 60, os.path.join(work, f"{name}.log"), os.environ)
+        return model_dir, checkpoint_times(os.path.join(model_dir, "checkpoints"), start,
+                                           r"ckpt-(\d+)\.index")
+
+    references = [t for _, t in test_pairs()]
+    result = {"checkpoints": []}
+    if get_training("cpu")["lr_decay"] == "linear":
+        model_dir, checkpoints = train("tfnmt-calibration", FLAGS.calibration_minutes)
+        result["calibration"] = calibrate(checkpoints)
+        runs = []
+        for budget in budgets:
+            steps = steps_within(result["calibration"], budget)
+            model_dir, checkpoints = train(f"tfnmt-{budget:g}min", budget, steps)
+            runs.append((model_dir, budget_result(checkpoints, steps, budget)))
+        for model_dir, ((step, minutes), cut) in runs:
+            hypotheses = load_scorer(model_dir)(step)
+            result["checkpoints"].append({"step": step, "minutes": round(minutes, 2),
+                                          "cut": cut, **score(hypotheses, references)})
+    else:
+        model_dir, checkpoints = train("tfnmt", max(budgets))
+        scorer = load_scorer(model_dir)
+        for step, minutes in chosen(checkpoints, budgets, FLAGS.checkpoint_minutes):
+            result["checkpoints"].append({"step": step, "minutes": round(minutes, 2),
+                                          **score(scorer(step), references)})
     with open(os.path.join(model_dir, paths.SETTINGS)) as f:
         settings = json.load(f)
-    return results, settings, os.path.join(model_dir, paths.VOCAB)
+    return result, settings, os.path.join(model_dir, paths.VOCAB)
 
 
 def write_peer_data(work, spm_path):
@@ -215,10 +283,11 @@ def write_peer_data(work, spm_path):
         f.writelines(processor.id_to_piece(i) + "\n" for i in range(4, processor.get_piece_size()))
 
 
-def run_peer(work, data_work, settings, recipe_name, budgets):
-    """Trains OpenNMT-tf with one recipe for max(budgets) minutes and scores its checkpoints."""
-    model = settings["model"]
-    train = settings["train"]
+def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
+    """Trains OpenNMT-tf with one recipe and scores it: per budget for the budgeted recipe
+    (calibrated on `calibration`, else on a calibration run of its own), else once for the
+    largest budget. -> {"recipe", "checkpoints", "calibration"}."""
+    model, train = settings["model"], settings["train"]
     recipe = {"lr_scale": train["lr_scale"], "warmup_steps": train["warmup_steps"],
               **PEER_RECIPES[recipe_name]}
     os.makedirs(work, exist_ok=True)
@@ -228,36 +297,66 @@ def run_peer(work, data_work, settings, recipe_name, budgets):
             num_heads=model["num_heads"], d_ff=model["d_ff"], dropout=model["dropout"],
             attention_dropout=model.get("attention_dropout", 0.0),
             norm_first=bool(model.get("norm_first", False))))
-    with open(os.path.join(work, "config.yml"), "w") as f:
-        f.write(PEER_CONFIG.format(work=work, data=data_work, d_model=model["d_model"],
-                                   batch_tokens=train["batch_tokens"],
-                                   checkpoint_steps=FLAGS.checkpoint_steps, **recipe))
     with open(os.path.join(work, "launcher.py"), "w") as f:
         f.write(LAUNCHER)
-    launcher = [FLAGS.onmt_python, os.path.join(work, "launcher.py"), "--model",
-                os.path.join(work, "model.py"), "--config", os.path.join(work, "config.yml")]
     policy = {"bf16": "mixed_bfloat16", "none": ""}[FLAGS.mixed_precision]
-    start = train_until([*launcher, "train"], max(budgets) * 60,
-                        os.path.join(work, "train.log"),
-                        peer_environment(FLAGS.peer_malloc, PEER_POLICY=policy))
-    checkpoints = checkpoint_times(os.path.join(work, "model"), start, r"ckpt-(\d+)\.index")
     references = [t for _, t in test_pairs()]
-    results = []
-    for step, minutes in chosen(checkpoints, budgets, FLAGS.checkpoint_minutes):
-        predictions = os.path.join(work, f"test.{step}.en")
-        with open(os.path.join(work, f"infer.{step}.log"), "w") as log:
+
+    def train(name, minutes, max_step=None):
+        run_dir = os.path.join(work, name)
+        os.makedirs(run_dir, exist_ok=True)
+        if max_step is None:  # open-ended: Noam's decay
+            learning_rate = recipe["lr_scale"]
+            schedule = NOAM.format(d_model=model["d_model"], warmup_steps=recipe["warmup_steps"])
+        else:  # tfnmt's peak, then cosine to zero at max_step
+            learning_rate = (recipe["lr_scale"] * model["d_model"] ** -0.5
+                             * recipe["warmup_steps"] ** -0.5)
+            schedule = COSINE.format(warmup_steps=recipe["warmup_steps"], max_step=max_step)
+        config = os.path.join(run_dir, "config.yml")
+        with open(config, "w") as f:
+            f.write(PEER_CONFIG.format(work=run_dir, data=data_work, learning_rate=learning_rate,
+                                       schedule=schedule, batch_tokens=train["batch_tokens"],
+                                       checkpoint_steps=FLAGS.checkpoint_steps,
+                                       max_step=max_step or 100000000))
+        launcher = [FLAGS.onmt_python, os.path.join(work, "launcher.py"), "--model",
+                    os.path.join(work, "model.py"), "--config", config]
+        start = train_until([*launcher, "train"], minutes * 60,
+                            os.path.join(run_dir, "train.log"),
+                            peer_environment(FLAGS.peer_malloc, PEER_POLICY=policy))
+        return launcher, run_dir, checkpoint_times(os.path.join(run_dir, "model"), start,
+                                                   r"ckpt-(\d+)\.index")
+
+    def bleu(launcher, run_dir, step):
+        predictions = os.path.join(run_dir, f"test.{step}.en")
+        with open(os.path.join(run_dir, f"infer.{step}.log"), "w") as log:
             # --checkpoint_path is an option of onmt-main itself, before the command.
             subprocess.run([*launcher, "--checkpoint_path",
-                            os.path.join(work, "model", f"ckpt-{step}"), "infer",
+                            os.path.join(run_dir, "model", f"ckpt-{step}"), "infer",
                             "--features_file", os.path.join(data_work, "test.de"),
                             "--predictions_file", predictions],
                            check=True, stdout=log, stderr=subprocess.STDOUT,
                            env=peer_environment(FLAGS.peer_malloc))
         with open(predictions, encoding="utf-8") as f:
             hypotheses = ["".join(line.split()).replace("\u2581", " ").strip() for line in f]
-        results.append({"step": step, "minutes": round(minutes, 2),
-                        **score(hypotheses, references)})
-    return {"recipe": recipe, "checkpoints": results}
+        return score(hypotheses, references)
+
+    results = []
+    if recipe.pop("budgeted", False):
+        if calibration is None:
+            calibration = calibrate(train("calibration", FLAGS.calibration_minutes)[2])
+        for budget in budgets:
+            steps = steps_within(calibration, budget)
+            launcher, run_dir, checkpoints = train(f"{budget:g}min", budget, steps)
+            (step, minutes), cut = budget_result(checkpoints, steps, budget)
+            results.append({"step": step, "minutes": round(minutes, 2), "cut": cut,
+                            **bleu(launcher, run_dir, step)})
+    else:
+        launcher, run_dir, checkpoints = train("run", max(budgets))
+        calibration = calibrate(checkpoints)
+        for step, minutes in chosen(checkpoints, budgets, FLAGS.checkpoint_minutes):
+            results.append({"step": step, "minutes": round(minutes, 2),
+                            **bleu(launcher, run_dir, step)})
+    return {"recipe": recipe, "checkpoints": results, "calibration": calibration}
 
 
 LAUNCHER = """import os, sys
@@ -309,9 +408,9 @@ def main(argv):
     curves = {}
     settings = None
     if "tfnmt" in FLAGS.systems:
-        checkpoints, settings, spm_path = run_tfnmt(work, budgets)
-        result["tfnmt"] = {"checkpoints": checkpoints,
-                           "at": {str(b): at_budget(checkpoints, b) for b in budgets}}
+        tfnmt, settings, spm_path = run_tfnmt(work, budgets)
+        checkpoints = tfnmt["checkpoints"]
+        result["tfnmt"] = dict(tfnmt, at={str(b): at_budget(checkpoints, b) for b in budgets})
         curves["tfnmt"] = checkpoints
     if "opennmt" in FLAGS.systems and FLAGS.onmt_python:
         if settings is None:
@@ -320,10 +419,12 @@ def main(argv):
         data_work = os.path.join(work, "opennmt-data")
         os.makedirs(data_work)
         write_peer_data(data_work, spm_path)
-        peers = {}
-        for name in FLAGS.peer_configs:
+        peers, calibration = {}, None
+        # Open-ended recipes first: their runs calibrate the budgeted one.
+        for name in sorted(FLAGS.peer_configs, key=lambda n: PEER_RECIPES[n].get("budgeted", 0)):
             peers[name] = run_peer(os.path.join(work, f"opennmt-{name}"), data_work, settings,
-                                   name, budgets)
+                                   name, budgets, calibration)
+            calibration = peers[name]["calibration"]
             curves[f"OpenNMT-tf ({name})"] = peers[name]["checkpoints"]
         result["opennmt"] = peers
         result["opennmt_best_at"] = {}

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfnmt.training.schedule import NoamSchedule, paper_adam
+from tfnmt.training.schedule import LinearDecaySchedule, NoamSchedule, paper_adam
 
 
 def formula(step, d_model, warmup, scale=1.0):
@@ -50,3 +50,45 @@ def test_optimizer_with_schedule_saves_and_reloads(tmp_path):
     # optimizer.learning_rate reads the schedule at the current step: the 4th update is next.
     assert float(restored.learning_rate) == pytest.approx(formula(4, 64, 10, 0.5))
     np.testing.assert_allclose(var2.numpy(), var.numpy())
+
+
+def linear_formula(step, d_model, warmup, total, scale=1.0):
+    peak = scale * d_model ** -0.5 * warmup ** -0.5
+    if step <= warmup:
+        return peak * step / warmup
+    return peak * max(total + 1 - step, 0) / (total + 1 - warmup)
+
+
+@pytest.mark.parametrize("step", [1, 50, 100, 101, 650, 1199, 1200, 1201, 1300])
+def test_linear_decay_values(step):
+    schedule = LinearDecaySchedule(256, warmup_steps=100, total_steps=1200, scale=1.5)
+    assert float(schedule(step - 1)) == pytest.approx(
+        linear_formula(step, 256, 100, 1200, 1.5), rel=1e-6, abs=1e-12)
+
+
+def test_linear_decay_peaks_with_noam_and_ends_at_zero():
+    linear = LinearDecaySchedule(256, warmup_steps=100, total_steps=400)
+    noam = NoamSchedule(256, warmup_steps=100)
+    rates = [float(linear(i)) for i in range(500)]
+    assert int(np.argmax(rates)) == 99
+    assert rates[99] == pytest.approx(float(noam(99)), rel=1e-6)
+    assert rates[399] > 0.0 and rates[400:] == [0.0] * 100  # the 400th update is the last
+    assert all(a >= b for a, b in zip(rates[99:], rates[100:]))
+
+
+def test_linear_decay_shorter_than_warmup_and_bad_settings():
+    schedule = LinearDecaySchedule(64, warmup_steps=100, total_steps=50)
+    assert float(schedule(49)) > 0.0 and float(schedule(50)) == 0.0
+    with pytest.raises(ValueError):
+        LinearDecaySchedule(64, warmup_steps=10, total_steps=0)
+    with pytest.raises(ValueError, match="total_steps"):
+        paper_adam(64, 10, decay="linear")
+    with pytest.raises(ValueError, match="unknown decay"):
+        paper_adam(64, 10, decay="cosine")
+
+
+def test_linear_optimizer_config_round_trip():
+    optimizer = paper_adam(64, warmup_steps=10, scale=0.5, decay="linear", total_steps=70)
+    config = keras.optimizers.serialize(optimizer)["config"]["learning_rate"]
+    assert keras.saving.deserialize_keras_object(config).get_config() == {
+        "d_model": 64, "warmup_steps": 10, "total_steps": 70, "scale": 0.5}

@@ -34,6 +34,7 @@ def saved_run(tmp_path):
     ("train", "batch_tokens", 1024, "512"),
     ("data", "vocab_size", 800, "600"),
     ("train", "mixed_precision", "fp16", "'none'"),  # loss-scale state in the checkpoints
+    ("train", "lr_decay", "linear", "'rsqrt'"),  # not in the saved file: it trained on rsqrt
 ])
 def test_a_resumed_run_refuses_other_settings_in_one_line(tmp_path, section, key, value, saved):
     model_dir = saved_run(tmp_path)
@@ -57,6 +58,13 @@ def test_settings_meant_to_change_on_resume_change_and_the_rest_are_kept(tmp_pat
     assert resolved["train"]["warmup_steps"] == 5
     assert resolved["model"]["num_layers"] == get_preset("tiny")["num_layers"]
     assert resolved["model"]["vocab_size"] == 600
+
+
+def test_a_run_saved_before_lr_decay_existed_resumes_on_rsqrt(tmp_path):
+    model_dir = saved_run(tmp_path)
+    assert "lr_decay" not in json.load(open(tmp_path / "settings.json"))["train"]
+    resolved = resolve_settings(requested(lr_decay="linear"), set(), model_dir)
+    assert resolved["train"]["lr_decay"] == "rsqrt"
 
 
 def test_checkpoints_without_settings_are_refused(tmp_path):

@@ -199,6 +199,19 @@ def events(directory):
     return tags
 
 
+def image_bytes(directory, tag):
+    """The PNG bytes of the last image summary `tag` in a directory's event files."""
+    found = None
+    for name in sorted(os.listdir(directory)):
+        if name.startswith("events.out.tfevents"):
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
+                for value in event.summary.value:
+                    if value.tag == tag:  # [width, height, png] strings
+                        found = tf.make_ndarray(value.tensor)[2]
+    assert found is not None, tag
+    return found
+
+
 def test_train_py_end_to_end(small_corpus, tmp_path):
     # A relative model_dir, as users type it (paths must not be joined twice). With a test
     # split (its own data dir: the shared one was prepared without it), the run ends with the
@@ -243,6 +256,11 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
                                 "attention/decoder_self/layer_1",
                                 "attention/decoder_cross/layer_1"}
     assert "dev split" in eval_events["metrics/perplexity"]
+    # Attention pictures carry the sentence's pieces as text: black pixels, which no heatmap
+    # colour has (its darkest is (25, 76, 178)).
+    picture = tf.io.decode_png(image_bytes(os.path.join(model_dir, "eval"),
+                                           "attention/decoder_cross/layer_0")).numpy()
+    assert picture.shape[2] == 3 and (picture.max(axis=2) < 40).any()
     assert all(train_events[tag] for tag in train_events)  # every scalar is described
     assert "_hparams_/session_start_info" in events(model_dir)
 
@@ -292,7 +310,8 @@ def test_fp16_skipped_updates_are_not_counted_as_steps(small_corpus, train_data,
 
 def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus, train_data, tmp_path):
     # Pre-norm, learned positions, separate embeddings, GELU, FFN dropout, a shallower decoder,
-    # an untied output layer, clipping, 2 micro-batches, 2 replicas at once, then stock ops
+    # an untied output layer, clipping, linear decay, 2 micro-batches, 2 replicas at once, then
+    # stock ops
     # (test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy checks their
     # gradients in every combination; test_train_py_end_to_end runs the defaults).
     import tensorflow_text  # noqa: F401
@@ -306,17 +325,18 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
                      bleu_sentences=2, average_last=0, norm_first=True, position="learned",
                      share_embeddings=False, accum_steps=2, strategy="mirrored", cpu_devices=2,
                      activation="gelu", ffn_dropout=0.1, num_decoder_layers=1,
-                     tie_output="false", clip_norm=1.0)
+                     tie_output="false", clip_norm=1.0, lr_decay="linear", warmup_steps=1)
     first = python(*train_flags(small_corpus, train_data, model_dir, **overrides))
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 replica(s)" in first.stdout and "step      1/1 | loss" in first.stdout
+    assert "| lr 0.00e+00 |" in first.stdout  # the rate after the last step (Noam's: 8.84e-02)
     # Resumed with stock ops: the same variables, so the fast run's checkpoint reads back.
     resumed = python(*train_flags(small_corpus, train_data, model_dir,
                                   **dict(overrides, train_steps=2)), "--plain_ops")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "ckpt-1 at step 1" in resumed.stdout and "step      2/2 | loss" in resumed.stdout
     assert "stock ops (--plain_ops)" in resumed.stdout
-    model, proto, path = load_model(model_dir)
+    model, proto, path = load_model(model_dir, "latest")
     assert path.endswith("ckpt-2")
     assert model.settings["norm_first"] and model.settings["position"] == "learned"
     assert not model.settings["share_embeddings"]

@@ -21,15 +21,15 @@ PRESETS = {
 # train.py's defaults per preset (flags given on the command line win). batch_tokens is per
 # replica and micro-batch; the paper's ~25k-token batches need --accum_steps or replicas.
 TRAINING = {
-    "tiny": dict(batch_tokens=2048, warmup_steps=800, lr_scale=1.0, train_steps=800,
+    "tiny": dict(lr_decay="rsqrt", batch_tokens=2048, warmup_steps=800, lr_scale=1.0, train_steps=800,
                  eval_every=400),
-    "cpu": dict(batch_tokens=2048, warmup_steps=800, lr_scale=1.0, train_steps=1200,
+    "cpu": dict(lr_decay="rsqrt", batch_tokens=2048, warmup_steps=800, lr_scale=1.0, train_steps=1200,
                 eval_every=600),
-    "small": dict(batch_tokens=4096, warmup_steps=400, lr_scale=0.4, train_steps=1000,
+    "small": dict(lr_decay="rsqrt", batch_tokens=4096, warmup_steps=400, lr_scale=0.4, train_steps=1000,
                   eval_every=500),
-    "base": dict(batch_tokens=4096, warmup_steps=4000, lr_scale=1.0, train_steps=100000,
+    "base": dict(lr_decay="rsqrt", batch_tokens=4096, warmup_steps=4000, lr_scale=1.0, train_steps=100000,
                  eval_every=2000),
-    "big": dict(batch_tokens=4096, warmup_steps=4000, lr_scale=1.0, train_steps=300000,
+    "big": dict(lr_decay="rsqrt", batch_tokens=4096, warmup_steps=4000, lr_scale=1.0, train_steps=300000,
                 eval_every=2000),
 }
 
@@ -64,7 +64,7 @@ def get_training(name):
       name: a key of PRESETS.
 
     Returns:
-      A dict with batch_tokens, warmup_steps, lr_scale, train_steps and eval_every.
+      A dict with lr_decay, batch_tokens, warmup_steps, lr_scale, train_steps and eval_every.
     """
     get_preset(name)  # the same error for an unknown name
     return dict(TRAINING[name])

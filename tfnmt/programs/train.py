@@ -91,6 +91,8 @@ flags.DEFINE_integer("warmup_steps", None, "Noam warm-up steps (default: the pre
                      "paper: 4000 with 25k-token batches).")
 flags.DEFINE_float("lr_scale", None, "Multiplier of the Noam learning rate (default: the "
                    "preset's).")
+flags.DEFINE_enum("lr_decay", None, ["rsqrt", "linear"], "After warm-up: rsqrt (the paper's "
+                  "1/sqrt(step)) or linear (to zero at --train_steps); default: the preset's.")
 flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing epsilon.")
 flags.DEFINE_float("clip_norm", 0.0, "Scale each update's gradients down to this global norm "
                    "when larger (default 0: no clipping; the paper does not clip).")
@@ -144,7 +146,7 @@ MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attenti
 DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type", "max_length",
               "filter_length_ratio", "filter_duplicates", "filter_identical")
 TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "warmup_steps", "lr_scale",
-               "label_smoothing", "clip_norm", "mixed_precision", "shape_stable",
+               "lr_decay", "label_smoothing", "clip_norm", "mixed_precision", "shape_stable",
                "bucket_growth", "jit_compile", "seed", "log_every", "eval_every",
                "bleu_sentences", "eval_beam_size", "best_metric", "early_stopping",
                "checkpoint_every", "keep_checkpoints", "average_last")

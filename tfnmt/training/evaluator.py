@@ -8,6 +8,17 @@ from tfnmt.data.special_tokens import BOS_ID
 from tfnmt.inference.evaluation import Translator, corpus_scores, evaluate_loss, loss_sums_function
 from tfnmt.training.summaries import write_attention_images, write_scalars
 
+ATTENTION_LENGTH = 40  # positions of the attention pictures, at most
+
+
+def attention_pair(pairs, words=(6, 16)):
+    """The dev pair the attention pictures show: the first whose source and reference both have
+    words[0] to words[1] words (short enough to read), else the first pair."""
+    for source, reference in pairs:
+        if all(words[0] <= len(text.split()) <= words[1] for text in (source, reference)):
+            return source, reference
+    return pairs[0]
+
 
 class Evaluator:
     """Evaluates a training model on the dev split.
@@ -52,9 +63,10 @@ class Evaluator:
                 tf.summary.text("samples/translations", tf.constant(samples), step=step,
                                 description="The first dev sentences, their references and "
                                 "the model's translations at this step.")
-                source_ids = self.translator.source_ids(sources[:1])
-                target = self.tokenizer.tokenize([self.pairs[0][1]])[:, :50].to_tensor()
-                target_in = tf.concat([tf.fill([1, 1], BOS_ID), target], axis=1)
-                write_attention_images(self.model, source_ids, target_in, step)
+                source, reference = attention_pair(self.pairs)
+                source_ids = self.translator.source_ids([source])[:, :ATTENTION_LENGTH]
+                target = self.tokenizer.tokenize([reference])[:, :ATTENTION_LENGTH - 1]
+                target_in = tf.concat([tf.fill([1, 1], BOS_ID), target.to_tensor()], axis=1)
+                write_attention_images(self.model, source_ids, target_in, step, self.tokenizer)
             writer.flush()
         return metrics

@@ -284,7 +284,8 @@ def _build(settings, strategy, precision):
     with strategy.scope():
         model = Transformer(**settings["model"])
         model.build()
-        optimizer = paper_adam(model.d_model, t["warmup_steps"], t["lr_scale"], PreReducedAdam)
+        optimizer = paper_adam(model.d_model, t["warmup_steps"], t["lr_scale"], PreReducedAdam,
+                               decay=t.get("lr_decay") or "rsqrt", total_steps=t["train_steps"])
         if precision == "fp16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)

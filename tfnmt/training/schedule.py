@@ -1,4 +1,10 @@
-"""The paper's learning-rate schedule (§5.3) and Adam settings."""
+"""Learning-rate schedules and the paper's Adam settings (§5.3).
+
+`NoamSchedule` is the paper's: linear warm-up, then decay as 1/sqrt(step), for runs of open
+length. `LinearDecaySchedule` warms up the same way to the same peak, then falls linearly to zero
+at the last step: for a run whose length is known, it ends with small, averaging steps instead
+of at a high rate.
+"""
 import keras
 import tensorflow as tf
 
@@ -36,18 +42,74 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
 
 
-def paper_adam(d_model, warmup_steps=4000, scale=1.0, optimizer_class=keras.optimizers.Adam,
-               **kwargs):
-    """The paper's optimizer (§5.3): Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on the Noam
-    schedule.
+@keras.saving.register_keras_serializable(package="tfnmt")
+class LinearDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """Noam's warm-up to Noam's peak, then linear decay to zero at `total_steps`.
+
+    lr = peak * step / warmup_steps up to the peak, then
+    peak * (total_steps + 1 - step) / (total_steps + 1 - warmup_steps): the last update
+    (step = total_steps) still moves the weights, and every later one has rate 0. Here
+    peak = scale * d_model^-0.5 * warmup_steps^-0.5 and step counts from 1, as for
+    `NoamSchedule`.
 
     Args:
-      d_model, warmup_steps, scale: the `NoamSchedule`'s.
+      d_model: the model width.
+      warmup_steps: updates of linear warm-up.
+      total_steps: the run's length: its last update has the last non-zero rate. At most
+        `warmup_steps` gives warm-up only, then zero.
+      scale: a factor on the whole schedule.
+
+    Example:
+      optimizer = keras.optimizers.Adam(LinearDecaySchedule(256, 300, 1200))
+    """
+
+    def __init__(self, d_model, warmup_steps, total_steps, scale=1.0):
+        if d_model <= 0 or warmup_steps <= 0 or total_steps <= 0 or scale <= 0:
+            raise ValueError(f"d_model, warmup_steps, total_steps and scale must be positive, "
+                             f"got {d_model}, {warmup_steps}, {total_steps}, {scale}")
+        self.d_model = int(d_model)
+        self.warmup_steps = int(warmup_steps)
+        self.total_steps = int(total_steps)
+        self.scale = float(scale)
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32) + 1.0
+        peak = self.scale * self.d_model ** -0.5 * self.warmup_steps ** -0.5
+        rising = step / self.warmup_steps
+        falling = ((self.total_steps + 1 - step)
+                   / max(self.total_steps + 1 - self.warmup_steps, 1))
+        return peak * tf.maximum(tf.minimum(rising, falling), 0.0)
+
+    def get_config(self):
+        return {"d_model": self.d_model, "warmup_steps": self.warmup_steps,
+                "total_steps": self.total_steps, "scale": self.scale}
+
+
+SCHEDULES = ("rsqrt", "linear")
+
+
+def paper_adam(d_model, warmup_steps=4000, scale=1.0, optimizer_class=keras.optimizers.Adam,
+               decay="rsqrt", total_steps=None, **kwargs):
+    """The paper's optimizer (§5.3): Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on the Noam
+    schedule, or on `LinearDecaySchedule` with `decay="linear"`.
+
+    Args:
+      d_model, warmup_steps, scale: the schedule's.
       optimizer_class: an Adam class (training uses `PreReducedAdam`).
+      decay: "rsqrt" (the paper's 1/sqrt(step)) or "linear" (to zero at `total_steps`).
+      total_steps: the run's length; needed by "linear".
       **kwargs: more arguments for the optimizer.
 
     Returns:
       The optimizer.
     """
-    return optimizer_class(learning_rate=NoamSchedule(d_model, warmup_steps, scale),
-                           beta_1=0.9, beta_2=0.98, epsilon=1e-9, **kwargs)
+    if decay == "rsqrt":
+        schedule = NoamSchedule(d_model, warmup_steps, scale)
+    elif decay == "linear":
+        if not total_steps:
+            raise ValueError("decay='linear' needs total_steps")
+        schedule = LinearDecaySchedule(d_model, warmup_steps, total_steps, scale)
+    else:
+        raise ValueError(f"unknown decay {decay!r}; choose one of {', '.join(SCHEDULES)}")
+    return optimizer_class(learning_rate=schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+                           **kwargs)

@@ -41,6 +41,9 @@ MODEL_DEFAULTS = {name: parameter.default for name, parameter
                   in inspect.signature(Transformer.__init__).parameters.items()
                   if parameter.default is not inspect.Parameter.empty and name != "dtype"}
 
+# What a saved run that does not record these training settings trained with.
+TRAIN_DEFAULTS_BEFORE = {"lr_decay": "rsqrt"}
+
 
 def is_fixed(section, key):
     """Whether a resumed run must keep a setting.
@@ -92,6 +95,8 @@ def resolve_settings(requested, explicit, model_dir):
         ours, theirs = resolved.setdefault(section, {}), saved.get(section) or {}
         if section == "model":  # the saved model was built with the defaults of what it omits
             theirs = dict(MODEL_DEFAULTS, **theirs)
+        elif section == "train":  # runs saved before a setting existed trained without it
+            theirs = dict(TRAIN_DEFAULTS_BEFORE, **theirs)
         for key in sorted(set(ours) | set(theirs)):
             name = f"{section}.{key}"
             if name not in explicit:

@@ -7,8 +7,9 @@ samples/translations (text) and attention/<kind>/layer_<i> (images).
 """
 import os
 
-import numpy as np
 import tensorflow as tf
+
+from tfnmt.training.attention_images import labelled_heads
 
 # name -> (TensorBoard tag, description).
 SCALARS = {
@@ -21,7 +22,7 @@ SCALARS = {
     "bleu": ("metrics/bleu", "sacreBLEU (13a) of the detokenized dev translations (greedy, or "
              "beam with --eval_beam_size). Few points: set smoothing to 0."),
     "chrf": ("metrics/chrf", "sacreBLEU chrF of the same dev translations."),
-    "learning_rate": ("optim/learning_rate", "Adam's learning rate (Noam schedule)."),
+    "learning_rate": ("optim/learning_rate", "Adam's learning rate (--lr_decay schedule)."),
     "grad_norm": ("optim/grad_norm", "Global norm of the update's gradient, before clipping; "
                   "mean over the updates since the last point."),
     "tokens_per_sec": ("system/target_tokens_per_sec", "Real (not padding) target tokens "
@@ -63,31 +64,6 @@ def write_hparams(model_dir, settings):
         writer.flush()
 
 
-def heads_side_by_side(weights, pixel=4, gap=2):
-    """An attention picture: a white-to-dark-blue heatmap per head, query positions down, key
-    positions across.
-
-    Args:
-      weights: [H, Tq, Tk] in [0, 1].
-      pixel: the side of one weight's square, in pixels.
-      gap: pixels between heads.
-
-    Returns:
-      [Tq * pixel, H * (Tk * pixel + gap) - gap, 3] uint8 RGB.
-    """
-    weights = np.asarray(weights, np.float32)
-    heads, rows, cols = weights.shape
-    # Each head scaled to its own maximum so that diffuse heads stay visible.
-    scaled = weights / np.maximum(weights.max(axis=(1, 2), keepdims=True), 1e-9)
-    tiles = []
-    for head in scaled:
-        big = np.kron(head, np.ones((pixel, pixel), np.float32))  # [Tq*p, Tk*p]
-        rgb = np.stack([1.0 - 0.9 * big, 1.0 - 0.7 * big, 1.0 - 0.3 * big], axis=-1)
-        tiles.append(rgb)
-        tiles.append(np.ones((rows * pixel, gap, 3), np.float32))
-    return (np.concatenate(tiles[:-1], axis=1) * 255).astype(np.uint8)
-
-
 def attention_weights(model, source_ids, target_in):
     """Every layer's attention of one sentence pair, teacher-forced.
 
@@ -113,17 +89,28 @@ def attention_weights(model, source_ids, target_in):
     return maps
 
 
-def write_attention_images(model, source_ids, target_in, step):
-    """Writes one image summary per layer and attention kind (call inside a summary writer).
+def write_attention_images(model, source_ids, target_in, step, tokenizer):
+    """Writes one image summary per layer and attention kind (call inside a summary writer),
+    with the sentence's pieces on the axes.
 
     Args:
-      model, source_ids, target_in: as for `attention_weights`.
+      model, source_ids, target_in: as for `attention_weights` (one sentence, no padding).
       step: the summary step.
+      tokenizer: the `Tokenizer` whose pieces label the axes.
     """
+    def pieces(ids):
+        return [p.decode("utf-8", "replace") for p in tokenizer.id_to_piece(ids[0]).numpy()]
+
+    source, target = pieces(source_ids), pieces(target_in)
+    tokens = {"encoder_self": (source, source), "decoder_self": (target, target),
+              "decoder_cross": (target, source)}
     for name, weights in attention_weights(model, source_ids, target_in).items():
-        image = heads_side_by_side(weights)[None]
+        queries, keys = tokens[name.split("/")[0]]
+        image = labelled_heads(weights, queries, keys)[None]
         tf.summary.image(f"attention/{name}", image, step=step,
-                         description="heads side by side; rows: queries, columns: keys")
+                         description="Each head's attention weights on one dev sentence "
+                         "(scaled to the head's maximum): rows are the queries, columns the "
+                         "keys they attend to.")
 
 
 def rss_bytes():
