@@ -252,14 +252,14 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     eval_events = events(os.path.join(model_dir, "eval"))
     assert set(eval_events) >= {"metrics/loss", "metrics/perplexity", "metrics/accuracy",
                                 "metrics/bleu", "metrics/chrf", "samples/translations",
-                                "attention/encoder_self/layer_0",
-                                "attention/decoder_self/layer_1",
-                                "attention/decoder_cross/layer_1"}
+                                "samples/attention/encoder_self/layer_0",
+                                "samples/attention/decoder_self/layer_1",
+                                "samples/attention/decoder_cross/layer_1"}
     assert "dev split" in eval_events["metrics/perplexity"]
     # Attention pictures carry the sentence's pieces as text: black pixels, which no heatmap
     # colour has (its darkest is (25, 76, 178)).
     picture = tf.io.decode_png(image_bytes(os.path.join(model_dir, "eval"),
-                                           "attention/decoder_cross/layer_0")).numpy()
+                                           "samples/attention/decoder_cross/layer_0")).numpy()
     assert picture.shape[2] == 3 and (picture.max(axis=2) < 40).any()
     assert all(train_events[tag] for tag in train_events)  # every scalar is described
     assert "_hparams_/session_start_info" in events(model_dir)

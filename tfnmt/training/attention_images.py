@@ -36,7 +36,7 @@ def labelled_heads(weights, query_tokens, key_tokens, cell=14, gap=3):
 
     Example:
       image = labelled_heads(w, ["<s>", "_The", "_house"], ["_Das", "_Haus", "</s>"])
-      tf.summary.image("attention/decoder_cross/layer_0", image[None], step=step)
+      tf.summary.image("samples/attention/decoder_cross/layer_0", image[None], step=step)
     """
     weights = np.asarray(weights, np.float32)
     heads, rows, cols = weights.shape

@@ -3,7 +3,8 @@ description), the run's settings for the HParams tab, attention heatmaps, and th
 
 Tags: metrics/ (loss in both the train and eval runs, so one chart shows both; dev perplexity,
 accuracy, bleu, chrf), optim/ (learning rate, gradient norm), system/ (speed, memory, padding),
-samples/translations (text) and attention/<kind>/layer_<i> (images).
+samples/translations (text) and samples/attention/<kind>/layer_<i> (images), so that the
+scalars come first in TensorBoard's alphabetical list of groups.
 """
 import os
 
@@ -107,7 +108,7 @@ def write_attention_images(model, source_ids, target_in, step, tokenizer):
     for name, weights in attention_weights(model, source_ids, target_in).items():
         queries, keys = tokens[name.split("/")[0]]
         image = labelled_heads(weights, queries, keys)[None]
-        tf.summary.image(f"attention/{name}", image, step=step,
+        tf.summary.image(f"samples/attention/{name}", image, step=step,
                          description="Each head's attention weights on one dev sentence "
                          "(scaled to the head's maximum): rows are the queries, columns the "
                          "keys they attend to.")
