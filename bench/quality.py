@@ -287,8 +287,8 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
     """Trains OpenNMT-tf with one recipe and scores it: per budget for the budgeted recipe
     (calibrated on `calibration`, else on a calibration run of its own), else once for the
     largest budget. -> {"recipe", "checkpoints", "calibration"}."""
-    model, train = settings["model"], settings["train"]
-    recipe = {"lr_scale": train["lr_scale"], "warmup_steps": train["warmup_steps"],
+    model, training = settings["model"], settings["train"]
+    recipe = {"lr_scale": training["lr_scale"], "warmup_steps": training["warmup_steps"],
               **PEER_RECIPES[recipe_name]}
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "model.py"), "w") as f:
@@ -315,7 +315,7 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
         config = os.path.join(run_dir, "config.yml")
         with open(config, "w") as f:
             f.write(PEER_CONFIG.format(work=run_dir, data=data_work, learning_rate=learning_rate,
-                                       schedule=schedule, batch_tokens=train["batch_tokens"],
+                                       schedule=schedule, batch_tokens=training["batch_tokens"],
                                        checkpoint_steps=FLAGS.checkpoint_steps,
                                        max_step=max_step or 100000000))
         launcher = [FLAGS.onmt_python, os.path.join(work, "launcher.py"), "--model",
@@ -341,7 +341,9 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
         return score(hypotheses, references)
 
     results = []
-    if recipe.pop("budgeted", False):
+    budgeted = recipe.pop("budgeted", False)
+    recipe["decay"] = "cosine to zero at the budget's last step" if budgeted else "noam"
+    if budgeted:
         if calibration is None:
             calibration = calibrate(train("calibration", FLAGS.calibration_minutes)[2])
         for budget in budgets:
