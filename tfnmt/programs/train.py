@@ -1,6 +1,6 @@
 """Train a Transformer translation model (tfnmt).
 
-With no flags: the `cpu` preset on the embedded German->English corpus for 1,200 steps, then dev
+With no flags: the `cpu` preset on the embedded German->English corpus for 2,200 steps, then dev
 scores and a report on the test split (beam 4: sacreBLEU, chrF, sample translations, the
 commands to export and translate). Re-running the same command resumes from the newest
 checkpoint in --model_dir. Flags not given on the command line take the values saved in
