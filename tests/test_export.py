@@ -327,8 +327,8 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
     assert names == sorted(f"{kind}_layer_{i}.png" for kind in
                            ("encoder_self", "decoder_self", "decoder_cross") for i in (0, 1))
     image = tf.io.decode_png(tf.io.read_file(str(plots / "encoder_self_layer_0.png")))
-    height, width, channels = image.shape  # 4 square S x S heads, 2-pixel gaps between them
-    assert channels == 3 and width == 4 * (height + 2) - 2
+    height, width, channels = image.shape  # 4 square heads side by side, pieces as text
+    assert channels == 3 and width > 2 * height and (image.numpy().max(axis=2) < 40).any()
     # evaluate.py on the dev split named by the model_dir's settings.
     import json as json_module
     settings_path = os.path.join(tiny_model_dir, "settings.json")

@@ -143,7 +143,7 @@ def plot_attention(model_dir, checkpoint, sentence, translation, directory):
 
     from tfnmt.checkpoints import load_model
     from tfnmt.inference.serving import TranslationModule
-    from tfnmt.training.summaries import attention_weights, heads_side_by_side
+    from tfnmt.training.summaries import attention_pictures
 
     model, proto, _ = load_model(model_dir, checkpoint)
     module = TranslationModule(model, proto, n_best=1)
@@ -151,9 +151,10 @@ def plot_attention(model_dir, checkpoint, sentence, translation, directory):
     target = module.tokenizer.tokenize([translation]).to_tensor()
     target_in = tf.concat([tf.fill([1, 1], 2), tf.cast(target, tf.int32)], axis=1)
     os.makedirs(directory, exist_ok=True)
-    for name, weights in attention_weights(model, source_ids, target_in).items():
+    pictures = attention_pictures(model, source_ids, target_in, module.tokenizer.id_to_string)
+    for name, image in pictures.items():
         path = os.path.join(directory, name.replace("/", "_") + ".png")
-        tf.io.write_file(path, tf.io.encode_png(heads_side_by_side(weights, pixel=8)))
+        tf.io.write_file(path, tf.io.encode_png(image))
         print(f"wrote {path}", file=sys.stderr)
 
 

@@ -90,6 +90,27 @@ def attention_weights(model, source_ids, target_in):
     return maps
 
 
+def attention_pictures(model, source_ids, target_in, id_to_piece):
+    """Every layer's attention of one sentence pair as labelled pictures (`labelled_heads`).
+
+    Args:
+      model, source_ids, target_in: as for `attention_weights` (one sentence, no padding).
+      id_to_piece: maps an int32 id tensor to a tf.string tensor of pieces (a `Tokenizer`'s
+        `id_to_piece`, a tf-text SentencepieceTokenizer's `id_to_string`).
+
+    Returns:
+      {name: [height, width, 3] uint8}, names as in `attention_weights`.
+    """
+    def pieces(ids):
+        return [p.decode("utf-8", "replace") for p in id_to_piece(ids[0]).numpy()]
+
+    source, target = pieces(source_ids), pieces(target_in)
+    tokens = {"encoder_self": (source, source), "decoder_self": (target, target),
+              "decoder_cross": (target, source)}
+    return {name: labelled_heads(weights, *tokens[name.split("/")[0]])
+            for name, weights in attention_weights(model, source_ids, target_in).items()}
+
+
 def write_attention_images(model, source_ids, target_in, step, tokenizer):
     """Writes one image summary per layer and attention kind (call inside a summary writer),
     with the sentence's pieces on the axes.
@@ -99,16 +120,9 @@ def write_attention_images(model, source_ids, target_in, step, tokenizer):
       step: the summary step.
       tokenizer: the `Tokenizer` whose pieces label the axes.
     """
-    def pieces(ids):
-        return [p.decode("utf-8", "replace") for p in tokenizer.id_to_piece(ids[0]).numpy()]
-
-    source, target = pieces(source_ids), pieces(target_in)
-    tokens = {"encoder_self": (source, source), "decoder_self": (target, target),
-              "decoder_cross": (target, source)}
-    for name, weights in attention_weights(model, source_ids, target_in).items():
-        queries, keys = tokens[name.split("/")[0]]
-        image = labelled_heads(weights, queries, keys)[None]
-        tf.summary.image(f"samples/attention/{name}", image, step=step,
+    for name, image in attention_pictures(model, source_ids, target_in,
+                                          tokenizer.id_to_piece).items():
+        tf.summary.image(f"samples/attention/{name}", image[None], step=step,
                          description="Each head's attention weights on one dev sentence "
                          "(scaled to the head's maximum): rows are the queries, columns the "
                          "keys they attend to.")
