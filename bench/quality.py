@@ -111,11 +111,12 @@ infer:
 # 4,000 warm-up steps).
 PEER_RECIPES = {"budgeted": {"budgeted": True}, "noam": {},
                 "noam4000": {"lr_scale": 2.0, "warmup_steps": 4000}}
-NOAM = "decay_type: NoamDecay\n  decay_params: {{model_dim: {d_model}, warmup_steps: {warmup_steps}}}"
-flags.register_validator("peer_configs", lambda names: set(names) <= set(PEER_RECIPES),
-                         f"--peer_configs: names among {', '.join(PEER_RECIPES)}")
+NOAM = ("decay_type: NoamDecay\n  decay_params: {{model_dim: {d_model}, "
+        "warmup_steps: {warmup_steps}}}")
 COSINE = ("decay_type: CosineAnnealing\n  decay_params: {{warmup_steps: {warmup_steps}, "
           "max_step: {max_step}}}")
+flags.register_validator("peer_configs", lambda names: set(names) <= set(PEER_RECIPES),
+                         f"--peer_configs: names among {', '.join(PEER_RECIPES)}")
 
 
 def train_until(command, budget_seconds, log_path, env):
@@ -184,12 +185,14 @@ def calibrate(checkpoints):
     if last_minutes <= first_minutes:  # two checkpoints only: from the first one
         (first_step, first_minutes) = checkpoints[0]
     rate = (last_step - first_step) / (last_minutes - first_minutes)
-    return {"step": last_step, "minutes": round(last_minutes, 2), "steps_per_minute": round(rate, 1)}
+    return {"step": last_step, "minutes": round(last_minutes, 2),
+            "steps_per_minute": round(rate, 1)}
 
 
 def steps_within(calibration, budget):
-    """Steps a run of the calibrated system completes within `budget` minutes (less the margin)."""
-    steps = calibration["step"] + calibration["steps_per_minute"] * (budget - calibration["minutes"])
+    """Steps a run of the calibrated system completes within `budget` minutes, less the margin."""
+    rate = calibration["steps_per_minute"]
+    steps = calibration["step"] + rate * (budget - calibration["minutes"])
     return max(int(steps * (1 - FLAGS.budget_margin)), FLAGS.checkpoint_steps)
 
 
