@@ -44,6 +44,17 @@ def small_prepared(small_corpus, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def separate_prepared(small_corpus, tmp_path_factory):
+    """The small corpus with separate vocabularies (500 pieces each side) in 2 train shards."""
+    from tfnmt.data import records
+
+    out = str(tmp_path_factory.mktemp("prepared_separate"))
+    records.prepare(out, dataset="files", files=small_corpus, vocab_size=500, train_shards=2,
+                    separate=True)
+    return out
+
+
+@pytest.fixture(scope="session")
 def train_data(small_corpus, tmp_path_factory):
     """Prepared data for train.py runs on the small corpus (train.py finds it up to date)."""
     from tfnmt.data import records
@@ -62,14 +73,13 @@ def tiny_model_dir(small_prepared, tmp_path_factory):
 
     import keras
 
-    from tfnmt.data.records import VOCAB
     from tfnmt.model.presets import get_preset
     from tfnmt.model.transformer import Transformer
 
     model_dir = tmp_path_factory.mktemp("tiny_model_dir")
     settings = {"model": dict(get_preset("tiny", dropout=0.0), vocab_size=600, max_length=64)}
     (model_dir / "settings.json").write_text(json.dumps(settings))
-    shutil.copyfile(os.path.join(small_prepared, VOCAB), model_dir / "spm.model")
+    shutil.copyfile(os.path.join(small_prepared, "spm.model"), model_dir / "spm.model")
     keras.utils.set_random_seed(7)
     model = Transformer(**settings["model"])
     model.build()

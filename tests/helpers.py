@@ -80,15 +80,21 @@ def random_ids(rng, batch, length, vocab_size, low=4):
     return rng.integers(low, vocab_size, size=(batch, length)).astype("int32")
 
 
-def teacher_forced_log_prob(model, tokenizer_proto, source, target):
+def teacher_forced_log_prob(model, vocabulary, source, target):
     """log P(target | source) from the model's logits, in float64 numpy: the subwords of the
-    target, then EOS, each scored after BOS and the subwords before it."""
+    target, then EOS, each scored after BOS and the subwords before it. `vocabulary`: a shared
+    SentencePiece model's bytes or (source, target) bytes; tokenized with the sentencepiece
+    package."""
     import sentencepiece
     import tensorflow as tf
 
-    processor = sentencepiece.SentencePieceProcessor(model_proto=tokenizer_proto)
-    source_ids = processor.encode(source)[: model.max_length - 1] + [3]  # EOS
-    target_ids = processor.encode(target)[: model.max_length - 1]
+    from tfnmt.data.vocabulary import as_protos
+
+    protos = as_protos(vocabulary)
+    source_ids = sentencepiece.SentencePieceProcessor(model_proto=protos.source).encode(
+        source)[: model.max_length - 1] + [3]  # EOS
+    target_ids = sentencepiece.SentencePieceProcessor(model_proto=protos.target).encode(
+        target)[: model.max_length - 1]
     logits = model((tf.constant([source_ids]), tf.constant([[2] + target_ids])),
                    training=False).numpy()[0].astype(np.float64)  # [T, V]
     log_probs = logits - logits.max(1, keepdims=True)

@@ -34,15 +34,15 @@ def cli_export(tiny_model_dir, tmp_path_factory):
                              "--format=ctranslate2", f"--export_dir={out}"], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    model, proto, _ = checkpoints.load_model(tiny_model_dir)
-    return model, proto, out
+    model, vocab, _ = checkpoints.load_model(tiny_model_dir)
+    return model, vocab.source, out
 
 
 @pytest.fixture(scope="module")
 def prenorm_export(tiny_model_dir, tmp_path_factory):
     """Every other option CTranslate2 can express: pre-norm, GELU, learned positions, source and
     target embeddings apart, an untied output layer, 2 encoder and 1 decoder layers."""
-    _, proto, _ = checkpoints.load_model(tiny_model_dir)
+    proto = checkpoints.load_model(tiny_model_dir)[1].source
     tf.keras.utils.set_random_seed(11)
     model = Transformer(vocab_size=600, num_encoder_layers=2, num_decoder_layers=1, d_model=32,
                         num_heads=2, d_ff=48, dropout=0.0, activation="gelu", norm_first=True,
@@ -142,7 +142,7 @@ def test_quantized_export_and_refusals(cli_export, tmp_path):
     with pytest.raises(ValueError, match="quantization"):
         export_ctranslate2(model, proto, str(tmp_path / "x"), quantization="int4")
     with pytest.raises(CTranslate2ExportError, match="vocabulary of 600 ids"):
-        transformer_spec(model, spm_pieces(proto)[:500])
+        transformer_spec(model, spm_pieces(proto)[:500], spm_pieces(proto))
     assert sorted(os.listdir(tmp_path)) == ["int8"]  # failures leave nothing behind
 
 

@@ -43,8 +43,9 @@ def with_training_path(proto):
 
 @pytest.fixture(scope="module")
 def module(tiny_model_dir):
-    model, proto, _ = checkpoints.load_model(tiny_model_dir)
-    return TranslationModule(model, with_training_path(proto), beam_size=3, alpha=0.6,
+    model, vocab, _ = checkpoints.load_model(tiny_model_dir)
+    assert vocab.shared
+    return TranslationModule(model, with_training_path(vocab.source), beam_size=3, alpha=0.6,
                              n_best=2)
 
 
@@ -186,7 +187,7 @@ def test_export_that_the_cpp_loader_cannot_run_is_never_published(module, tmp_pa
 
     def plain_save(module, path):
         tracked = tf.Module()
-        tracked.model, tracked.tokenizer = module.model, module.tokenizer
+        tracked.model, tracked.tokenizer = module.model, module.source_tokenizer
         tf.saved_model.save(tracked, path, signatures={
             "serving_default": module.serve, "translate_n_best": module.serve_n_best})
 
@@ -206,7 +207,9 @@ def test_no_paths_of_the_training_machine_in_the_export(exported, module, tiny_m
     with open(os.path.join(tiny_model_dir, "spm.model"), "rb") as f:
         original = tf_text.SentencepieceTokenizer(model=with_training_path(f.read()))
     text = tf.constant(SENTENCES + ["Überall grüßt ein Wörterbuch: ½ € © \x00 ẞ"])
-    assert original.tokenize(text).to_list() == module.tokenizer.tokenize(text).to_list()
+    assert module.target_tokenizer is module.source_tokenizer  # a shared vocabulary
+    assert original.tokenize(text).to_list() == \
+        module.source_tokenizer.tokenize(text).to_list()
 
 
 def test_saved_model_cli_lists_the_signatures(exported):

@@ -19,6 +19,7 @@ from helpers import ROOT, python, train_flags
 from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes, load_model,
                                newest_readable_checkpoint)
 from tfnmt.data import records
+from tfnmt.paths import VOCAB
 
 FAST = dict(log_every=2, checkpoint_every=2, eval_every=0, bleu_sentences=2, average_last=0,
             keep_checkpoints=3)
@@ -99,7 +100,7 @@ def test_damaged_state_file_shard_and_interrupted_save_are_recovered(corpus, cop
     flip_bytes(shard)
     os.makedirs(os.path.join(checkpoints, "ckpt-7_temp"))
     open(os.path.join(checkpoints, "ckpt-7_temp", "part-00000-of-00001.index"), "wb").close()
-    vocab = os.path.join(copied, records.VOCAB)
+    vocab = os.path.join(copied, VOCAB)
     with open(vocab, "r+b") as f:  # the model's vocabulary copy, cut off mid-write
         f.truncate(1000)
 
@@ -115,7 +116,7 @@ def test_damaged_state_file_shard_and_interrupted_save_are_recovered(corpus, cop
     assert checkpoint_numbers(copied) == [4, 6, 8]
     assert not records.damaged_shards(os.path.join(copied, "data"),
                                       records.load_manifest(os.path.join(copied, "data")))
-    with open(vocab, "rb") as ours, open(os.path.join(copied, "data", records.VOCAB), "rb") as data:
+    with open(vocab, "rb") as ours, open(os.path.join(copied, "data", VOCAB), "rb") as data:
         assert ours.read() == data.read()
 
 

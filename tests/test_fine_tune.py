@@ -1,17 +1,21 @@
 """train.py --init_from: fine-tuning a trained model on new data in a new model_dir."""
+import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 
 from helpers import python, train_flags
 from tfnmt.checkpoints import load_model
-from tfnmt.data.tokenizer import Tokenizer
+from tfnmt.data import records
 from tfnmt.data.pipeline import make_dataset
+from tfnmt.data.vocabulary import Vocabulary
 from tfnmt.inference.evaluation import Translator, corpus_scores, evaluate_loss
-from tfnmt.training import fine_tune
+from tfnmt.training import experiment, fine_tune
 from tfnmt.training.settings import SettingsError
 
+SIDE_FILES = ["source.spm.model", "target.spm.model"]
 # A new domain the source model never saw: two templates with numbers.
 TEMPLATES = [("Zimmer {} ist frei.", "Room {} is free."),
              ("Der Zug {} fährt um acht.", "Train {} leaves at eight.")]
@@ -35,9 +39,9 @@ def source(small_corpus, train_data, tmp_path_factory):
 def scores_on(model_dir, pairs, data_dir):
     """(dev perplexity by teacher forcing, chrF of greedy translations, the translations)."""
     model, _, _ = load_model(model_dir)
-    tokenizer = Tokenizer(os.path.join(model_dir, "spm.model"))
+    vocabulary = Vocabulary.from_dir(model_dir, separate=False)
     perplexity = evaluate_loss(model, make_dataset(data_dir, "dev", 512, 64))["perplexity"]
-    hypotheses = Translator(model, tokenizer).translate([s for s, _ in pairs])
+    hypotheses = Translator(model, vocabulary).translate([s for s, _ in pairs])
     return perplexity, corpus_scores(hypotheses, [t for _, t in pairs])["chrf"], hypotheses
 
 
@@ -120,4 +124,40 @@ def test_sources_that_cannot_start_a_run(source, tmp_path):
     settings = fine_tune.apply_source(requested, {"model.dropout"},
                                       fine_tune.resolve_source(source))
     assert settings["model"]["num_layers"] == 2 and settings["model"]["dropout"] == 0.3
-    assert settings["data"] == {"vocab_size": 600, "vocab_type": "unigram"}
+    assert settings["data"] == {"vocab_size": 600, "vocab_type": "unigram",
+                                "separate_vocabularies": False}
+    with pytest.raises(SettingsError, match="vocabulary differs: separate_vocabularies=True"):
+        fine_tune.apply_source(dict(requested, data={"separate_vocabularies": True}),
+                               {"data.separate_vocabularies"}, fine_tune.resolve_source(source))
+
+
+def test_a_model_with_separate_vocabularies_passes_both_on(separate_prepared, small_corpus,
+                                                           tmp_path):
+    # The source: a model_dir whose vocabulary is two SentencePiece models.
+    source_dir = tmp_path / "source"
+    os.makedirs(source_dir / "checkpoints")
+    (source_dir / "settings.json").write_text(json.dumps(
+        {"model": {}, "data": {"vocab_size": 500, "vocab_type": "unigram",
+                               "separate_vocabularies": True}}))
+    with pytest.raises(SettingsError, match="has no source.spm.model"):
+        fine_tune.resolve_source(str(source_dir))
+    for name in SIDE_FILES:
+        shutil.copyfile(os.path.join(separate_prepared, name), source_dir / name)
+    # The new run's data is tokenized with both, and its model_dir gets both.
+    settings = {"model_dir": str(tmp_path / "tuned"), "model": {},
+                "data": {"dataset": "files", "files": {"train": small_corpus["dev"]},
+                         "vocab_size": 500, "vocab_type": "unigram",
+                         "separate_vocabularies": True},
+                "train": {"seed": 7}, "init_from": {"model_dir": str(source_dir)}}
+    os.makedirs(settings["model_dir"])
+    data_dir = os.path.join(settings["model_dir"], "data")
+    manifest, vocabulary = experiment._prepare_data(settings, True, data_dir)
+    assert manifest["vocab"]["fingerprint"] == vocabulary.fingerprint == \
+        records.load_manifest(separate_prepared)["vocab"]["fingerprint"]
+    for name in SIDE_FILES:
+        for copy in (settings["model_dir"], data_dir):
+            with open(os.path.join(copy, name), "rb") as a, \
+                    open(source_dir / name, "rb") as b:
+                assert a.read() == b.read()
+    assert settings["model"] == {"vocab_size": None, "source_vocab_size": 500,
+                                 "target_vocab_size": 500}

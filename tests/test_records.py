@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from tfnmt.data import records
 from tfnmt.data.tokenizer import Tokenizer
+from tfnmt.paths import VOCAB
 
 
 def test_manifest_counts_and_shards(small_prepared):
@@ -21,7 +22,7 @@ def test_manifest_counts_and_shards(small_prepared):
 
 
 def test_records_hold_the_tokenized_text(small_corpus, small_prepared):
-    tokenizer = Tokenizer(os.path.join(small_prepared, records.VOCAB))
+    tokenizer = Tokenizer(os.path.join(small_prepared, VOCAB))
     manifest = records.load_manifest(small_prepared)
     raw = next(iter(tf.data.TFRecordDataset(records.shard_paths(small_prepared, manifest, "dev"))))
     example = tf.train.Example.FromString(raw.numpy())
@@ -86,7 +87,7 @@ def test_vocabulary_change_is_detected(small_prepared, tmp_path):
         records.load_manifest(small_prepared, vocab_fingerprint="0" * 64)
     out = str(tmp_path / "copy")
     copy_prepared(small_prepared, out)
-    with open(os.path.join(out, records.VOCAB), "ab") as f:
+    with open(os.path.join(out, VOCAB), "ab") as f:
         f.write(b"x")  # the vocabulary file no longer matches the records
     with pytest.raises(records.PreparedDataError, match="differs from the vocabulary"):
         records.load_manifest(out)

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tfnmt import paths
 from tfnmt.data import corpus
-from tfnmt.data.records import VOCAB
+from tfnmt.paths import VOCAB
 from tfnmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 

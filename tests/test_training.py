@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import ROOT, python, train_flags
+from helpers import ROOT, python, teacher_forced_log_prob, train_flags
 from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
@@ -308,46 +308,88 @@ def test_fp16_skipped_updates_are_not_counted_as_steps(small_corpus, train_data,
         "loss has diverged (lower --lr_scale or use --mixed_precision=bf16|none)")
 
 
-def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus, train_data, tmp_path):
-    # Pre-norm, learned positions, separate embeddings, GELU, FFN dropout, a shallower decoder,
-    # an untied output layer, clipping, linear decay, 2 micro-batches, 2 replicas at once, then
-    # stock ops
+def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus, tmp_path):
+    # Separate source/target vocabularies (and so embeddings), pre-norm, learned positions,
+    # GELU, FFN dropout, a shallower decoder, an untied output layer, clipping, linear decay,
+    # 2 micro-batches, 2 replicas at once, then stock ops
     # (test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy checks their
     # gradients in every combination; test_train_py_end_to_end runs the defaults).
+    import ctranslate2
+    import sentencepiece
     import tensorflow_text  # noqa: F401
 
     from tfnmt.checkpoints import load_model
+    from tfnmt.data.special_tokens import EOS_ID, PAD_ID
+    from tfnmt.inference.ctranslate2_export import export_ctranslate2
+    from tfnmt.inference.decoding import greedy_decode
     from tfnmt.inference.saved_model import export_saved_model
     from tfnmt.inference.serving import TranslationModule
 
     model_dir = str(tmp_path / "run")
     overrides = dict(train_steps=1, checkpoint_every=1, log_every=1, eval_every=0,
                      bleu_sentences=2, average_last=0, norm_first=True, position="learned",
-                     share_embeddings=False, accum_steps=2, strategy="mirrored", cpu_devices=2,
-                     activation="gelu", ffn_dropout=0.1, num_decoder_layers=1,
-                     tie_output="false", clip_norm=1.0, lr_decay="linear", warmup_steps=1)
-    first = python(*train_flags(small_corpus, train_data, model_dir, **overrides))
+                     separate_vocabularies="true", vocab_size=500, accum_steps=2,
+                     strategy="mirrored", cpu_devices=2, activation="gelu", ffn_dropout=0.1,
+                     num_decoder_layers=1, tie_output="false", clip_norm=1.0,
+                     lr_decay="linear", warmup_steps=1)
+    first = python(*train_flags(small_corpus, None, model_dir, **overrides))
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 replica(s)" in first.stdout and "step      1/1 | loss" in first.stdout
+    assert "vocabulary 500 source, 500 target" in first.stdout
     assert "| lr 0.00e+00 |" in first.stdout  # the rate after the last step (Noam's: 8.84e-02)
     # Resumed with stock ops: the same variables, so the fast run's checkpoint reads back.
-    resumed = python(*train_flags(small_corpus, train_data, model_dir,
+    resumed = python(*train_flags(small_corpus, None, model_dir,
                                   **dict(overrides, train_steps=2)), "--plain_ops")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "ckpt-1 at step 1" in resumed.stdout and "step      2/2 | loss" in resumed.stdout
     assert "stock ops (--plain_ops)" in resumed.stdout
-    model, proto, path = load_model(model_dir, "latest")
+    # The vocabulary is a fixed setting of the run.
+    refused = python(*train_flags(small_corpus, None, model_dir, train_steps=3, vocab_size=500),
+                     "--separate_vocabularies=false", timeout=120)
+    assert refused.returncode == 1
+    assert "separate_vocabularies=False (saved: True)" in refused.stderr
+    model, vocab, path = load_model(model_dir, "latest")
     assert path.endswith("ckpt-2")
     assert model.settings["norm_first"] and model.settings["position"] == "learned"
-    assert not model.settings["share_embeddings"]
+    assert not model.settings["share_embeddings"] and not vocab.shared
+    for side, name in (("source", "source_embedding"), ("target", "target_embedding")):
+        with open(os.path.join(model_dir, f"{side}.spm.model"), "rb") as f:
+            assert getattr(vocab, side) == f.read()
+        assert getattr(model, name).embeddings.shape == (500, 64)
+    assert not os.path.exists(os.path.join(model_dir, "spm.model"))
     assert model.source_embedding is not model.target_embedding
     assert model.settings["activation"] == "gelu" and model.settings["ffn_dropout"] == 0.1
     assert (model.settings["num_encoder_layers"], model.settings["num_decoder_layers"]) == (2, 1)
     assert not model.settings["tie_output"]
-    # Published only after TensorFlow's C++ loader ran both signatures (ExportCheckError else).
-    exported = export_saved_model(TranslationModule(model, proto, beam_size=2, n_best=1),
-                                  str(tmp_path / "export"))
+    module = TranslationModule(model, vocab, beam_size=2, n_best=1)
+    # Published only after TensorFlow's C++ loader ran every signature (ExportCheckError else).
+    exported = export_saved_model(module, str(tmp_path / "export"))
     assert os.path.basename(exported) == "1"
+    # Sources through the source model, targets through the target model: forced decoding
+    # equals numpy's log-probability over the logits (sentencepiece package's pieces), and a
+    # forced prefix comes back verbatim.
+    pairs = [("Und Gott sprach.", "And God said."), ("Das Haus ist klein.", "The house")]
+    scored = module.score(tf.constant([s for s, _ in pairs]), tf.constant([t for _, t in pairs]))
+    for (source, target), score in zip(pairs, scored["scores"].numpy()):
+        assert score == pytest.approx(teacher_forced_log_prob(model, vocab, source, target)[0],
+                                      rel=1e-4, abs=1e-4)
+    prefixed = module.serve_with_prefix(tf.constant(["Und Gott sprach."]),
+                                        tf.constant(["And God said"]))
+    assert prefixed["translations"].numpy()[0].decode().startswith("And God said")
+    # CTranslate2 with source_vocabulary.json and target_vocabulary.json finds the same
+    # greedy translations.
+    ct2_dir = export_ctranslate2(model, vocab, str(tmp_path / "ct2"))
+    assert {"source_vocabulary.json", "target_vocabulary.json", "source.spm.model",
+            "target.spm.model"} <= set(os.listdir(ct2_dir))
+    source_sp, target_sp = (sentencepiece.SentencePieceProcessor(model_proto=p) for p in vocab)
+    pieces = [source_sp.encode(s, out_type=str) for s, _ in pairs]
+    source_ids = tf.ragged.constant([source_sp.encode(s) + [EOS_ID] for s, _ in pairs])
+    ids, _ = greedy_decode(model, source_ids.to_tensor(PAD_ID), max_length=10)
+    ours = [[target_sp.id_to_piece(int(i)) for i in row if i not in (PAD_ID, EOS_ID)]
+            for row in ids.numpy()]
+    theirs = ctranslate2.Translator(ct2_dir, device="cpu", compute_type="float32") \
+        .translate_batch(pieces, beam_size=1, max_decoding_length=10, min_decoding_length=0)
+    assert [r.hypotheses[0] for r in theirs] == ours
 
 
 @pytest.mark.parametrize("flag, message", [
@@ -355,9 +397,11 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--strategy=gpu_magic", "strategy"),
     ("--label_smoothing=1.5", "label_smoothing must be in"),
     ("--preset=huge", "preset"),
+    ("--separate_vocabularies --share_embeddings", "--share_embeddings needs one shared "
+     "vocabulary"),
 ])
 def test_bad_flags_fail_fast(flag, message, tmp_path):
-    result = python("train.py", f"--model_dir={tmp_path}", flag, timeout=60)
+    result = python("train.py", f"--model_dir={tmp_path}", *flag.split(), timeout=60)
     assert result.returncode != 0 and message in result.stderr
 
 

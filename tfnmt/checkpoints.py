@@ -11,7 +11,8 @@ import shutil
 import tensorflow as tf
 
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS, VOCAB
+from tfnmt.data import vocabulary
+from tfnmt.paths import AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS
 
 
 class ModelDirError(ValueError):
@@ -230,8 +231,8 @@ def load_model(model_dir, which="auto"):
         that reads back is used.
 
     Returns:
-      (a float32 `Transformer` with the restored weights, the SentencePiece model proto,
-      the checkpoint path). bfloat16 inference is chosen where the model is used
+      (a float32 `Transformer` with the restored weights, its `vocabulary.VocabularyProtos`
+      (the SentencePiece models), the checkpoint path). bfloat16 inference is chosen where the model is used
       (`serving.TranslationModule`'s matmul_dtype).
 
     Raises:
@@ -242,8 +243,11 @@ def load_model(model_dir, which="auto"):
         raise ModelDirError(f"{model_dir} holds no trained model (no {SETTINGS})")
     with open(settings_path) as f:
         settings = json.load(f)
-    with open(os.path.join(model_dir, VOCAB), "rb") as f:
-        proto = f.read()
+    try:
+        protos = vocabulary.read_protos(*vocabulary.paths(
+            model_dir, (settings.get("data") or {}).get("separate_vocabularies", False)))
+    except OSError as error:
+        raise ModelDirError(f"{model_dir} has no vocabulary ({error})") from None
     model = Transformer(**settings["model"], dtype="float32")
     model.build()
     failures = []
@@ -257,6 +261,6 @@ def load_model(model_dir, which="auto"):
         if failures:
             logging.warning("using %s: newer checkpoints do not read back (%s)", path,
                             "; ".join(failures))
-        return model, proto, path
+        return model, protos, path
     raise ModelDirError(f"no checkpoint of {model_dir} reads back ({'; '.join(failures)})")
 

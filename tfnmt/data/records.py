@@ -1,8 +1,9 @@
 """Tokenized splits as sharded TFRecord files of tf.train.Example, with a manifest.
 
-A prepared directory holds `spm.model` (the shared vocabulary), `<split>-SSSSS-of-NNNNN.tfrecord`
-shards and `manifest.json`, written last, which records each shard's size and sha256 and the
-vocabulary's fingerprint. Every file is written under a temporary name and renamed when
+A prepared directory holds the vocabulary (`spm.model`, or `source.spm.model` and
+`target.spm.model`: vocabulary.py), `<split>-SSSSS-of-NNNNN.tfrecord` shards and
+`manifest.json`, written last, which records each shard's size and sha256 and the vocabulary's
+fingerprint. Every file is written under a temporary name and renamed when
 complete, and the old manifest is removed before anything is rewritten, so an interrupted run
 leaves no manifest and is never read as complete. Re-running with the same inputs and settings
 checks the shards against their checksums and rewrites only the splits that hold a damaged one,
@@ -20,8 +21,10 @@ import tensorflow as tf
 
 from tfnmt.data import corpus
 from tfnmt.data.filters import PairFilter
-from tfnmt.data.tokenizer import Tokenizer, file_fingerprint, train_sentencepiece
-from tfnmt.paths import EMBEDDED_DIR, VOCAB
+from tfnmt.data import vocabulary
+from tfnmt.data.tokenizer import train_sentencepiece
+from tfnmt.data.vocabulary import Vocabulary
+from tfnmt.paths import EMBEDDED_DIR
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # 2: a sha256 per shard; the vocabulary by its fingerprint
@@ -67,11 +70,11 @@ def _serialize(source_ids, target_ids):
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def _tokenized_pairs(tokenizer, pairs, batch_size=2048):
+def _tokenized_pairs(vocab, pairs, batch_size=2048):
     """Streams (source ids, target ids), tokenizing `batch_size` pairs per tf-text call."""
     def tokenize(batch):
-        sources = tokenizer.tokenize([s for s, _ in batch]).to_list()
-        targets = tokenizer.tokenize([t for _, t in batch]).to_list()
+        sources = vocab.source.tokenize([s for s, _ in batch]).to_list()
+        targets = vocab.target.tokenize([t for _, t in batch]).to_list()
         return zip(sources, targets)
 
     batch = []
@@ -84,7 +87,7 @@ def _tokenized_pairs(tokenizer, pairs, batch_size=2048):
         yield from tokenize(batch)
 
 
-def _write_split(tokenizer, pairs, out_dir, name, num_shards, pair_filter=None):
+def _write_split(vocab, pairs, out_dir, name, num_shards, pair_filter=None):
     """Tokenizes pairs into `num_shards` TFRecord files named after `name`; -> the split's
     manifest entry. `pair_filter` (a `filters.PairFilter`) drops pairs and counts them."""
     names = [f"{name}-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
@@ -94,7 +97,7 @@ def _write_split(tokenizer, pairs, out_dir, name, num_shards, pair_filter=None):
     tokens = {"source": 0, "target": 0}
     if pair_filter is not None:
         pairs = (pair for pair in pairs if pair_filter.keep_text(*pair))
-    tokenized = _tokenized_pairs(tokenizer, pairs)
+    tokenized = _tokenized_pairs(vocab, pairs)
     if pair_filter is not None:
         tokenized = (ids for ids in tokenized if pair_filter.keep_ids(*ids))
     for index, (source_ids, target_ids) in enumerate(tokenized):
@@ -115,17 +118,17 @@ def _write_split(tokenizer, pairs, out_dir, name, num_shards, pair_filter=None):
             "length_histogram": {str(k): v for k, v in sorted(histogram.items())}}
 
 
-def _write_train(tokenizer, dataset, files, tfds_data_dir, out_dir, num_shards, filters):
+def _write_train(vocab, dataset, files, tfds_data_dir, out_dir, num_shards, filters):
     """The train split: one set of shards per corpus (several `files["train"]` specs), the
     filters applied across all of them; -> its manifest entry, with "corpora" (each one's
     files, shards and pair count) when there are several, and "filtered" (the counts)."""
     pair_filter = PairFilter(**(filters or {}))
     specs = corpus.train_specs(files) if dataset == "files" else [None]
     if len(specs) == 1:
-        entry = _write_split(tokenizer, _split_pairs(dataset, "train", files, tfds_data_dir),
+        entry = _write_split(vocab, _split_pairs(dataset, "train", files, tfds_data_dir),
                              out_dir, "train", num_shards, pair_filter)
     else:
-        parts = [_write_split(tokenizer, corpus.read_corpus(dataset, "train", spec), out_dir,
+        parts = [_write_split(vocab, corpus.read_corpus(dataset, "train", spec), out_dir,
                               f"train.{index}", num_shards, pair_filter)
                  for index, spec in enumerate(specs)]
         histogram = collections.Counter()
@@ -144,8 +147,8 @@ def _write_train(tokenizer, dataset, files, tfds_data_dir, out_dir, num_shards, 
 
 
 def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vocab_size=8000,
-            vocab_type="unigram", train_shards=8, vocab_path=None, model_vocab=None,
-            filters=None):
+            vocab_type="unigram", train_shards=8, vocab_paths=None, model_vocab=None,
+            filters=None, separate=False):
     """Learns the vocabulary on the train split and writes all splits as TFRecords, unless
     `out_dir` already holds them for the same input and settings (damaged shards are
     rewritten).
@@ -153,13 +156,17 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
     Args:
       out_dir: the prepared-data directory.
       dataset, files, tfds_data_dir: the raw text, as for `corpus.read_corpus`.
-      vocab_size, vocab_type: the SentencePiece model to learn ("unigram" or "bpe").
+      vocab_size, vocab_type: the SentencePiece model(s) to learn ("unigram" or "bpe"); with
+        `separate`, each side's has `vocab_size` pieces.
       train_shards: TFRecord files for the train split.
-      vocab_path: an existing SentencePiece model to use instead of learning one.
-      model_vocab: the vocabulary of a model already trained on this data (its model_dir's
-        spm.model). A rebuild then tokenizes with it instead of learning one again, which
-        could differ (SentencePiece samples its input) and so no longer fit the model.
+      vocab_paths: (source, target) SentencePiece model files to use instead of learning them
+        (the same path twice for a shared vocabulary).
+      model_vocab: (source, target) files of the vocabulary of a model already trained on this
+        data (its model_dir's). A rebuild then tokenizes with it instead of learning one again,
+        which could differ (SentencePiece samples its input) and so no longer fit the model.
       filters: `filters.PairFilter` arguments for the train split (none by default).
+      separate: learn one SentencePiece model per side (source text, target text) instead of
+        one on both.
 
     Returns:
       The manifest (a dict: settings, vocabulary fingerprint, per-split shards, counts and
@@ -171,7 +178,9 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
     settings = {"format": FORMAT_VERSION, "dataset": dataset,
                 "inputs": input_fingerprint(dataset, files, tfds_data_dir),
                 "vocab_size": vocab_size, "vocab_type": vocab_type, "train_shards": train_shards,
-                "vocab_source": _sha256_file(vocab_path) if vocab_path else "learned"}
+                "vocab_source": _vocab_source(vocab_paths)}
+    if separate:  # absent when shared: older data stays valid
+        settings["separate_vocabularies"] = True
     if PairFilter(**(filters or {})).settings:  # absent when off: older data stays valid
         settings["filters"] = PairFilter(**filters).settings
     manifest_path = os.path.join(out_dir, MANIFEST)
@@ -191,54 +200,108 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
                             "; ".join(problem for _, problem in damaged), " and ".join(splits),
                             "s" if len(splits) > 1 else "")
             os.remove(manifest_path)
-            tokenizer = Tokenizer(os.path.join(out_dir, manifest["vocab"]["file"]))
+            vocab = manifest_vocabulary(out_dir, manifest)
             for split in splits:
                 manifest["splits"][split] = _write_any_split(
-                    tokenizer, dataset, split, files, tfds_data_dir, out_dir,
+                    vocab, dataset, split, files, tfds_data_dir, out_dir,
                     manifest["settings"]["train_shards"], filters)
             _write_manifest(manifest_path, manifest)
             return manifest
         os.remove(manifest_path)  # from here on the directory reads as incomplete
     os.makedirs(out_dir, exist_ok=True)
 
-    model_path = os.path.join(out_dir, VOCAB)
-    if vocab_path or (model_vocab and os.path.exists(model_vocab)):
-        if not vocab_path:
-            logging.warning("%s: tokenizing with the model's vocabulary %s", out_dir, model_vocab)
-        with open(vocab_path or model_vocab, "rb") as src, open(model_path + ".tmp", "wb") as dst:
-            dst.write(src.read())
-        os.replace(model_path + ".tmp", model_path)
+    if not vocab_paths and model_vocab and all(os.path.exists(p) for p in model_vocab):
+        logging.warning("%s: tokenizing with the model's vocabulary %s", out_dir,
+                        " and ".join(sorted(set(model_vocab))))
+        vocab_paths = model_vocab
+    if vocab_paths:
+        protos = vocabulary.read_protos(*vocab_paths)
     else:
-        def sentences():
-            for source, target in _split_pairs(dataset, "train", files, tfds_data_dir):
-                yield source
-                yield target
-        try:
-            train_sentencepiece(sentences(), model_path, vocab_size, vocab_type)
-        except ValueError as error:
-            raise corpus.CorpusError(str(error)) from None
-    tokenizer = Tokenizer(model_path)
+        protos = _learn_vocabulary(dataset, files, tfds_data_dir, vocab_size, vocab_type,
+                                   separate, out_dir)
+    written = vocabulary.write_protos(out_dir, protos)
+    vocab = Vocabulary(written["source"], written["target"])
 
     splits = {}
     for split in corpus.SPLITS:
         if dataset == "files" and not (files or {}).get(split):
             continue  # local files: dev/test are optional
-        splits[split] = _write_any_split(tokenizer, dataset, split, files, tfds_data_dir,
+        splits[split] = _write_any_split(vocab, dataset, split, files, tfds_data_dir,
                                          out_dir, train_shards, filters)
         logging.info("%s: %d pairs", split, splits[split]["examples"])
-    manifest = {"settings": settings, "vocab": {"file": VOCAB, "fingerprint": tokenizer.fingerprint,
-                                                "size": tokenizer.vocab_size},
-                "splits": splits}
+    manifest = {"settings": settings, "vocab": _vocab_entry(vocab), "splits": splits}
     _write_manifest(manifest_path, manifest)
     return manifest
 
 
-def _write_any_split(tokenizer, dataset, split, files, tfds_data_dir, out_dir, train_shards,
+def _vocab_source(vocab_paths):
+    """What the manifest records of given vocabulary files: their sha256 (one string when
+    shared, as before separate vocabularies), or "learned"."""
+    if not vocab_paths:
+        return "learned"
+    source, target = vocab_paths
+    if source == target:
+        return _sha256_file(source)
+    return {"source": _sha256_file(source), "target": _sha256_file(target)}
+
+
+def _learn_vocabulary(dataset, files, tfds_data_dir, vocab_size, vocab_type, separate,
+                      work_dir):
+    """Trains the SentencePiece model(s) on the train split (in `work_dir`); -> their
+    `VocabularyProtos`."""
+    def sentences(sides):
+        for pair in _split_pairs(dataset, "train", files, tfds_data_dir):
+            for side in sides:
+                yield pair[side]
+
+    names = vocabulary.file_names(separate)
+    learned = {}
+    try:
+        for index, side in enumerate(("source", "target") if separate else ("source",)):
+            path = os.path.join(work_dir, ".learned." + names[side])
+            train_sentencepiece(sentences((index,) if separate else (0, 1)), path, vocab_size,
+                                vocab_type)
+            with open(path, "rb") as f:
+                learned[side] = f.read()
+            os.remove(path)
+    except ValueError as error:
+        raise corpus.CorpusError(str(error)) from None
+    return vocabulary.as_protos((learned["source"], learned.get("target", learned["source"])))
+
+
+def _vocab_entry(vocab):
+    """The manifest's "vocab": file, fingerprint and size when shared (as before separate
+    vocabularies), else each side's file and size and the combined fingerprint."""
+    if vocab.shared:
+        return {"file": vocabulary.VOCAB, "fingerprint": vocab.fingerprint,
+                "size": vocab.source.vocab_size}
+    return {"files": dict(vocabulary.SIDE_FILES), "fingerprint": vocab.fingerprint,
+            "sizes": {"source": vocab.source.vocab_size, "target": vocab.target.vocab_size}}
+
+
+def _manifest_vocab_paths(data_dir, manifest):
+    entry = manifest["vocab"]
+    if "file" in entry:
+        return (os.path.join(data_dir, entry["file"]),) * 2
+    return tuple(os.path.join(data_dir, entry["files"][side]) for side in ("source", "target"))
+
+
+def manifest_vocabulary(data_dir, manifest):
+    """The `Vocabulary` a prepared directory's records were tokenized with.
+
+    Args:
+      data_dir: a prepared directory.
+      manifest: its manifest (`load_manifest`).
+    """
+    return Vocabulary(*_manifest_vocab_paths(data_dir, manifest))
+
+
+def _write_any_split(vocab, dataset, split, files, tfds_data_dir, out_dir, train_shards,
                      filters):
     if split == "train":
-        return _write_train(tokenizer, dataset, files, tfds_data_dir, out_dir, train_shards,
+        return _write_train(vocab, dataset, files, tfds_data_dir, out_dir, train_shards,
                             filters)
-    return _write_split(tokenizer, _split_pairs(dataset, split, files, tfds_data_dir), out_dir,
+    return _write_split(vocab, _split_pairs(dataset, split, files, tfds_data_dir), out_dir,
                         split, 1)
 
 
@@ -279,41 +342,24 @@ def load_manifest(data_dir, vocab_fingerprint=None, check_shards=True):
         if manifest["settings"]["format"] != FORMAT_VERSION:
             raise PreparedDataError(f"{path} is of format {manifest['settings']['format']}, "
                                     f"this tfnmt reads {FORMAT_VERSION}")
-        vocab_file = os.path.join(data_dir, manifest["vocab"]["file"])
+        vocab_files = _manifest_vocab_paths(data_dir, manifest)
         expected_vocab = manifest["vocab"]["fingerprint"]
         shards = [(s["file"], s["bytes"], s["sha256"]) for split in manifest["splits"].values()
                   for s in split["shards"]]
     except (ValueError, KeyError, TypeError, AttributeError) as error:  # JSONDecodeError too
         raise PreparedDataError(f"{path} is damaged ({type(error).__name__}: {error})")
-    if readable_fingerprint(vocab_file) != expected_vocab:
-        raise PreparedDataError(f"{vocab_file} is missing or differs from the vocabulary the "
-                                "records were made with")
+    if vocabulary.readable_fingerprint(*vocab_files) != expected_vocab:
+        raise PreparedDataError(f"{' or '.join(sorted(set(vocab_files)))} is missing or differs "
+                                "from the vocabulary the records were made with")
     if vocab_fingerprint and vocab_fingerprint != expected_vocab:
         raise PreparedDataError(f"the records in {data_dir} were tokenized with another "
                                 "vocabulary than the model's: prepare the data with the model's "
-                                "spm.model, or start a new model_dir")
+                                "SentencePiece model(s), or start a new model_dir")
     for name, size, _ in shards if check_shards else ():
         file = os.path.join(data_dir, name)
         if not os.path.exists(file) or os.path.getsize(file) != size:
             raise PreparedDataError(f"{file} is missing or not the size the manifest records")
     return manifest
-
-
-def readable_fingerprint(vocab_file):
-    """A vocabulary file's fingerprint, if it is one.
-
-    Args:
-      vocab_file: a SentencePiece model path.
-
-    Returns:
-      `tokenizer.fingerprint` of it, or None if the file is missing or not a SentencePiece model.
-    """
-    from google.protobuf.message import DecodeError
-
-    try:
-        return file_fingerprint(vocab_file)
-    except (OSError, DecodeError):
-        return None
 
 
 def damaged_shards(data_dir, manifest):

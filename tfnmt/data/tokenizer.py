@@ -1,4 +1,4 @@
-"""Shared subword vocabulary: SentencePiece learned on the training text, applied in-graph.
+"""Subword vocabulary: SentencePiece learned on the training text, applied in-graph.
 
 Training uses the `sentencepiece` package; tokenizing and detokenizing use tensorflow-text's
 `SentencepieceTokenizer` over the same model proto, so training, evaluation and the exported
@@ -15,11 +15,12 @@ from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F4
 
 def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unigram",
                         max_sentences=2_000_000, seed_sentencepiece_size=1_000_000):
-    """Learns a joint SentencePiece model and writes it without the paths of this machine
+    """Learns a SentencePiece model and writes it without the paths of this machine
     (`portable_model_proto`), so copying a model_dir keeps its bytes.
 
     Args:
-      sentences: an iterable of strings (source and target sentences).
+      sentences: an iterable of strings (source and target sentences for a shared vocabulary,
+        one side's for separate ones).
       model_path: the model file to write (atomically: a `.tmp` name renamed when complete).
       vocab_size: pieces in the vocabulary, the four special tokens included.
       model_type: "unigram" or "bpe".

@@ -8,6 +8,9 @@ SentencePiece model beside it:
   <output_dir>/model.bin, config.json, shared_vocabulary.json   (CTranslate2's files)
   <output_dir>/spm.model                                         (tokenize and detokenize)
 
+(with separate vocabularies: source_vocabulary.json and target_vocabulary.json, and
+source.spm.model to tokenize, target.spm.model to detokenize).
+
 Translating with it (pieces in, pieces out; the source's end-of-sentence is added by the model's
 config, as tfnmt adds it):
 
@@ -31,7 +34,7 @@ import tempfile
 import numpy as np
 
 from tfnmt.layers.embedding import sinusoid_table
-from tfnmt.paths import VOCAB
+from tfnmt.data.vocabulary import as_protos, write_protos
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")
@@ -85,12 +88,13 @@ def _position_table(model):
     return np.asarray(sinusoid_table(np.arange(model.max_length), model.d_model), np.float32)
 
 
-def transformer_spec(model, pieces):
+def transformer_spec(model, source_pieces, target_pieces):
     """Returns a CTranslate2 TransformerSpec holding `model`'s weights (float32).
 
     Args:
       model: a built tfnmt `Transformer`.
-      pieces: the SentencePiece vocabulary, piece strings in id order.
+      source_pieces, target_pieces: each side's SentencePiece vocabulary, piece strings in id
+        order (the same list twice for a shared vocabulary).
     Raises:
       CTranslate2ExportError: the model has a setting CTranslate2's Transformer cannot express.
     """
@@ -101,7 +105,7 @@ def transformer_spec(model, pieces):
     if settings["activation"] not in activations:
         raise CTranslate2ExportError(f"activation {settings['activation']!r} has no CTranslate2 "
                                      "equivalent")
-    for side in ("source", "target"):
+    for side, pieces in (("source", source_pieces), ("target", target_pieces)):
         if settings[f"{side}_vocab_size"] != len(pieces):
             raise CTranslate2ExportError(
                 f"{side} vocabulary of {settings[f'{side}_vocab_size']} ids, but the "
@@ -114,8 +118,8 @@ def transformer_spec(model, pieces):
     spec.config.layer_norm_epsilon = settings["layer_norm_epsilon"]
     spec.config.add_source_eos = True  # tfnmt ends every source with EOS, starts no BOS
     spec.config.add_source_bos = False
-    spec.register_source_vocabulary(list(pieces))
-    spec.register_target_vocabulary(list(pieces))
+    spec.register_source_vocabulary(list(source_pieces))  # equal lists: one shared file
+    spec.register_target_vocabulary(list(target_pieces))
 
     encoder, decoder = spec.encoder, spec.decoder
     positions = _position_table(model)
@@ -159,8 +163,9 @@ def spm_pieces(spm_model_proto):
     return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
 
 
-def export_ctranslate2(model, spm_model_proto, output_dir, quantization=None, check=True):
-    """Converts `model` into a new directory `output_dir` (spm.model beside CTranslate2's files).
+def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=True):
+    """Converts `model` into a new directory `output_dir` (its SentencePiece model(s) beside
+    CTranslate2's files).
 
     The model is written to a temporary directory next to `output_dir`, loaded by CTranslate2
     and asked to translate two sentences (`check`), and only then renamed into place: a failed
@@ -168,7 +173,8 @@ def export_ctranslate2(model, spm_model_proto, output_dir, quantization=None, ch
 
     Args:
       model: a built tfnmt `Transformer`.
-      spm_model_proto: bytes of the SentencePiece model the model was trained with.
+      vocabulary: the SentencePiece model the model was trained with (bytes), or a
+        `vocabulary.VocabularyProtos` (`checkpoints.load_model` gives one).
       output_dir: a directory that must not exist yet.
       quantization: None (float32 weights) or one of QUANTIZATIONS.
       check: load and translate before publishing.
@@ -185,7 +191,8 @@ def export_ctranslate2(model, spm_model_proto, output_dir, quantization=None, ch
     output_dir = os.path.abspath(output_dir)
     if os.path.exists(output_dir):
         raise FileExistsError(f"{output_dir} exists; give another --export_dir or remove it")
-    spec = transformer_spec(model, spm_pieces(spm_model_proto))
+    protos = as_protos(vocabulary)
+    spec = transformer_spec(model, spm_pieces(protos.source), spm_pieces(protos.target))
 
     class _Converter(ctranslate2.converters.Converter):
         def _load(self):
@@ -197,20 +204,19 @@ def export_ctranslate2(model, spm_model_proto, output_dir, quantization=None, ch
     try:
         model_dir = os.path.join(staging, "model")
         _Converter().convert(model_dir, quantization=quantization)
-        with open(os.path.join(model_dir, VOCAB), "wb") as f:
-            f.write(spm_model_proto)
+        write_protos(model_dir, protos)
         if check:
-            _check(model_dir, spm_model_proto)
+            _check(model_dir, protos.source)
         os.rename(model_dir, output_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return output_dir
 
 
-def _check(model_dir, spm_model_proto):
+def _check(model_dir, source_proto):
     import ctranslate2
 
-    processor = _processor(spm_model_proto)
+    processor = _processor(source_proto)
     try:
         translator = ctranslate2.Translator(model_dir, device="cpu")
         results = translator.translate_batch(

@@ -82,13 +82,14 @@ def evaluate_loss(model, dataset, label_smoothing=0.1, sums=None):
 
 
 class Translator:
-    """Batched translation of raw strings with a model and its tokenizer, greedy or by beam
+    """Batched translation of raw strings with a model and its vocabulary, greedy or by beam
     search (evaluation during training; the exported translator is
     `tfnmt.inference.serving.TranslationModule`).
 
     Args:
       model: a `Transformer`.
-      tokenizer: its `Tokenizer`.
+      vocabulary: its `vocabulary.Vocabulary` (sources are tokenized with its source side,
+        translations detokenized with its target side).
       max_source_length: the longest source, EOS included (longer ones are cut); default the
         model's max_length.
       batch_size: sentences per batch in `translate`.
@@ -96,13 +97,13 @@ class Translator:
       alpha: the beam search's length-penalty exponent.
 
     Example:
-      Translator(model, tokenizer).translate(["Das ist ein Haus."])  # ["That is a house."]
+      Translator(model, vocabulary).translate(["Das ist ein Haus."])  # ["That is a house."]
     """
 
-    def __init__(self, model, tokenizer, max_source_length=None, batch_size=64, beam_size=1,
+    def __init__(self, model, vocabulary, max_source_length=None, batch_size=64, beam_size=1,
                  alpha=0.6):
         self.model = model
-        self.tokenizer = tokenizer
+        self.vocabulary = vocabulary
         self.max_source_length = max_source_length or model.max_length
         self.batch_size = batch_size
 
@@ -123,7 +124,7 @@ class Translator:
         Returns:
           [B, S] int32: tokenized, truncated, EOS-terminated, padded.
         """
-        return to_source_ids(self.tokenizer.tokenize(sentences), self.max_source_length)
+        return to_source_ids(self.vocabulary.source.tokenize(sentences), self.max_source_length)
 
     def translate_batch(self, sentences):
         """Translates one batch.
@@ -135,7 +136,7 @@ class Translator:
           (translations [B] tf.string, log-probabilities [B]).
         """
         ids, scores = self._decode(self.source_ids(sentences))
-        return self.tokenizer.detokenize(ids), scores
+        return self.vocabulary.target.detokenize(ids), scores
 
     def translate(self, sentences):
         """Translates sentences, batching those of similar length.

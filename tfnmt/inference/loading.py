@@ -67,8 +67,8 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=0.6, checkpo
     else:
         from tfnmt.checkpoints import load_model
 
-        model, proto, _ = load_model(model_dir, checkpoint)
-        module = TranslationModule(model, proto, beam_size, alpha, n_best=n_best,
+        model, vocab, _ = load_model(model_dir, checkpoint)
+        module = TranslationModule(model, vocab, beam_size, alpha, n_best=n_best,
                                    sampling=sampling)
         # A tf.function method holds its instance weakly: the functions keep `module` alive.
         run = {"serving_default": _from_strings(module.serve, module),

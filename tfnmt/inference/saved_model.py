@@ -114,7 +114,10 @@ def write_saved_model(module, path):
     import keras
 
     archive = keras.export.ExportArchive()
-    archive.track(module.tokenizer)  # the SentencePiece model: a resource, not a variable
+    # The SentencePiece models: resources, not variables.
+    for tokenizer in {id(t): t for t in (module.source_tokenizer,
+                                         module.target_tokenizer)}.values():
+        archive.track(tokenizer)
     archive.add_endpoint("serving_default", module.serve)
     archive.add_endpoint("translate_n_best", module.serve_n_best)
     archive.add_endpoint("translate_with_prefix", module.serve_with_prefix)

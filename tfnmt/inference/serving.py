@@ -1,7 +1,7 @@
 """The exported translator: raw strings in, translations out, everything inside the graph.
 
-`TranslationModule` holds the model, the SentencePiece model (tensorflow-text op) and the beam
-search settings; `saved_model.export_saved_model` writes it as `<export_dir>/<version>/` for
+`TranslationModule` holds the model, its SentencePiece model(s) (tensorflow-text ops: one shared,
+or one per side) and the beam search settings; `saved_model.export_saved_model` writes it as `<export_dir>/<version>/` for
 TF Serving.
 Signatures (all take `sentences`, string [B]):
   serving_default   -> translations string [B], scores float32 [B]       (best hypothesis)
@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.data.tokenizer import has_content, portable_model_proto, strip_output, to_source_ids
+from tfnmt.data.vocabulary import as_protos
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.decoding import EXTRA_LENGTH, SamplingSearch, decode_limits, dynamic_decode
 from tfnmt.inference.scoring import sequence_log_probs, target_arrays
@@ -43,8 +44,9 @@ class TranslationModule:
 
     Args:
       model: a built `Transformer` (float32 weights).
-      spm_model_proto: the serialized SentencePiece model (paths of the training machine are
-        dropped).
+      vocabulary: the serialized SentencePiece model of a shared vocabulary (bytes), or a
+        `vocabulary.VocabularyProtos` (source, target) pair (`checkpoints.load_model` gives
+        one); paths of the training machine are dropped.
       beam_size, alpha: beam search width and GNMT length-penalty exponent.
       max_decode_length: cap on output subwords (0: each source's length + `extra_length`).
       n_best: hypotheses returned by `serve_n_best`.
@@ -67,14 +69,18 @@ class TranslationModule:
       module.serve(tf.constant(["Das ist ein Haus."]))  # {"translations": ..., "scores": ...}
     """
 
-    def __init__(self, model, spm_model_proto, beam_size=4, alpha=0.6, max_decode_length=0,
+    def __init__(self, model, vocabulary, beam_size=4, alpha=0.6, max_decode_length=0,
                  n_best=4, extra_length=EXTRA_LENGTH, parallel_searches=2,
                  matmul_dtype="float32", chunk_size=64, sampling=None):
         import tensorflow_text as tf_text
 
         self.model = model
-        self.tokenizer = tf_text.SentencepieceTokenizer(
-            model=portable_model_proto(spm_model_proto), out_type=tf.int32)
+        protos = as_protos(vocabulary)
+        self.source_tokenizer = tf_text.SentencepieceTokenizer(
+            model=portable_model_proto(protos.source), out_type=tf.int32)
+        self.target_tokenizer = self.source_tokenizer if protos.shared else \
+            tf_text.SentencepieceTokenizer(model=portable_model_proto(protos.target),
+                                           out_type=tf.int32)
         self.beam_size, self.alpha, self.n_best = int(beam_size), float(alpha), int(n_best)
         self.max_decode_length, self.extra_length = int(max_decode_length), int(extra_length)
         self.max_source_length = int(model.max_length)
@@ -109,7 +115,7 @@ class TranslationModule:
     def _tokenize(self, sentences):
         """string [B] -> (the text as valid UTF-8 [B], its source ids [B, S])."""
         text = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace")
-        return text, to_source_ids(self.tokenizer.tokenize(text), self.max_source_length)
+        return text, to_source_ids(self.source_tokenizer.tokenize(text), self.max_source_length)
 
     def translate_batch(self, sentences, n_best, prefixes=None):
         """Translates sentences in chunks of at most `chunk_size`, one chunk after the other.
@@ -170,7 +176,8 @@ class TranslationModule:
         if prefixes is not None:  # [C, P] subword ids, PAD-padded
             prefix_text = tf.strings.unicode_transcode(prefixes, "UTF-8", "UTF-8",
                                                        errors="replace")
-            prefix = tf.cast(self.tokenizer.tokenize(prefix_text), tf.int32).to_tensor(PAD_ID)
+            prefix = tf.cast(self.target_tokenizer.tokenize(prefix_text),
+                             tf.int32).to_tensor(PAD_ID)
         source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), 1)
         # No content: nothing left but EOS, or only blanks/format characters/U+FFFD. Searched
         # for one step only, and answered with "" and 0.
@@ -186,7 +193,8 @@ class TranslationModule:
         limits = tf.where(content, limits, 1)
         ids, scores = self._search(source_ids, limits, n_best, prefix)  # [C, N, L], [C, N]
         batch, length = tf.shape(ids)[0], tf.shape(ids)[2]
-        text = self.tokenizer.detokenize(strip_output(tf.reshape(ids, [batch * n_best, length])))
+        text = self.target_tokenizer.detokenize(
+            strip_output(tf.reshape(ids, [batch * n_best, length])))
         text = tf.reshape(text, [batch, n_best])
         return (tf.where(content[:, None], text, ""),
                 tf.where(content[:, None], scores, 0.0))
@@ -260,7 +268,7 @@ class TranslationModule:
         """string [C], [C] -> (log-probabilities [C] float32, lengths [C] int32)."""
         _, source_ids = self._tokenize(sentences)
         text = tf.strings.unicode_transcode(targets, "UTF-8", "UTF-8", errors="replace")
-        target_in, target_out = target_arrays(self.tokenizer.tokenize(text),
+        target_in, target_out = target_arrays(self.target_tokenizer.tokenize(text),
                                               self.max_source_length)
         return sequence_log_probs(self.model, source_ids, target_in, target_out)
 

@@ -101,12 +101,12 @@ def main(argv):
     if os.path.exists(export_dir) and not os.path.isdir(export_dir):
         raise app.UsageError(f"--export_dir={export_dir} is a file, not a directory")
     try:
-        model, proto, path = checkpoints.load_model(FLAGS.model_dir, FLAGS.checkpoint)
+        model, vocab, path = checkpoints.load_model(FLAGS.model_dir, FLAGS.checkpoint)
     except checkpoints.ModelDirError as error:
         raise app.UsageError(str(error))
     if FLAGS.format == "ctranslate2":
-        return export_ctranslate2(model, proto, path)
-    module = TranslationModule(model, proto, FLAGS.beam_size, FLAGS.alpha,
+        return export_ctranslate2(model, vocab, path)
+    module = TranslationModule(model, vocab, FLAGS.beam_size, FLAGS.alpha,
                                FLAGS.max_decode_length, FLAGS.n_best,
                                parallel_searches=FLAGS.parallel_searches,
                                matmul_dtype=matmul_dtype, chunk_size=FLAGS.chunk_size)
@@ -120,14 +120,14 @@ def main(argv):
     print(f"exported {path} to {final} (weight matmuls in {matmul_dtype})")
 
 
-def export_ctranslate2(model, proto, path):
+def export_ctranslate2(model, vocab, path):
     from tfnmt.inference import ctranslate2_export
 
     quantization = None if FLAGS.quantization == "none" else FLAGS.quantization
     default_name = CTRANSLATE2 + (f"-{quantization}" if quantization else "")
     export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, default_name)
     try:
-        final = ctranslate2_export.export_ctranslate2(model, proto, export_dir, quantization,
+        final = ctranslate2_export.export_ctranslate2(model, vocab, export_dir, quantization,
                                                       check=FLAGS.check)
     except FileExistsError as error:
         raise app.UsageError(str(error))

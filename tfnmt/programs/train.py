@@ -53,7 +53,11 @@ flags.DEFINE_string("test_files", None, "With --dataset=files: the test set, as 
 flags.DEFINE_string("tfds_data_dir", None, "TFDS data directory (default ~/tensorflow_datasets).")
 flags.DEFINE_string("data_dir", None, "Where the vocabulary and TFRecords are prepared "
                     "(default <model_dir>/data); reused when up to date.")
-flags.DEFINE_integer("vocab_size", 8000, "Shared SentencePiece vocabulary size (~32000 for WMT).")
+flags.DEFINE_integer("vocab_size", 8000, "SentencePiece vocabulary size (~32000 for WMT); with "
+                     "--separate_vocabularies, each side's.")
+flags.DEFINE_bool("separate_vocabularies", False, "One SentencePiece model per side, learned on "
+                  "its own text, and separate source/target embeddings (default false: one "
+                  "shared vocabulary and embedding, as the paper).")
 flags.DEFINE_enum("vocab_type", "unigram", ["unigram", "bpe"], "SentencePiece model type.")
 flags.DEFINE_integer("max_length", 256, "Longest pair kept, in subwords (incl. BOS/EOS); "
                      "longer training pairs are dropped (counted in the log).")
@@ -143,8 +147,9 @@ flags.DEFINE_integer("average_last", 0, "Average the last N checkpoints at the e
 MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_dropout",
                "ffn_dropout", "activation", "num_encoder_layers", "num_decoder_layers",
                "norm_first", "position", "share_embeddings", "tie_output")
-DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type", "max_length",
-              "filter_length_ratio", "filter_duplicates", "filter_identical")
+DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type",
+              "separate_vocabularies", "max_length", "filter_length_ratio", "filter_duplicates",
+              "filter_identical")
 TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "warmup_steps", "lr_scale",
                "lr_decay", "label_smoothing", "clip_norm", "mixed_precision", "shape_stable",
                "bucket_growth", "jit_compile", "seed", "log_every", "eval_every",
@@ -181,6 +186,8 @@ def requested_settings(preset=None):
 
     preset = preset if preset and not FLAGS["preset"].present else FLAGS.preset
     model = get_preset(preset, **{k: FLAGS[k].value for k in MODEL_FLAGS})
+    if FLAGS.separate_vocabularies:  # two vocabularies cannot share one embedding
+        model["share_embeddings"] = False
     training = get_training(preset)
     model["max_length"] = FLAGS.max_length
     settings = {
@@ -272,6 +279,9 @@ def main(argv):
         raise app.UsageError("--dataset=files needs --train_files (and --dev_files for BLEU)")
     if FLAGS.dataset == "files" and not FLAGS.dev_files:
         raise app.UsageError("--dataset=files needs --dev_files: evaluation reports dev BLEU")
+    if FLAGS.separate_vocabularies and FLAGS.share_embeddings:
+        raise app.UsageError("--share_embeddings needs one shared vocabulary: drop it or "
+                             "--separate_vocabularies")
     check_paths()
     from tfnmt import fast_ops
     from tfnmt.checkpoints import ModelDirError

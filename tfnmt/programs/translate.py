@@ -145,13 +145,15 @@ def plot_attention(model_dir, checkpoint, sentence, translation, directory):
     from tfnmt.inference.serving import TranslationModule
     from tfnmt.training.summaries import attention_pictures
 
-    model, proto, _ = load_model(model_dir, checkpoint)
-    module = TranslationModule(model, proto, n_best=1)
+    model, vocab, _ = load_model(model_dir, checkpoint)
+    module = TranslationModule(model, vocab, n_best=1)
     source_ids = module.source_ids(tf.constant([sentence]))
-    target = module.tokenizer.tokenize([translation]).to_tensor()
+    target = module.target_tokenizer.tokenize([translation]).to_tensor()
     target_in = tf.concat([tf.fill([1, 1], 2), tf.cast(target, tf.int32)], axis=1)
     os.makedirs(directory, exist_ok=True)
-    pictures = attention_pictures(model, source_ids, target_in, module.tokenizer.id_to_string)
+    pictures = attention_pictures(model, source_ids, target_in,
+                                  module.source_tokenizer.id_to_string,
+                                  module.target_tokenizer.id_to_string)
     for name, image in pictures.items():
         path = os.path.join(directory, name.replace("/", "_") + ".png")
         tf.io.write_file(path, tf.io.encode_png(image))

@@ -25,7 +25,7 @@ class Evaluator:
 
     Args:
       model: the `Transformer` being trained.
-      tokenizer: its `Tokenizer`.
+      vocabulary: its `vocabulary.Vocabulary`.
       settings: the run's settings (data, train sections).
       data_dir: the prepared data (the dev split's TFRecords).
 
@@ -33,7 +33,7 @@ class Evaluator:
     bleu, chrf} and writes them, four sample translations and attention images.
     """
 
-    def __init__(self, model, tokenizer, settings, data_dir):
+    def __init__(self, model, vocabulary, settings, data_dir):
         self.model = model
         self.settings = settings
         d = settings["data"]
@@ -42,10 +42,10 @@ class Evaluator:
                                       d.get("tfds_data_dir")))
         limit = settings["train"].get("bleu_sentences") or len(self.pairs)
         self.pairs = self.pairs[:limit]
-        self.translator = Translator(model, tokenizer, d["max_length"],
+        self.translator = Translator(model, vocabulary, d["max_length"],
                                      beam_size=settings["train"].get("eval_beam_size", 1))
         self.loss_sums = loss_sums_function(model, settings["train"]["label_smoothing"])
-        self.tokenizer = tokenizer
+        self.vocabulary = vocabulary
 
     def __call__(self, step, writer=None):
         t = self.settings["train"]
@@ -65,8 +65,9 @@ class Evaluator:
                                 "the model's translations at this step.")
                 source, reference = attention_pair(self.pairs)
                 source_ids = self.translator.source_ids([source])[:, :ATTENTION_LENGTH]
-                target = self.tokenizer.tokenize([reference])[:, :ATTENTION_LENGTH - 1]
+                target = self.vocabulary.target.tokenize([reference])[:, :ATTENTION_LENGTH - 1]
                 target_in = tf.concat([tf.fill([1, 1], BOS_ID), target.to_tensor()], axis=1)
-                write_attention_images(self.model, source_ids, target_in, step, self.tokenizer)
+                write_attention_images(self.model, source_ids, target_in, step,
+                                       self.vocabulary)
             writer.flush()
         return metrics

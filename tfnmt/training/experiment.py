@@ -2,7 +2,8 @@
 
 model_dir layout:
   settings.json      every setting of the run (export and evaluation read it)
-  spm.model          the shared vocabulary
+  spm.model          the shared vocabulary (source.spm.model, target.spm.model with
+                     --separate_vocabularies)
   data/              prepared TFRecords (unless --data_dir points elsewhere)
   checkpoints/       ckpt-<step> written by tf.train.CheckpointManager; .lock held by the
                      process that trains (one writer per model_dir)
@@ -14,15 +15,13 @@ model_dir layout:
 import errno
 import os
 import re
-import shutil
 import time
 
 import keras
 import tensorflow as tf
 
 from tfnmt.checkpoints import DirectoryLock, newest_readable_checkpoint
-from tfnmt.data import pipeline, records
-from tfnmt.data.tokenizer import Tokenizer
+from tfnmt.data import pipeline, records, vocabulary
 from tfnmt.model.transformer import Transformer
 from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS
 from tfnmt.training import fine_tune
@@ -112,10 +111,12 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     # Seed before any tokenizer exists: tf.random.set_seed deletes their TF resources.
     keras.utils.set_random_seed(t["seed"])
     os.makedirs(model_dir, exist_ok=True)
-    manifest, tokenizer = _prepare_data(settings, is_chief, data_dir)
+    manifest, vocab = _prepare_data(settings, is_chief, data_dir)
     precision = resolve_mixed_precision(t["mixed_precision"])
+    sizes = f"{vocab.source.vocab_size:,d}" if vocab.shared else \
+        f"{vocab.source.vocab_size:,d} source, {vocab.target.vocab_size:,d} target"
     log(f"data: {_describe_data(manifest, settings['data'])}, "
-        f"vocabulary {tokenizer.vocab_size:,d}, {strategy.num_replicas_in_sync} replica(s), "
+        f"vocabulary {sizes}, {strategy.num_replicas_in_sync} replica(s), "
         f"precision {precision}")
     model, optimizer = _build(settings, strategy, precision)
     keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
@@ -145,7 +146,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
                                      settings["data"]["max_length"], shuffle=True,
                                      seed=t["seed"] + first_step, repeat=True,
                                      input_context=context,
-                                     vocab_fingerprint=tokenizer.fingerprint,
+                                     vocab_fingerprint=vocab.fingerprint,
                                      shape_stable=t.get("shape_stable", True),
                                      bucket_growth=t.get("bucket_growth", 1.1),
                                      weights=settings["data"].get("train_weights"))
@@ -157,7 +158,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         if is_chief else tf.summary.create_noop_writer()
     eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval")) \
         if is_chief else None
-    evaluator = Evaluator(model, tokenizer, settings, data_dir)
+    evaluator = Evaluator(model, vocab, settings, data_dir)
     best = BestCheckpoint(os.path.join(model_dir, BEST), model, t.get("best_metric", "bleu"),
                           t.get("early_stopping", 0), write=is_chief)
     evaluated = {}  # the last evaluation: {step: metrics}
@@ -219,39 +220,40 @@ def _chief_decides(strategy, is_chief, stop):
 def _prepare_data(settings, is_chief, data_dir):
     """Prepares (chief) or waits for (other workers) the TFRecords; checks that a trained
     model's vocabulary is the data's and copies the vocabulary into the model_dir. Records the
-    vocabulary in `settings`. Returns (manifest, tokenizer)."""
+    vocabulary in `settings` (its fingerprint; the model's vocabulary sizes). Returns
+    (manifest, `Vocabulary`)."""
     model_dir, d = settings["model_dir"], settings["data"]
+    separate = d.get("separate_vocabularies", False)
     saved = load_settings(model_dir)
     # A trained model's vocabulary is its own: data rebuilt for it is tokenized with it.
-    model_vocab = os.path.join(model_dir, records.VOCAB)
-    model_fingerprint = records.readable_fingerprint(model_vocab) if saved else None
-    vocab_path = None
+    model_vocab = vocabulary.paths(model_dir, separate)
+    model_fingerprint = vocabulary.readable_fingerprint(*model_vocab) if saved else None
+    vocab_paths = None
     if settings.get("init_from"):  # a fine-tuned model keeps its source's vocabulary
-        vocab_path = model_vocab if model_fingerprint else \
-            os.path.join(settings["init_from"]["model_dir"], records.VOCAB)
+        vocab_paths = model_vocab if model_fingerprint else \
+            vocabulary.paths(settings["init_from"]["model_dir"], separate)
     if is_chief:
         manifest = records.prepare(data_dir, d["dataset"], d.get("files"), d.get("tfds_data_dir"),
-                                   d["vocab_size"], d["vocab_type"], vocab_path=vocab_path,
+                                   d["vocab_size"], d["vocab_type"], vocab_paths=vocab_paths,
                                    model_vocab=model_vocab if model_fingerprint else None,
-                                   filters=data_filters(d))
+                                   filters=data_filters(d), separate=separate)
     else:
         manifest = _wait_for_data(data_dir, settings["train"].get("data_wait_secs", 1800))
     # Seeded again: preparing data (TFDS builds the dataset on its first use) draws Python
     # random numbers, and a seeded run must not depend on whether its data existed before.
-    # Before the tokenizer: tf.random.set_seed deletes the resources of existing ones.
+    # Before the tokenizers: tf.random.set_seed deletes the resources of existing ones.
     keras.utils.set_random_seed(settings["train"]["seed"])
-    tokenizer = Tokenizer(os.path.join(data_dir, records.VOCAB))
+    vocab = records.manifest_vocabulary(data_dir, manifest)
     if saved:
         trained_with = model_fingerprint or saved.get("vocab_fingerprint")
-        if trained_with not in (None, tokenizer.fingerprint):
+        if trained_with not in (None, vocab.fingerprint):
             raise SettingsError(f"{model_dir} was trained with another vocabulary than "
                                 f"{data_dir}")
-    settings["vocab_fingerprint"] = tokenizer.fingerprint
-    settings["model"]["vocab_size"] = tokenizer.vocab_size
-    if is_chief:  # atomically: a kill mid-copy must not leave the model a truncated vocabulary
-        shutil.copyfile(tokenizer.model_path, model_vocab + ".tmp")
-        os.replace(model_vocab + ".tmp", model_vocab)
-    return manifest, tokenizer
+    settings["vocab_fingerprint"] = vocab.fingerprint
+    settings["model"].update(vocab.model_sizes())
+    if is_chief:
+        vocabulary.write_protos(model_dir, vocab.protos)
+    return manifest, vocab
 
 
 def data_filters(data):

@@ -11,11 +11,14 @@ import os
 import tensorflow as tf
 
 from tfnmt.checkpoints import candidate_checkpoints, newest_readable_checkpoint
-from tfnmt.paths import CHECKPOINTS, SETTINGS, VOCAB
-from tfnmt.training.settings import SettingsError, load_settings
+from tfnmt.data import vocabulary
+from tfnmt.paths import CHECKPOINTS, SETTINGS
+from tfnmt.training.settings import DATA_DEFAULTS_BEFORE, SettingsError, load_settings
 
 # Model settings a fine-tuning run may change: they create no variables.
 CHANGEABLE_MODEL = ("dropout", "attention_dropout", "ffn_dropout")
+# Data settings that define the vocabulary: the source's.
+VOCABULARY = ("vocab_size", "vocab_type", "separate_vocabularies")
 
 
 def resolve_source(path, optimizer=False):
@@ -40,7 +43,9 @@ def resolve_source(path, optimizer=False):
         model_dir = path
     else:
         raise SettingsError(f"--init_from={path}: neither a model_dir nor a checkpoint prefix")
-    for name in (SETTINGS, VOCAB):
+    separate = ((load_settings(model_dir) or {}).get("data") or {}).get("separate_vocabularies",
+                                                                          False)
+    for name in [SETTINGS] + sorted(set(vocabulary.file_names(separate).values())):
         if not os.path.exists(os.path.join(model_dir, name)):
             raise SettingsError(f"--init_from={path}: {model_dir} has no {name}; give a "
                                 "model_dir train.py wrote, or a checkpoint inside one")
@@ -98,12 +103,17 @@ def apply_source(settings, explicit, source):
     if conflicts:
         raise SettingsError(f"--init_from: the source model differs: {', '.join(conflicts)}; "
                             "a fine-tuned model keeps its source's shape")
+    data = dict(DATA_DEFAULTS_BEFORE, **saved["data"])
+    conflicts = [f"{key}={settings['data'][key]!r} (source: {data[key]!r})" for key in VOCABULARY
+                 if f"data.{key}" in explicit and settings["data"][key] != data[key]]
+    if conflicts:
+        raise SettingsError(f"--init_from: the source's vocabulary differs: "
+                            f"{', '.join(conflicts)}; a fine-tuned model keeps it")
     for key in CHANGEABLE_MODEL + ("max_length",):
         if f"model.{key}" in explicit:
             model[key] = settings["model"][key]
     settings["model"] = model
-    settings["data"]["vocab_size"] = saved["data"]["vocab_size"]
-    settings["data"]["vocab_type"] = saved["data"]["vocab_type"]
+    settings["data"].update({key: data[key] for key in VOCABULARY})
     settings["init_from"] = source
     return settings
 

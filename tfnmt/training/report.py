@@ -57,8 +57,8 @@ def test_report(model_dir, settings, beam_size=4, alpha=0.6, batch_size=64):
     pairs = list(read_corpus(d["dataset"], "test", files, d.get("tfds_data_dir")))
     if not pairs:
         return None
-    model, proto, checkpoint = load_model(model_dir)
-    module = TranslationModule(model, proto, beam_size, alpha, n_best=1)
+    model, vocab, checkpoint = load_model(model_dir)
+    module = TranslationModule(model, vocab, beam_size, alpha, n_best=1)
 
     def translate(sentences):
         out = module.serve(sentences)

@@ -10,7 +10,7 @@ from tfnmt.paths import CHECKPOINTS, SETTINGS
 
 # Settings a run in an existing model_dir must share with it: every model and training setting
 # but those meant to change on resume, and the data that defines the vocabulary.
-FIXED_DATA = ("dataset", "files", "vocab_size", "vocab_type")
+FIXED_DATA = ("dataset", "files", "vocab_size", "vocab_type", "separate_vocabularies")
 RESUMABLE_TRAIN = ("train_steps", "log_every", "eval_every", "bleu_sentences",
                    "checkpoint_every", "keep_checkpoints", "average_last", "jit_compile",
                    "mixed_precision", "best_metric", "early_stopping", "eval_beam_size",
@@ -41,8 +41,9 @@ MODEL_DEFAULTS = {name: parameter.default for name, parameter
                   in inspect.signature(Transformer.__init__).parameters.items()
                   if parameter.default is not inspect.Parameter.empty and name != "dtype"}
 
-# What a saved run that does not record these training settings trained with.
+# What a saved run that does not record these settings trained with.
 TRAIN_DEFAULTS_BEFORE = {"lr_decay": "rsqrt"}
+DATA_DEFAULTS_BEFORE = {"separate_vocabularies": False}
 
 
 def is_fixed(section, key):
@@ -97,6 +98,8 @@ def resolve_settings(requested, explicit, model_dir):
             theirs = dict(MODEL_DEFAULTS, **theirs)
         elif section == "train":  # runs saved before a setting existed trained without it
             theirs = dict(TRAIN_DEFAULTS_BEFORE, **theirs)
+        else:
+            theirs = dict(DATA_DEFAULTS_BEFORE, **theirs)
         for key in sorted(set(ours) | set(theirs)):
             name = f"{section}.{key}"
             if name not in explicit:

@@ -90,38 +90,41 @@ def attention_weights(model, source_ids, target_in):
     return maps
 
 
-def attention_pictures(model, source_ids, target_in, id_to_piece):
+def attention_pictures(model, source_ids, target_in, source_id_to_piece, target_id_to_piece):
     """Every layer's attention of one sentence pair as labelled pictures (`labelled_heads`).
 
     Args:
       model, source_ids, target_in: as for `attention_weights` (one sentence, no padding).
-      id_to_piece: maps an int32 id tensor to a tf.string tensor of pieces (a `Tokenizer`'s
-        `id_to_piece`, a tf-text SentencepieceTokenizer's `id_to_string`).
+      source_id_to_piece, target_id_to_piece: map an int32 id tensor to a tf.string tensor of
+        pieces of each side's vocabulary (a `Tokenizer`'s `id_to_piece`, a tf-text
+        SentencepieceTokenizer's `id_to_string`).
 
     Returns:
       {name: [height, width, 3] uint8}, names as in `attention_weights`.
     """
-    def pieces(ids):
+    def pieces(ids, id_to_piece):
         return [p.decode("utf-8", "replace") for p in id_to_piece(ids[0]).numpy()]
 
-    source, target = pieces(source_ids), pieces(target_in)
+    source = pieces(source_ids, source_id_to_piece)
+    target = pieces(target_in, target_id_to_piece)
     tokens = {"encoder_self": (source, source), "decoder_self": (target, target),
               "decoder_cross": (target, source)}
     return {name: labelled_heads(weights, *tokens[name.split("/")[0]])
             for name, weights in attention_weights(model, source_ids, target_in).items()}
 
 
-def write_attention_images(model, source_ids, target_in, step, tokenizer):
+def write_attention_images(model, source_ids, target_in, step, vocabulary):
     """Writes one image summary per layer and attention kind (call inside a summary writer),
     with the sentence's pieces on the axes.
 
     Args:
       model, source_ids, target_in: as for `attention_weights` (one sentence, no padding).
       step: the summary step.
-      tokenizer: the `Tokenizer` whose pieces label the axes.
+      vocabulary: the `vocabulary.Vocabulary` whose pieces label the axes.
     """
     for name, image in attention_pictures(model, source_ids, target_in,
-                                          tokenizer.id_to_piece).items():
+                                          vocabulary.source.id_to_piece,
+                                          vocabulary.target.id_to_piece).items():
         tf.summary.image(f"samples/attention/{name}", image[None], step=step,
                          description="Each head's attention weights on one dev sentence "
                          "(scaled to the head's maximum): rows are the queries, columns the "

@@ -1,0 +1,142 @@
+"""Separate source/target vocabularies (vocabulary.py, records.prepare(separate=True)): each side
+learned on its own text, records tokenized side by side (checked against the sentencepiece
+package), manifest checks, repair and layout changes."""
+import json
+import os
+import shutil
+
+import pytest
+import sentencepiece
+import tensorflow as tf
+
+from tfnmt.data import records, vocabulary
+from tfnmt.data.tokenizer import file_fingerprint
+from tfnmt.paths import VOCAB
+
+SIDE_FILES = ["source.spm.model", "target.spm.model"]
+
+
+def processors(directory):
+    return [sentencepiece.SentencePieceProcessor(model_file=os.path.join(directory, name))
+            for name in SIDE_FILES]
+
+
+def pieces(processor):
+    return {processor.id_to_piece(i) for i in range(processor.get_piece_size())}
+
+
+def split_ids(data_dir, split):
+    manifest = records.load_manifest(data_dir)
+    for raw in tf.data.TFRecordDataset(records.shard_paths(data_dir, manifest, split)):
+        features = tf.train.Example.FromString(raw.numpy()).features.feature
+        yield (list(features["source"].int64_list.value),
+               list(features["target"].int64_list.value))
+
+
+def test_each_side_has_its_own_vocabulary_learned_on_its_own_text(separate_prepared,
+                                                                  small_corpus):
+    assert VOCAB not in os.listdir(separate_prepared)
+    assert set(SIDE_FILES) <= set(os.listdir(separate_prepared))
+    source, target = processors(separate_prepared)
+    assert source.get_piece_size() == target.get_piece_size() == 500
+    # German words in the source pieces only, English ones in the target's only.
+    assert {"▁der", "▁sprach"} <= pieces(source) and not {"▁der", "▁sprach"} & pieces(target)
+    assert {"▁the", "▁said"} <= pieces(target) and not {"▁the", "▁said"} & pieces(source)
+    # Every dev pair's records are its sides tokenized by their own model.
+    with open(small_corpus["dev"], encoding="utf-8") as f:
+        pairs = [line.rstrip("\n").split("\t")[:2] for line in f]
+    stored = list(split_ids(separate_prepared, "dev"))
+    assert len(stored) == len(pairs) == 200
+    for (german, english), (source_ids, target_ids) in zip(pairs, stored):
+        assert source_ids == source.encode(german)
+        assert target_ids == target.encode(english)
+
+
+def test_the_manifest_records_both_sides(separate_prepared):
+    manifest = records.load_manifest(separate_prepared)
+    entry = manifest["vocab"]
+    assert entry["files"] == dict(zip(("source", "target"), SIDE_FILES))
+    assert entry["sizes"] == {"source": 500, "target": 500}
+    fingerprints = [file_fingerprint(os.path.join(separate_prepared, n)) for n in SIDE_FILES]
+    assert fingerprints[0] != fingerprints[1]
+    assert entry["fingerprint"] not in fingerprints
+    assert entry["fingerprint"] == vocabulary.combined_fingerprint(*fingerprints)
+    loaded = records.manifest_vocabulary(separate_prepared, manifest)
+    assert not loaded.shared and loaded.fingerprint == entry["fingerprint"]
+    assert loaded.model_sizes() == {"vocab_size": None, "source_vocab_size": 500,
+                                    "target_vocab_size": 500}
+
+
+def test_a_shared_vocabulary_keeps_the_fingerprint_of_its_one_model(small_prepared):
+    # Model_dirs and prepared data written before separate vocabularies existed stay valid.
+    path = os.path.join(small_prepared, VOCAB)
+    shared = vocabulary.Vocabulary(path, path)
+    assert shared.shared and shared.source is shared.target
+    assert shared.fingerprint == file_fingerprint(path)
+    assert shared.fingerprint == records.load_manifest(small_prepared)["vocab"]["fingerprint"]
+    assert shared.model_sizes() == {"vocab_size": 600}
+    with open(path, "rb") as f:
+        assert vocabulary.as_protos(f.read()).shared
+
+
+@pytest.mark.parametrize("name", SIDE_FILES)
+def test_either_side_changed_is_detected(separate_prepared, tmp_path, name):
+    out = str(tmp_path / "copy")
+    shutil.copytree(separate_prepared, out)
+    with open(os.path.join(out, name), "ab") as f:
+        f.write(b"x")
+    with pytest.raises(records.PreparedDataError, match="differs from the vocabulary"):
+        records.load_manifest(out)
+    os.remove(os.path.join(out, name))
+    with pytest.raises(records.PreparedDataError, match="is missing or differs"):
+        records.load_manifest(out)
+
+
+def test_a_damaged_shard_is_rewritten_with_both_vocabularies(separate_prepared, small_corpus,
+                                                             tmp_path):
+    out = str(tmp_path / "copy")
+    shutil.copytree(separate_prepared, out)
+    before = records.load_manifest(out)
+    shard = records.shard_paths(out, before, "train")[1]
+    with open(shard, "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00" * 50)
+    assert records.damaged_shards(out, before)
+    after = records.prepare(out, dataset="files", files=small_corpus, vocab_size=500,
+                            train_shards=2, separate=True)
+    assert after["vocab"] == before["vocab"]
+    assert after["splits"]["train"]["shards"] == before["splits"]["train"]["shards"]
+    assert not records.damaged_shards(out, after)
+
+
+def test_changing_the_layout_rebuilds_and_leaves_only_its_files(separate_prepared, small_corpus,
+                                                               tmp_path):
+    out = str(tmp_path / "copy")
+    shutil.copytree(separate_prepared, out)
+    shared = records.prepare(out, dataset="files", files=small_corpus, vocab_size=500,
+                             train_shards=2)
+    assert VOCAB in os.listdir(out) and not set(SIDE_FILES) & set(os.listdir(out))
+    assert shared["vocab"]["file"] == VOCAB and shared["vocab"]["size"] == 500
+    processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(out, VOCAB))
+    assert {"▁der", "▁the"} <= pieces(processor)  # learned on both sides
+    again = records.prepare(out, dataset="files", files=small_corpus, vocab_size=500,
+                            train_shards=2, separate=True)
+    assert VOCAB not in os.listdir(out) and set(SIDE_FILES) <= set(os.listdir(out))
+    assert set(again["vocab"]["files"].values()) == set(SIDE_FILES)
+    with open(os.path.join(out, records.MANIFEST)) as f:
+        assert json.load(f)["settings"]["separate_vocabularies"] is True
+
+
+def test_given_vocabularies_are_used_as_they_are(separate_prepared, small_corpus, tmp_path):
+    # As fine-tuning does: new data tokenized with another run's two models.
+    given = tuple(os.path.join(separate_prepared, n) for n in SIDE_FILES)
+    out = str(tmp_path / "new")
+    manifest = records.prepare(out, dataset="files", files={"train": small_corpus["dev"]},
+                               vocab_size=123, vocab_paths=given, train_shards=1)
+    assert manifest["vocab"]["fingerprint"] == records.load_manifest(
+        separate_prepared)["vocab"]["fingerprint"]
+    for name in SIDE_FILES:
+        with open(os.path.join(out, name), "rb") as a, \
+                open(os.path.join(separate_prepared, name), "rb") as b:
+            assert a.read() == b.read()
+    assert list(split_ids(out, "train")) == list(split_ids(separate_prepared, "dev"))

@@ -1,0 +1,148 @@
+"""A model's vocabulary: one SentencePiece model for source and target (the paper's shared
+vocabulary, the default), or one per side (`train.py --separate_vocabularies`: languages with
+different scripts, or a target vocabulary sized apart).
+
+A model_dir, a prepared-data directory and a CTranslate2 export hold the files
+
+  spm.model                              shared
+  source.spm.model, target.spm.model     separate
+
+Its fingerprint is the SentencePiece model's (`tokenizer.fingerprint`) when shared, so model_dirs
+written before separate vocabularies existed keep theirs; separate ones combine both sides'.
+"""
+import hashlib
+import os
+from typing import NamedTuple
+
+from tfnmt.data.tokenizer import Tokenizer, fingerprint
+from tfnmt.paths import VOCAB
+
+SIDE_FILES = {"source": "source.spm.model", "target": "target.spm.model"}
+
+
+def file_names(separate):
+    """{"source": name, "target": name} of the SentencePiece files (one name twice if shared)."""
+    return dict(SIDE_FILES) if separate else {"source": VOCAB, "target": VOCAB}
+
+
+def paths(directory, separate):
+    """(source path, target path) of a directory's vocabulary files."""
+    names = file_names(separate)
+    return os.path.join(directory, names["source"]), os.path.join(directory, names["target"])
+
+
+def combined_fingerprint(source_fingerprint, target_fingerprint):
+    """A vocabulary's fingerprint from its sides': the one fingerprint when they are the same
+    model, else a digest of both."""
+    if source_fingerprint == target_fingerprint:
+        return source_fingerprint
+    return hashlib.sha256(f"{source_fingerprint}:{target_fingerprint}".encode()).hexdigest()
+
+
+class VocabularyProtos(NamedTuple):
+    """The serialized SentencePiece models of a vocabulary (the same bytes twice if shared)."""
+
+    source: bytes
+    target: bytes
+
+    @property
+    def shared(self):
+        return self.source == self.target
+
+    @property
+    def fingerprint(self):
+        return combined_fingerprint(fingerprint(self.source), fingerprint(self.target))
+
+
+def as_protos(vocabulary):
+    """`VocabularyProtos` of a shared model's bytes or of a (source, target) pair of bytes."""
+    if isinstance(vocabulary, (bytes, bytearray)):
+        return VocabularyProtos(bytes(vocabulary), bytes(vocabulary))
+    source, target = vocabulary
+    return VocabularyProtos(bytes(source), bytes(target))
+
+
+def read_protos(source_path, target_path):
+    """`VocabularyProtos` of SentencePiece model files (the same path twice when shared).
+
+    Raises:
+      OSError: a file is missing or unreadable.
+    """
+    with open(source_path, "rb") as f:
+        source = f.read()
+    if target_path == source_path:
+        return VocabularyProtos(source, source)
+    with open(target_path, "rb") as f:
+        return VocabularyProtos(source, f.read())
+
+
+def write_protos(directory, protos):
+    """Writes a vocabulary's files into `directory`, each atomically (a kill mid-copy leaves the
+    old file or the new one), and removes those of the other layout, so that the files present
+    say which vocabulary the directory has.
+
+    Args:
+      directory: an existing directory.
+      protos: `VocabularyProtos` (or what `as_protos` takes).
+
+    Returns:
+      {"source": path, "target": path}.
+    """
+    protos = as_protos(protos)
+    names = file_names(not protos.shared)
+    for side in ("source", "target"):
+        path = os.path.join(directory, names[side])
+        with open(path + ".tmp", "wb") as f:
+            f.write(getattr(protos, side))
+        os.replace(path + ".tmp", path)
+    for stale in set(file_names(protos.shared).values()) - set(names.values()):
+        if os.path.exists(os.path.join(directory, stale)):
+            os.remove(os.path.join(directory, stale))
+    return {side: os.path.join(directory, names[side]) for side in names}
+
+
+def readable_fingerprint(source_path, target_path):
+    """The fingerprint of a vocabulary's files, or None if one is missing or not a SentencePiece
+    model."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        protos = []
+        for path in (source_path, target_path):
+            with open(path, "rb") as f:
+                protos.append(f.read())
+        return VocabularyProtos(*protos).fingerprint
+    except (OSError, DecodeError):
+        return None
+
+
+class Vocabulary:
+    """A vocabulary's tokenizers: `source` tokenizes what is translated, `target` what is
+    produced (one `Tokenizer` object when shared).
+
+    Args:
+      source_path, target_path: SentencePiece model files (the same path when shared).
+
+    Example:
+      vocabulary = Vocabulary.from_dir("runs/de-en", separate=False)
+      vocabulary.source.tokenize(["Guten Morgen."])
+    """
+
+    def __init__(self, source_path, target_path):
+        self.source = Tokenizer(source_path)
+        self.target = self.source if target_path == source_path else Tokenizer(target_path)
+        self.shared = self.source.fingerprint == self.target.fingerprint
+        self.fingerprint = combined_fingerprint(self.source.fingerprint, self.target.fingerprint)
+        self.protos = VocabularyProtos(self.source.model_proto, self.target.model_proto)
+
+    @classmethod
+    def from_dir(cls, directory, separate):
+        return cls(*paths(directory, separate))
+
+    def model_sizes(self):
+        """The `Transformer` arguments of its sizes: vocab_size if shared, else
+        source_vocab_size and target_vocab_size."""
+        if self.shared:
+            return {"vocab_size": self.source.vocab_size}
+        return {"vocab_size": None, "source_vocab_size": self.source.vocab_size,
+                "target_vocab_size": self.target.vocab_size}
