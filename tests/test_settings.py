@@ -35,6 +35,8 @@ def saved_run(tmp_path):
     ("data", "vocab_size", 800, "600"),
     ("train", "mixed_precision", "fp16", "'none'"),  # loss-scale state in the checkpoints
     ("train", "lr_decay", "linear", "'rsqrt'"),  # not in the saved file: it trained on rsqrt
+    # Not in the saved file: one shared vocabulary.
+    ("data", "separate_vocabularies", True, "False"),
 ])
 def test_a_resumed_run_refuses_other_settings_in_one_line(tmp_path, section, key, value, saved):
     model_dir = saved_run(tmp_path)
@@ -65,6 +67,17 @@ def test_a_run_saved_before_lr_decay_existed_resumes_on_rsqrt(tmp_path):
     assert "lr_decay" not in json.load(open(tmp_path / "settings.json"))["train"]
     resolved = resolve_settings(requested(lr_decay="linear"), set(), model_dir)
     assert resolved["train"]["lr_decay"] == "rsqrt"
+
+
+def test_a_run_saved_before_separate_vocabularies_existed_had_a_shared_one(tmp_path):
+    model_dir = saved_run(tmp_path)
+    flags = requested()
+    flags["data"]["separate_vocabularies"] = False
+    resolved = resolve_settings(flags, {"data.separate_vocabularies"}, model_dir)
+    assert resolved["data"]["separate_vocabularies"] is False
+    flags["data"]["separate_vocabularies"] = True
+    (tmp_path / "settings.json").write_text(json.dumps(dict(requested(), data=flags["data"])))
+    assert resolve_settings(requested(), set(), model_dir)["data"]["separate_vocabularies"]
 
 
 def test_checkpoints_without_settings_are_refused(tmp_path):

@@ -343,11 +343,6 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "ckpt-1 at step 1" in resumed.stdout and "step      2/2 | loss" in resumed.stdout
     assert "stock ops (--plain_ops)" in resumed.stdout
-    # The vocabulary is a fixed setting of the run.
-    refused = python(*train_flags(small_corpus, None, model_dir, train_steps=3, vocab_size=500),
-                     "--separate_vocabularies=false", timeout=120)
-    assert refused.returncode == 1
-    assert "separate_vocabularies=False (saved: True)" in refused.stderr
     model, vocab, path = load_model(model_dir, "latest")
     assert path.endswith("ckpt-2")
     assert model.settings["norm_first"] and model.settings["position"] == "learned"
