@@ -10,8 +10,8 @@ import shutil
 
 import tensorflow as tf
 
-from tfnmt.model.transformer import Transformer
 from tfnmt.data import vocabulary
+from tfnmt.model.transformer import Transformer
 from tfnmt.paths import AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS
 
 
@@ -232,8 +232,8 @@ def load_model(model_dir, which="auto"):
 
     Returns:
       (a float32 `Transformer` with the restored weights, its `vocabulary.VocabularyProtos`
-      (the SentencePiece models), the checkpoint path). bfloat16 inference is chosen where the model is used
-      (`serving.TranslationModule`'s matmul_dtype).
+      (the SentencePiece models), the checkpoint path). bfloat16 inference is chosen where the
+      model is used (`serving.TranslationModule`'s matmul_dtype).
 
     Raises:
       ModelDirError: no settings, vocabulary or readable checkpoint.

@@ -19,9 +19,8 @@ import os
 
 import tensorflow as tf
 
-from tfnmt.data import corpus
+from tfnmt.data import corpus, vocabulary
 from tfnmt.data.filters import PairFilter
-from tfnmt.data import vocabulary
 from tfnmt.data.tokenizer import train_sentencepiece
 from tfnmt.data.vocabulary import Vocabulary
 from tfnmt.paths import EMBEDDED_DIR

@@ -40,14 +40,15 @@ def combined_fingerprint(source_fingerprint, target_fingerprint):
 
 
 class VocabularyProtos(NamedTuple):
-    """The serialized SentencePiece models of a vocabulary (the same bytes twice if shared)."""
+    """The serialized SentencePiece models of a vocabulary (the same model twice if shared)."""
 
     source: bytes
     target: bytes
 
     @property
     def shared(self):
-        return self.source == self.target
+        """Whether both sides are one model (by `tokenizer.fingerprint`, as `Vocabulary`)."""
+        return self.source == self.target or fingerprint(self.source) == fingerprint(self.target)
 
     @property
     def fingerprint(self):

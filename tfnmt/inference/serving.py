@@ -1,8 +1,8 @@
 """The exported translator: raw strings in, translations out, everything inside the graph.
 
-`TranslationModule` holds the model, its SentencePiece model(s) (tensorflow-text ops: one shared,
-or one per side) and the beam search settings; `saved_model.export_saved_model` writes it as `<export_dir>/<version>/` for
-TF Serving.
+`TranslationModule` holds the model, its SentencePiece model(s) (tensorflow-text ops: one
+shared, or one per side) and the beam search settings; `saved_model.export_saved_model` writes it
+as `<export_dir>/<version>/` for TF Serving.
 Signatures (all take `sentences`, string [B]):
   serving_default   -> translations string [B], scores float32 [B]       (best hypothesis)
   translate_n_best  -> translations string [B, N], scores float32 [B, N] (N = n_best, best first)
