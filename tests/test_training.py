@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import ROOT, python, teacher_forced_log_prob, train_flags
+from tfnmt import fast_ops
 from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
@@ -46,6 +47,34 @@ def test_mirrored_two_devices_equal_one_device():
     assert clear.sum() > 1000
     np.testing.assert_allclose(mirrored_moments[clear], single_moments[clear], rtol=1e-2,
                                err_msg="Keras reduced the gradients again: see PreReducedAdam")
+
+
+def test_adam_update_equals_float64_adam_on_the_schedule():
+    # PreReducedAdam's fused kernel (and Keras' stock update, with the fast ops off) against
+    # Adam written out in float64: m, v, bias correction, epsilon outside the square root, on
+    # the paper's schedule, for gradients from 1e-6 to 1 over six steps.
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(7, 5))
+    grads = [rng.normal(size=(7, 5)) * 10.0 ** rng.uniform(-6, 0, size=(7, 5)) for _ in range(6)]
+    for plain in (False, True):
+        with fast_ops.plain_ops(plain):
+            weight = tf.Variable(start.astype("float32"))
+            optimizer = paper_adam(64, 3, 1.0, PreReducedAdam)
+            step = tf.function(lambda g: optimizer.apply_gradients([(g, weight)]))
+            rates = []
+            for g in grads:
+                rates.append(float(optimizer.learning_rate))  # the rate of the coming update
+                step(tf.constant(g, tf.float32))
+            ops = {op.type for op in step.get_concrete_function(
+                tf.TensorSpec([7, 5], tf.float32)).graph.get_operations()}
+        assert ("ResourceApplyAdam" in ops) == (not plain)
+        w, m, v = start.copy(), np.zeros_like(start), np.zeros_like(start)
+        for t, (g, lr) in enumerate(zip(grads, rates), start=1):
+            m = 0.9 * m + 0.1 * g
+            v = 0.98 * v + 0.02 * g * g
+            w -= lr * np.sqrt(1 - 0.98 ** t) / (1 - 0.9 ** t) * m / (np.sqrt(v) + 1e-9)
+        assert np.abs(w - start).max() > max(rates)  # the weights moved by several steps
+        np.testing.assert_allclose(weight.numpy(), w, rtol=1e-5, atol=1e-6)
 
 
 def test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy():

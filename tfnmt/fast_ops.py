@@ -11,12 +11,14 @@ version (CHANGELOG.md, "Measured gains of the speed-ups", says what each bought)
                         (training.Trainer) the output projection inside it
   decoding.py           the top-k log-probabilities of a search step without a full
                         log-softmax
+  distribute.py         Adam's update as TensorFlow's fused ResourceApplyAdam kernel
+                        (PreReducedAdam.update_step)
 
 `plain_ops()` (a context manager), `set_plain_ops(True)`, TFNMT_PLAIN_OPS=1 or
 `train.py --plain_ops` turn them all off: the layers, loss and searches then run stock
 TensorFlow ops that autodiff differentiates (tf.matmul, tf.nn.moments +
-tf.nn.batch_normalization, tf.nn.experimental.stateless_dropout, log_softmax + top_k), and
-training computes `Transformer.call`, then the loss. Results agree up to rounding (dropout
+tf.nn.batch_normalization, tf.nn.experimental.stateless_dropout, log_softmax + top_k), Adam is
+Keras' update, and training computes `Transformer.call`, then the loss. Results agree up to rounding (dropout
 draws other masks). The switch is read when a function is traced, so set it before.
 """
 import contextlib

@@ -89,6 +89,28 @@ class PreReducedAdam(keras.optimizers.Adam):
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return list(grads_and_vars)
 
+    def update_step(self, gradient, variable, learning_rate):
+        """Keras' Adam update as TensorFlow's fused ResourceApplyAdam kernel: one pass over the
+        weight, its moments and its gradient instead of Keras' ten elementwise ops (on a 2-core
+        CPU those passes cost ~15% of a `cpu` training step in float32). Same formula, epsilon
+        outside the square root; the stock update with `fast_ops` off or with amsgrad.
+        """
+        from tfnmt import fast_ops
+        if self.amsgrad or not fast_ops.enabled():
+            return super().update_step(gradient, variable, learning_rate)
+        dtype = variable.dtype
+        step = tf.cast(self.iterations + 1, dtype)
+        index = self._get_variable_index(variable)
+        # Inside a strategy's update() the moments' handles are this device's copies.
+        return tf.raw_ops.ResourceApplyAdam(
+            var=variable.handle, m=self._momentums[index].value.handle,
+            v=self._velocities[index].value.handle,
+            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
+            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
+            lr=tf.cast(learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype),
+            beta2=tf.cast(self.beta_2, dtype), epsilon=tf.cast(self.epsilon, dtype),
+            grad=tf.cast(gradient, dtype))
+
 
 def cpu_has_bf16():
     """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX)."""
