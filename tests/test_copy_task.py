@@ -1,6 +1,6 @@
 import numpy as np
 
-from tfnmt.copy_task import FIRST_SYMBOL, copy_batch, train_copy_model
+from tfnmt.copy_task import copy_batch, train_copy_model
 from tfnmt.data.special_tokens import EOS_ID
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.decoding import greedy_decode, greedy_decode_uncached
