@@ -13,7 +13,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from helpers import teacher_forced_log_prob
 from tfnmt import checkpoints
 from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
-from tfnmt.inference.serving import TranslationModule
+from tfnmt.inference.serving import TranslationModule, serving_cpu_has_native_bf16
 from tfnmt.inference.session_loader import SessionModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -416,21 +416,58 @@ def test_bfloat16_matmul_export_gives_the_eager_searchs_translations(tiny_model_
         TranslationModule(model, proto, matmul_dtype="float16")
 
 
-def test_export_command_resolves_auto_matmul_dtype(tiny_model_dir, tmp_path):
-    from tfnmt.training.distribute import resolve_mixed_precision
+BF16_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16\n"
+AVX2_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni\n"
 
+
+def test_native_bf16_is_read_from_the_cpu_flags(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    amx = "processor\t: 0\nflags\t\t: avx512f amx_bf16 amx_tile\nbugs\t\t: spectre_v1\n"
+    near_misses = "flags\t\t: avx512_bf16x xamx_bf16 avx512_fp16\n"
+    for text, native in ((BF16_CPUINFO, True), (amx, True), (AVX2_CPUINFO, False),
+                         (near_misses, False), ("", False)):
+        cpuinfo.write_text(text)
+        assert bool(serving_cpu_has_native_bf16(str(cpuinfo))) == native, text
+    assert not bool(serving_cpu_has_native_bf16(str(tmp_path / "missing")))
+
+
+def test_auto_matmul_export_picks_bfloat16_from_the_serving_cpus_flags(tiny_model_dir,
+                                                                       tmp_path):
+    # One export, two serving machines: the CPU flags are read where the export runs (here
+    # from a file the test writes), not where it was made.
+    model, proto, _ = checkpoints.load_model(tiny_model_dir)
+    settings = dict(beam_size=2, alpha=0.6, n_best=1, parallel_searches=1)
+    expected = {dtype: TranslationModule(model, proto, matmul_dtype=dtype, **settings)
+                .translate_batch(tf.constant(SENTENCES), 1)[1][:, 0].numpy()
+                for dtype in ("float32", "bfloat16")}
+    # The two searches' scores are far enough apart for the comparisons below to tell them.
+    assert np.abs(expected["float32"] - expected["bfloat16"]).max() > 1e-3
+    cpuinfo = tmp_path / "cpuinfo"
+    module = TranslationModule(model, proto, matmul_dtype="auto", cpuinfo=str(cpuinfo),
+                               **settings)
+    path = export_saved_model(module, str(tmp_path / "export"), check=False)
+    feed = {"sentences": np.array([s.encode() for s in SENTENCES], object)}
+    for text, dtype in ((BF16_CPUINFO, "bfloat16"), (AVX2_CPUINFO, "float32")):
+        cpuinfo.write_text(text)
+        with SessionModel(path) as served:  # TF Serving's loader
+            loaded = served.run("serving_default", feed)
+        np.testing.assert_allclose(loaded["scores"], expected[dtype], rtol=1e-5, err_msg=dtype)
+
+
+def test_export_command_matmul_dtype(tiny_model_dir, tmp_path):
     def export(*flags):
-        # --check=false: the C++ loader check has its own tests; this one is about the dtype.
+        # --check=false: the C++ loader check has its own tests; this one is about the flag.
         return subprocess.run([sys.executable, "export.py", f"--model_dir={tiny_model_dir}",
                                f"--export_dir={tmp_path / 'export'}", "--check=false", *flags],
                               cwd=ROOT,
                               capture_output=True, text=True, timeout=300,
                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
-    result = export()  # --matmul_dtype=auto: bf16 where this machine has native bf16
+    result = export()
     assert result.returncode == 0, result.stderr[-3000:]
-    expected = "bfloat16" if resolve_mixed_precision("auto") == "bf16" else "float32"
-    assert result.stdout.strip().endswith(f"export{os.sep}1 (weight matmuls in {expected})")
+    assert result.stdout.strip().endswith(
+        f"export{os.sep}1 (weight matmuls: bfloat16 where the serving CPU has native bf16, "
+        "else float32)")
     result = export("--matmul_dtype=float16")
     assert result.returncode != 0 and "matmul_dtype" in result.stderr
     assert os.listdir(tmp_path / "export") == ["1"]

@@ -31,7 +31,28 @@ from tfnmt.inference.decoding import EXTRA_LENGTH, SamplingSearch, decode_limits
 from tfnmt.inference.scoring import sequence_log_probs, target_arrays
 from tfnmt.layers.linear import low_precision_matmuls
 
-MATMUL_DTYPES = ("float32", "bfloat16")
+MATMUL_DTYPES = ("float32", "bfloat16", "auto")
+CPUINFO = "/proc/cpuinfo"  # read by the graph of an "auto" export, on the serving machine
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def serving_cpu_has_native_bf16(cpuinfo=CPUINFO):
+    """In the graph: whether the CPU of the process that runs it computes bfloat16 natively,
+    from its Linux CPU flags (False where the file is missing); a Python-side check would see
+    the exporting machine, not the serving one. TensorFlow's graph optimizer folds the read
+    into a constant when a process first runs the graph, so requests do not pay for it.
+
+    Args:
+      cpuinfo: the file to read (tests give their own).
+
+    Returns:
+      A bool scalar tensor.
+    """
+    pattern = r"(?s).*\b(" + "|".join(NATIVE_BF16_FLAGS) + r")\b.*"
+    present = tf.size(tf.io.matching_files(cpuinfo)) > 0
+    return tf.cond(present,
+                   lambda: tf.strings.regex_full_match(tf.io.read_file(cpuinfo), pattern),
+                   lambda: tf.constant(False))
 
 SIGNATURE_INPUT = "sentences"
 SCORE_TARGETS = "targets"  # the `score` signature's second input
@@ -58,11 +79,15 @@ class TranslationModule:
       matmul_dtype: "bfloat16" runs the model's weight matmuls (projections, feed-forward,
         output layer) in bfloat16 (`linear.low_precision_matmuls`), all else in float32:
         faster where bf16 is native (AMX, AVX512-BF16, recent GPUs), very slow where it is
-        emulated; the translations differ slightly from float32's (bench/README.md).
+        emulated; the translations differ slightly from float32's (bench/README.md). "auto"
+        holds both searches and runs bfloat16 where the serving CPU has native bf16
+        (`serving_cpu_has_native_bf16`), else float32; it looks at the CPU only, so choose
+        explicitly for GPUs.
       chunk_size: sentences searched at once; a larger request is translated in chunks of this
         many, one after another.
       sampling: None for beam search, or {"temperature", "top_k", "seed"}: each translation is
         drawn at random instead (`decoding.SamplingSearch`; n_best must be 1).
+      cpuinfo: the file an "auto" export reads its CPU flags from (tests give their own).
 
     Example:
       module = TranslationModule(model, open("spm.model", "rb").read())
@@ -71,7 +96,7 @@ class TranslationModule:
 
     def __init__(self, model, vocabulary, beam_size=4, alpha=0.6, max_decode_length=0,
                  n_best=4, extra_length=EXTRA_LENGTH, parallel_searches=2,
-                 matmul_dtype="float32", chunk_size=64, sampling=None):
+                 matmul_dtype="float32", chunk_size=64, sampling=None, cpuinfo=CPUINFO):
         import tensorflow_text as tf_text
 
         self.model = model
@@ -91,7 +116,7 @@ class TranslationModule:
             raise ValueError(f"parallel_searches={parallel_searches} must be >= 1")
         if matmul_dtype not in MATMUL_DTYPES:
             raise ValueError(f"matmul_dtype must be one of {MATMUL_DTYPES}, got {matmul_dtype!r}")
-        self.matmul_dtype = matmul_dtype
+        self.matmul_dtype, self.cpuinfo = matmul_dtype, cpuinfo
         self.chunk_size = int(chunk_size)
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size={chunk_size} must be >= 1")
@@ -140,7 +165,7 @@ class TranslationModule:
     def _in_chunks(self, chunk_fn, inputs, outputs):
         """Runs `chunk_fn` on `chunk_size` consecutive rows of every input at a time, one chunk
         after the other (parallel_iterations=1: memory is that of one chunk), with the
-        weight matmuls in `matmul_dtype`.
+        weight matmuls in `matmul_dtype` (for "auto", chosen when the graph runs).
 
         Args:
           chunk_fn: a function of each input's rows (None for a None input) -> its results.
@@ -150,23 +175,30 @@ class TranslationModule:
         Returns:
           The results of all chunks, concatenated.
         """
-        # Weight matrices (rank 2) cast once per call, before the loop.
-        kernels = [v for v in self.model.trainable_variables if len(v.shape) == 2] \
-            if self.matmul_dtype != "float32" else []
-        with low_precision_matmuls(kernels, tf.as_dtype(self.matmul_dtype)):
-            batch, size = tf.shape(inputs[0])[0], self.chunk_size
-            count = (batch + size - 1) // size
+        def all_chunks(matmul_dtype):
+            # Weight matrices (rank 2) cast once per call, before the loop.
+            kernels = [v for v in self.model.trainable_variables if len(v.shape) == 2] \
+                if matmul_dtype != "float32" else []
+            with low_precision_matmuls(kernels, tf.as_dtype(matmul_dtype)):
+                batch, size = tf.shape(inputs[0])[0], self.chunk_size
+                count = (batch + size - 1) // size
 
-            def one_chunk(index, *arrays):
-                rows = slice(index * size, (index + 1) * size)
-                results = chunk_fn(*[None if x is None else x[rows] for x in inputs])
-                return (index + 1,) + tuple(a.write(index, r) for a, r in zip(arrays, results))
+                def one_chunk(index, *arrays):
+                    rows = slice(index * size, (index + 1) * size)
+                    results = chunk_fn(*[None if x is None else x[rows] for x in inputs])
+                    return (index + 1,) + tuple(a.write(index, r)
+                                                for a, r in zip(arrays, results))
 
-            arrays = tuple(tf.TensorArray(dtype, size=count, element_shape=shape,
-                                          infer_shape=False) for dtype, shape in outputs)
-            _, *arrays = tf.while_loop(lambda index, *_: index < count, one_chunk,
-                                       (tf.constant(0),) + arrays, parallel_iterations=1)
-            return tuple(a.concat() for a in arrays)
+                arrays = tuple(tf.TensorArray(dtype, size=count, element_shape=shape,
+                                              infer_shape=False) for dtype, shape in outputs)
+                _, *arrays = tf.while_loop(lambda index, *_: index < count, one_chunk,
+                                           (tf.constant(0),) + arrays, parallel_iterations=1)
+                return tuple(a.concat() for a in arrays)
+
+        if self.matmul_dtype != "auto":
+            return all_chunks(self.matmul_dtype)
+        return tuple(tf.cond(serving_cpu_has_native_bf16(self.cpuinfo),
+                             lambda: all_chunks("bfloat16"), lambda: all_chunks("float32")))
 
     def _translate_chunk(self, sentences, n_best, prefixes=None):
         """string [C] (and prefixes [C]) -> (translations string [C, n_best], scores float32

@@ -47,12 +47,9 @@ flags.DEFINE_integer("beam_size", 4, "Beam size (paper: 4).")
 flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (paper: 0.6).")
 flags.DEFINE_integer("max_decode_length", 0, "Cap on output subwords (0: source length + 50).")
 flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtype of the "
-                  "weight matmuls (projections, feed-forward, output layer); all else is float32. "
-                  "bfloat16 decodes faster where bf16 is native (AVX512-BF16/AMX CPUs, GPUs of "
-                  "compute capability >= 8.0) and much slower where it is not; its translations "
-                  "differ slightly from float32's (bench/README.md). "
-                  "auto: bfloat16 if this machine has native bf16, else float32 (export on, or "
-                  "choose for, the machine that serves).")
+                  "weight matmuls: float32, bfloat16 (fast where bf16 is native, slow where "
+                  "emulated) or auto (default): bfloat16 where the serving CPU has AVX512-BF16 "
+                  "or AMX, decided on the serving machine. For GPUs choose float32 or bfloat16.")
 flags.DEFINE_integer("n_best", 4, "Hypotheses returned by the translate_n_best signature.")
 flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into, searched at the "
                      "same time, to keep CPU cores busy (CHANGELOG.md); each sentence's "
@@ -91,11 +88,6 @@ def main(argv):
     from tfnmt import checkpoints
     from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
     from tfnmt.inference.serving import TranslationModule
-    from tfnmt.training.distribute import resolve_mixed_precision
-
-    matmul_dtype = FLAGS.matmul_dtype
-    if matmul_dtype == "auto":
-        matmul_dtype = "bfloat16" if resolve_mixed_precision("auto") == "bf16" else "float32"
 
     export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, EXPORT)
     if os.path.exists(export_dir) and not os.path.isdir(export_dir):
@@ -109,7 +101,7 @@ def main(argv):
     module = TranslationModule(model, vocab, FLAGS.beam_size, FLAGS.alpha,
                                FLAGS.max_decode_length, FLAGS.n_best,
                                parallel_searches=FLAGS.parallel_searches,
-                               matmul_dtype=matmul_dtype, chunk_size=FLAGS.chunk_size)
+                               matmul_dtype=FLAGS.matmul_dtype, chunk_size=FLAGS.chunk_size)
     try:
         final = export_saved_model(module, export_dir, FLAGS.version, check=FLAGS.check)
     except FileExistsError as error:
@@ -117,7 +109,9 @@ def main(argv):
     except (ExportCheckError, OSError, tf.errors.OpError) as error:  # e.g. a full disk
         print(f"export.py: nothing published: {str(error).splitlines()[0]}", file=sys.stderr)
         return 1
-    print(f"exported {path} to {final} (weight matmuls in {matmul_dtype})")
+    matmuls = ("bfloat16 where the serving CPU has native bf16, else float32"
+               if FLAGS.matmul_dtype == "auto" else FLAGS.matmul_dtype)
+    print(f"exported {path} to {final} (weight matmuls: {matmuls})")
 
 
 def export_ctranslate2(model, vocab, path):
