@@ -387,35 +387,6 @@ def test_parallel_searches_give_each_sentence_its_single_search_result(module, b
         TranslationModule(module.model, proto, parallel_searches=0)
 
 
-def test_bfloat16_matmul_export_gives_the_eager_searchs_translations(tiny_model_dir, tmp_path):
-    model, proto, _ = checkpoints.load_model(tiny_model_dir)
-    module = TranslationModule(model, proto, beam_size=3, alpha=0.6, n_best=2,
-                               matmul_dtype="bfloat16")
-    # Run through the C++ loader below (the check export.py runs, without a second load).
-    path = export_saved_model(module, str(tmp_path / "export"), check=False)
-    ops = graph_ops(path)
-    assert not {op for op in ops if op not in set(dir(tf.raw_ops)) and op not in TF_TEXT_OPS}
-    saved = saved_model_pb2.SavedModel()
-    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
-        saved.ParseFromString(f.read())
-    assert [node for function in saved.meta_graphs[0].graph_def.library.function
-            for node in function.node_def
-            if node.op == "MatMul" and node.attr["T"].type == tf.bfloat16.as_datatype_enum]
-    with SessionModel(path) as served:
-        loaded = served.run("serving_default", {"sentences": np.array(
-            [s.encode() for s in SENTENCES], object)})
-    translations, scores = module.translate_batch(tf.constant(SENTENCES), 1)  # eagerly
-    assert list(loaded["translations"]) == list(translations[:, 0].numpy())
-    np.testing.assert_allclose(loaded["scores"], scores[:, 0], rtol=1e-5)
-    # bf16 products: scores close to, not equal to, float32's.
-    float32_module = TranslationModule(model, proto, beam_size=3, alpha=0.6, n_best=2)
-    float32_scores = float32_module.translate_batch(tf.constant(SENTENCES), 1)[1][:, 0]
-    np.testing.assert_allclose(loaded["scores"], float32_scores, atol=0.5)
-    assert not np.array_equal(loaded["scores"], float32_scores)
-    with pytest.raises(ValueError, match="matmul_dtype"):
-        TranslationModule(model, proto, matmul_dtype="float16")
-
-
 BF16_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16\n"
 AVX2_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni\n"
 
@@ -431,27 +402,42 @@ def test_native_bf16_is_read_from_the_cpu_flags(tmp_path):
     assert not bool(serving_cpu_has_native_bf16(str(tmp_path / "missing")))
 
 
-def test_auto_matmul_export_picks_bfloat16_from_the_serving_cpus_flags(tiny_model_dir,
+def test_auto_matmul_export_runs_bfloat16_where_the_serving_cpu_has_it(tiny_model_dir,
                                                                        tmp_path):
     # One export, two serving machines: the CPU flags are read where the export runs (here
-    # from a file the test writes), not where it was made.
+    # from a file the test writes), not where it was made; each gives exactly the
+    # translations of the same search run eagerly in that dtype.
     model, proto, _ = checkpoints.load_model(tiny_model_dir)
-    settings = dict(beam_size=2, alpha=0.6, n_best=1, parallel_searches=1)
-    expected = {dtype: TranslationModule(model, proto, matmul_dtype=dtype, **settings)
-                .translate_batch(tf.constant(SENTENCES), 1)[1][:, 0].numpy()
-                for dtype in ("float32", "bfloat16")}
-    # The two searches' scores are far enough apart for the comparisons below to tell them.
-    assert np.abs(expected["float32"] - expected["bfloat16"]).max() > 1e-3
+    settings = dict(beam_size=3, alpha=0.6, n_best=2, parallel_searches=1)
+    eager = {dtype: TranslationModule(model, proto, matmul_dtype=dtype, **settings)
+             .translate_batch(tf.constant(SENTENCES), 1) for dtype in ("float32", "bfloat16")}
+    # bf16 products: scores close to, not equal to, float32's (far enough apart for the
+    # comparisons below to tell the two searches).
+    float32_scores, bfloat16_scores = (eager[d][1][:, 0].numpy() for d in ("float32", "bfloat16"))
+    np.testing.assert_allclose(bfloat16_scores, float32_scores, atol=0.5)
+    assert np.abs(float32_scores - bfloat16_scores).max() > 1e-3
     cpuinfo = tmp_path / "cpuinfo"
     module = TranslationModule(model, proto, matmul_dtype="auto", cpuinfo=str(cpuinfo),
                                **settings)
     path = export_saved_model(module, str(tmp_path / "export"), check=False)
+    ops = graph_ops(path)
+    assert not {op for op in ops if op not in set(dir(tf.raw_ops)) and op not in TF_TEXT_OPS}
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    assert [node for function in saved.meta_graphs[0].graph_def.library.function
+            for node in function.node_def
+            if node.op == "MatMul" and node.attr["T"].type == tf.bfloat16.as_datatype_enum]
     feed = {"sentences": np.array([s.encode() for s in SENTENCES], object)}
     for text, dtype in ((BF16_CPUINFO, "bfloat16"), (AVX2_CPUINFO, "float32")):
         cpuinfo.write_text(text)
         with SessionModel(path) as served:  # TF Serving's loader
             loaded = served.run("serving_default", feed)
-        np.testing.assert_allclose(loaded["scores"], expected[dtype], rtol=1e-5, err_msg=dtype)
+        translations, scores = eager[dtype]
+        assert list(loaded["translations"]) == list(translations[:, 0].numpy()), dtype
+        np.testing.assert_allclose(loaded["scores"], scores[:, 0], rtol=1e-5, err_msg=dtype)
+    with pytest.raises(ValueError, match="matmul_dtype"):
+        TranslationModule(model, proto, matmul_dtype="float16")
 
 
 def test_export_command_matmul_dtype(tiny_model_dir, tmp_path):
@@ -463,11 +449,14 @@ def test_export_command_matmul_dtype(tiny_model_dir, tmp_path):
                               capture_output=True, text=True, timeout=300,
                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
-    result = export()
+    result = export("--parallel_searches=1")  # auto (the default); one search per dtype
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith(
         f"export{os.sep}1 (weight matmuls: bfloat16 where the serving CPU has native bf16, "
         "else float32)")
+    # Both searches, and the file read that chooses between them when the export runs.
+    ops = graph_ops(str(tmp_path / "export" / "1"))
+    assert {"ReadFile", "MatchingFiles"} <= ops and {"If", "StatelessIf"} & ops
     result = export("--matmul_dtype=float16")
     assert result.returncode != 0 and "matmul_dtype" in result.stderr
     assert os.listdir(tmp_path / "export") == ["1"]
