@@ -30,10 +30,10 @@ from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.decoding import EXTRA_LENGTH, SamplingSearch, decode_limits, dynamic_decode
 from tfnmt.inference.scoring import sequence_log_probs, target_arrays
 from tfnmt.layers.linear import low_precision_matmuls
+from tfnmt.training.distribute import NATIVE_BF16_FLAGS
 
 MATMUL_DTYPES = ("float32", "bfloat16", "auto")
 CPUINFO = "/proc/cpuinfo"  # read by the graph of an "auto" export, on the serving machine
-NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 def serving_cpu_has_native_bf16(cpuinfo=CPUINFO):

@@ -112,6 +112,9 @@ class PreReducedAdam(keras.optimizers.Adam):
             grad=tf.cast(gradient, dtype))
 
 
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # Linux CPU flags of native bfloat16
+
+
 def cpu_has_bf16():
     """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX)."""
     try:
@@ -119,7 +122,7 @@ def cpu_has_bf16():
             flags = next((line for line in f if line.startswith("flags")), "").split()
     except OSError:
         return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
 
 
 def resolve_mixed_precision(name):
