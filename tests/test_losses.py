@@ -97,10 +97,12 @@ def test_closed_form_gradient_matches_autodiff_of_the_formula(epsilon):
                                tape.gradient(theirs_total, logits), atol=1e-6)
 
 
+@pytest.mark.parametrize("real_rows_only", [True, False])
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
-def test_projected_loss_matches_logits_path(epsilon):
-    """The training loss (projection inside the custom gradient) gives the value and the
-    hidden and kernel gradients of projecting first and using the logits loss."""
+def test_projected_loss_matches_logits_path(epsilon, real_rows_only):
+    """The training loss (projection inside the custom gradient, of the real rows only or of
+    all) gives the value and the hidden and kernel gradients of projecting first and using
+    the logits loss; padding rows get a zero gradient."""
     rng = np.random.default_rng(3)
     vocab, dim = 13, 6
     labels = tf.constant(rng.integers(1, vocab, size=(4, 5)), tf.int32)
@@ -110,14 +112,16 @@ def test_projected_loss_matches_logits_path(epsilon):
     kernel = tf.Variable(rng.normal(size=(vocab, dim)).astype("float32"))
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(hidden)
-        ours, ours_count = masked_projected_loss_sum(labels, hidden, kernel, epsilon)
+        ours, ours_count = masked_projected_loss_sum(labels, hidden, kernel, epsilon,
+                                                     real_rows_only=real_rows_only)
         logits = tf.einsum("btd,vd->btv", hidden, kernel)
         theirs, theirs_count = masked_loss_sum(labels, logits, epsilon)
     assert float(ours_count) == float(theirs_count) == 17.0
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
-    for ours_grad, theirs_grad in zip(tape.gradient(ours, [hidden, kernel]),
-                                      tape.gradient(theirs, [hidden, kernel])):
-        np.testing.assert_allclose(ours_grad, theirs_grad, atol=1e-5)
+    ours_grads = tape.gradient(ours, [hidden, kernel])
+    for ours_grad, theirs_grad in zip(ours_grads, tape.gradient(theirs, [hidden, kernel])):
+        np.testing.assert_allclose(tf.convert_to_tensor(ours_grad), theirs_grad, atol=1e-5)
+    np.testing.assert_array_equal(tf.convert_to_tensor(ours_grads[0])[labels == 0], 0.0)
 
 
 def test_projected_loss_in_bfloat16_stays_close():

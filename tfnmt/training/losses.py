@@ -179,7 +179,8 @@ def projected_cross_entropy(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
     return xent(hidden, tf.cast(kernel, tf.float32))
 
 
-def masked_projected_loss_sum(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
+def masked_projected_loss_sum(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID,
+                              real_rows_only=True):
     """The training loop's loss: `masked_loss_sum` of the logits hidden · kernelᵀ, through
     `projected_cross_entropy`.
 
@@ -188,14 +189,22 @@ def masked_projected_loss_sum(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID
       hidden: [B, T, D] decoder states.
       kernel: [V, D] output projection.
       epsilon, pad_id: as for `label_smoothed_cross_entropy`.
+      real_rows_only: project only the states whose label is not padding (a gather of a
+        dynamic number of rows: the [N, V] logits, their two products and the softmax passes
+        skip the batch's padding). False projects every row, with a static shape, for XLA.
 
     Returns:
       (sum of the smoothed loss, number of real target tokens), float32 scalars.
     """
     flat_labels = tf.reshape(labels, [-1])  # [N]
-    loss = projected_cross_entropy(flat_labels, tf.reshape(hidden, [-1, hidden.shape[-1]]),
-                                   kernel, epsilon, pad_id)
+    flat_hidden = tf.reshape(hidden, [-1, hidden.shape[-1]])  # [N, D]
     weights = tf.cast(tf.not_equal(flat_labels, pad_id), tf.float32)
+    if real_rows_only:
+        rows = tf.where(tf.not_equal(flat_labels, pad_id))[:, 0]  # [R]
+        loss = projected_cross_entropy(tf.gather(flat_labels, rows),
+                                       tf.gather(flat_hidden, rows), kernel, epsilon, pad_id)
+        return tf.reduce_sum(loss), tf.reduce_sum(weights)
+    loss = projected_cross_entropy(flat_labels, flat_hidden, kernel, epsilon, pad_id)
     return tf.reduce_sum(loss * weights), tf.reduce_sum(weights)
 
 

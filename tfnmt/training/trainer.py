@@ -52,6 +52,7 @@ class Trainer:
         self.label_smoothing = label_smoothing
         self.accum_steps = accum_steps
         self.clip_norm = clip_norm
+        self.jit_compile = jit_compile
         # XLA can compile the replica's work (not the iterator reads around it).
         self.replica_step = tf.function(self._replica_step, jit_compile=True) \
             if jit_compile else self._replica_step
@@ -147,9 +148,11 @@ class Trainer:
         memory, source_padding = self.model.encode(batch["source"], training=True)
         states, _ = self.model.decoder_states(batch["target_in"], memory, source_padding,
                                               training=True)
-        # The output projection happens inside the loss (fewer passes over the logits).
+        # The output projection happens inside the loss (fewer passes over the logits), on
+        # the real target positions only, unless XLA needs static shapes.
         return masked_projected_loss_sum(batch["target_out"], states,
-                                         self.model.output_kernel(), self.label_smoothing)[0]
+                                         self.model.output_kernel(), self.label_smoothing,
+                                         real_rows_only=not self.jit_compile)[0]
 
     def _replica_step(self, batches):
         loss_sum, tokens, padded, grads = self.replica_gradients(batches)
