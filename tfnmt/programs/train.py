@@ -106,8 +106,9 @@ flags.DEFINE_integer("cpu_devices", 1, "Split the CPU into this many logical dev
                      "(for mirrored training without GPUs).")
 flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16", "fp16"],
                   "Compute dtype of matmuls (weights, softmax, LayerNorm and loss stay "
-                  "float32): auto = bf16 on CPUs with AVX512-BF16/AMX and GPUs of compute "
-                  "capability >= 8.0, else none (float32); fp16 uses dynamic loss scaling.")
+                  "float32): auto = bf16 on GPUs of compute capability >= 8.0 and on CPUs "
+                  "whose native bf16 products time faster than float32's, else none (float32); "
+                  "fp16 uses dynamic loss scaling.")
 flags.DEFINE_bool("shape_stable", True, "Pad each batch to its length bucket's upper edge, so "
                   "every bucket has one shape (kernels are set up once per bucket, and memory "
                   "stays flat); false pads to the batch's longest pair.")

@@ -117,7 +117,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         f"{vocab.source.vocab_size:,d} source, {vocab.target.vocab_size:,d} target"
     log(f"data: {_describe_data(manifest, settings['data'])}, "
         f"vocabulary {sizes}, {strategy.num_replicas_in_sync} replica(s), "
-        f"precision {precision}")
+        f"precision {precision}" + (" (auto)" if t["mixed_precision"] == "auto" else ""))
     model, optimizer = _build(settings, strategy, precision)
     keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
                               t["keep_checkpoints"] if is_chief else 1)
