@@ -14,9 +14,11 @@ the pieces of tfnmt's SentencePiece model, prepared outside its budget.
 
 A recipe whose learning rate falls to zero at its last step (tfnmt's main job, `lr_decay=linear`;
 the peer's `budgeted` recipe, OpenNMT-tf's CosineAnnealing with the same warm-up and peak) is
-trained once per budget, for the number of steps that fits the budget: the steps per minute
-come from a calibration run (`--calibration_minutes`) on this machine, and a run still going at
-its budget is stopped there and its last checkpoint scored (`"cut": true`). A recipe of open
+trained once per budget, for the number of steps that fits the budget: the first budget is
+planned from the pace of a calibration run (`--calibration_minutes`) on this machine, each
+later one from the run before it; a run that ends well before its budget (`--replan_unused`)
+is trained again, planned from its own pace, and a run still going at its budget is stopped
+there and its last checkpoint scored (`"cut": true`). `"planned_from"` lists the paces used. A recipe of open
 length (the peer's `noam` recipes) trains once, for the largest budget, and the checkpoint saved
 last before each budget is scored; its checkpoints every --checkpoint_minutes draw its curve.
 
@@ -55,6 +57,8 @@ flags.DEFINE_float("calibration_minutes", 4.0, "Length of the run that measures 
                    "per minute for its budgeted recipes.")
 flags.DEFINE_float("budget_margin", 0.05, "Budgeted runs plan this fraction fewer steps than the "
                    "calibration predicts (their final checkpoint and evaluation).")
+flags.DEFINE_float("replan_unused", 0.1, "A budgeted run that ends with more than this fraction "
+                   "of its budget unused is trained again, planned from its own pace.")
 flags.DEFINE_list("systems", ["tfnmt", "opennmt"], "Which systems to train and score (the peer "
                   "needs tfnmt's run: its model size and SentencePiece model).")
 flags.DEFINE_string("plot", "runs/quality/quality.png", "PNG plot of test BLEU against minutes.")
@@ -177,14 +181,17 @@ def test_pairs():
 
 
 def calibrate(checkpoints):
-    """(step, minutes, steps per minute) from a calibration run's [(step, minutes)]."""
+    """(step, minutes, steps per minute) from a run's [(step, minutes)] checkpoints: the pace
+    of its later half, when start-up, tracing and cold caches are behind it."""
     if len(checkpoints) < 2:
         raise RuntimeError("the calibration run saved fewer than two checkpoints: raise "
                            "--calibration_minutes or lower --checkpoint_steps")
-    (first_step, first_minutes), (last_step, last_minutes) = checkpoints[1], checkpoints[-1]
-    if last_minutes <= first_minutes:  # two checkpoints only: from the first one
-        (first_step, first_minutes) = checkpoints[0]
-    rate = (last_step - first_step) / (last_minutes - first_minutes)
+    last_step, last_minutes = checkpoints[-1]
+    later = [c for c in checkpoints[:-1] if c[1] >= last_minutes / 2]
+    first_step, first_minutes = later[0] if later else checkpoints[-2]
+    if last_minutes <= first_minutes:  # saved in the same instant: from the first one
+        first_step, first_minutes = checkpoints[0]
+    rate = (last_step - first_step) / max(last_minutes - first_minutes, 1e-6)
     return {"step": last_step, "minutes": round(last_minutes, 2),
             "steps_per_minute": round(rate, 1)}
 
@@ -203,6 +210,36 @@ def budget_result(checkpoints, steps, budget):
     if not within:
         raise RuntimeError(f"no checkpoint within {budget} minutes")
     return within[-1], within[-1][0] < steps
+
+
+def budgeted_runs(train, calibration, budgets):
+    """Trains a budgeted recipe once per budget (ascending), each planned from the longest run
+    so far (first: `calibration`); a run that ends more than --replan_unused of its budget
+    early is trained again, planned from its own pace.
+
+    Args:
+      train: (name, minutes, steps) -> (run handle, [(step, minutes)] checkpoints).
+      calibration: `calibrate`'s result for the first budget.
+      budgets: minutes, ascending.
+
+    Returns:
+      [(handle, (step, minutes), cut, plans)]: the scored checkpoint, whether the budget
+      stopped the run, and the calibrations it was planned from.
+    """
+    runs = []
+    for budget in budgets:
+        plans = [calibration]
+        steps = steps_within(calibration, budget)
+        handle, checkpoints = train(f"{budget:g}min", budget, steps)
+        (step, minutes), cut = budget_result(checkpoints, steps, budget)
+        if not cut and minutes < budget * (1 - FLAGS.replan_unused):
+            plans.append(calibrate(checkpoints))
+            steps = steps_within(plans[-1], budget)
+            handle, checkpoints = train(f"{budget:g}min-replanned", budget, steps)
+            (step, minutes), cut = budget_result(checkpoints, steps, budget)
+        calibration = calibrate(checkpoints)
+        runs.append((handle, (step, minutes), cut, plans))
+    return runs
 
 
 def load_scorer(model_dir):
@@ -245,15 +282,13 @@ def run_tfnmt(work, budgets):
     if get_training("cpu")["lr_decay"] == "linear":
         model_dir, checkpoints = train("tfnmt-calibration", FLAGS.calibration_minutes)
         result["calibration"] = calibrate(checkpoints)
-        runs = []
-        for budget in budgets:
-            steps = steps_within(result["calibration"], budget)
-            model_dir, checkpoints = train(f"tfnmt-{budget:g}min", budget, steps)
-            runs.append((model_dir, budget_result(checkpoints, steps, budget)))
-        for model_dir, ((step, minutes), cut) in runs:
+        runs = budgeted_runs(lambda name, minutes, steps: train(f"tfnmt-{name}", minutes, steps),
+                             result["calibration"], budgets)
+        for model_dir, (step, minutes), cut, plans in runs:
             hypotheses = load_scorer(model_dir)(step)
             result["checkpoints"].append({"step": step, "minutes": round(minutes, 2),
-                                          "cut": cut, **score(hypotheses, references)})
+                                          "cut": cut, "planned_from": plans,
+                                          **score(hypotheses, references)})
     else:
         model_dir, checkpoints = train("tfnmt", max(budgets))
         scorer = load_scorer(model_dir)
@@ -349,12 +384,14 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
     if budgeted:
         if calibration is None:
             calibration = calibrate(train("calibration", FLAGS.calibration_minutes)[2])
-        for budget in budgets:
-            steps = steps_within(calibration, budget)
-            launcher, run_dir, checkpoints = train(f"{budget:g}min", budget, steps)
-            (step, minutes), cut = budget_result(checkpoints, steps, budget)
+        def train_budgeted(name, minutes, steps):
+            launcher, run_dir, checkpoints = train(name, minutes, steps)
+            return (launcher, run_dir), checkpoints
+
+        for (launcher, run_dir), (step, minutes), cut, plans in budgeted_runs(
+                train_budgeted, calibration, budgets):
             results.append({"step": step, "minutes": round(minutes, 2), "cut": cut,
-                            **bleu(launcher, run_dir, step)})
+                            "planned_from": plans, **bleu(launcher, run_dir, step)})
     else:
         launcher, run_dir, checkpoints = train("run", max(budgets))
         calibration = calibrate(checkpoints)
