@@ -198,9 +198,10 @@ def masked_projected_loss_sum(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID
     """
     flat_labels = tf.reshape(labels, [-1])  # [N]
     flat_hidden = tf.reshape(hidden, [-1, hidden.shape[-1]])  # [N, D]
-    weights = tf.cast(tf.not_equal(flat_labels, pad_id), tf.float32)
+    real = tf.not_equal(flat_labels, pad_id)  # [N]
+    weights = tf.cast(real, tf.float32)
     if real_rows_only:
-        rows = tf.where(tf.not_equal(flat_labels, pad_id))[:, 0]  # [R]
+        rows = tf.where(real)[:, 0]  # [R]
         loss = projected_cross_entropy(tf.gather(flat_labels, rows),
                                        tf.gather(flat_hidden, rows), kernel, epsilon, pad_id)
         return tf.reduce_sum(loss), tf.reduce_sum(weights)
