@@ -56,7 +56,7 @@ def train_copy_model(steps=800, batch_size=96, length=10, vocab_size=16, seed=1,
     model.build()
     optimizer = paper_adam(model.d_model, warmup_steps=100, scale=1.0)
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)
     def train_step(source, target_in, labels):
         with tf.GradientTape() as tape:
             logits = model((source, target_in), training=True)

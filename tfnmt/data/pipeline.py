@@ -69,6 +69,7 @@ def bucket_batch_sizes(boundaries, batch_tokens):
 _FEATURES = {"source": tf.io.RaggedFeature(tf.int64), "target": tf.io.RaggedFeature(tf.int64)}
 
 
+@tf.autograph.experimental.do_not_convert  # plain ops: no conversion cost per pipeline
 def _to_model_inputs(serialized):
     example = tf.io.parse_single_example(serialized, _FEATURES)
     source = tf.cast(example["source"], tf.int32)
@@ -79,6 +80,7 @@ def _to_model_inputs(serialized):
             "target_out": tf.concat([target, eos], 0)}    # [T]   ... EOS
 
 
+@tf.autograph.experimental.do_not_convert
 def _length(example):
     return tf.maximum(tf.shape(example["source"])[0], tf.shape(example["target_in"])[0])
 
@@ -159,7 +161,8 @@ def model_inputs(data_dir, manifest, split, max_length=256, shuffle=True, seed=N
     def usable(records_dataset):
         pairs = records_dataset.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE,
                                     deterministic=True)
-        return pairs.filter(lambda example: _length(example) <= max_length)
+        return pairs.filter(tf.autograph.experimental.do_not_convert(
+            lambda example: _length(example) <= max_length))
 
     corpora = manifest["splits"][split].get("corpora") or []
     if len(corpora) > 1 and repeat and shuffle:  # a mixture, sampled in proportion

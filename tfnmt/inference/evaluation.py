@@ -48,7 +48,8 @@ def loss_sums_function(model, label_smoothing=0.1):
     """
     ids = tf.TensorSpec([None, None], tf.int32)
 
-    @tf.function(input_signature=[{"source": ids, "target_in": ids, "target_out": ids}])
+    @tf.function(input_signature=[{"source": ids, "target_in": ids, "target_out": ids}],
+                 autograph=False)
     def sums(batch):
         logits = model((batch["source"], batch["target_in"]), training=False)
         smoothed, tokens = masked_loss_sum(batch["target_out"], logits, label_smoothing)
@@ -113,7 +114,7 @@ class Translator:
             ids, scores = beam_search(model, source, beam_size, alpha)
             return ids[:, 0], scores[:, 0]
 
-        self._decode = tf.function(decode, reduce_retracing=True)
+        self._decode = tf.function(decode, reduce_retracing=True, autograph=False)
 
     def source_ids(self, sentences):
         """Model inputs of sentences.

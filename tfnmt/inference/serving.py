@@ -253,7 +253,8 @@ class TranslationModule:
                       constant_values=PAD_ID) for ids, _ in results]
         return tf.concat(ids, 0), tf.concat([scores for _, scores in results], 0)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)],
+                 autograph=False)
     def serve(self, sentences):
         """The `serving_default` signature.
 
@@ -267,7 +268,8 @@ class TranslationModule:
         return {"translations": translations[:, 0], "scores": scores[:, 0]}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT),
-                                  tf.TensorSpec([None], tf.string, name=PREFIXES)])
+                                  tf.TensorSpec([None], tf.string, name=PREFIXES)],
+                 autograph=False)
     def serve_with_prefix(self, sentences, prefixes):
         """The `translate_with_prefix` signature: translations that start with given text.
 
@@ -305,7 +307,8 @@ class TranslationModule:
         return sequence_log_probs(self.model, source_ids, target_in, target_out)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT),
-                                  tf.TensorSpec([None], tf.string, name=SCORE_TARGETS)])
+                                  tf.TensorSpec([None], tf.string, name=SCORE_TARGETS)],
+                 autograph=False)
     def score(self, sentences, targets):
         """The `score` signature (forced decoding).
 
@@ -319,7 +322,8 @@ class TranslationModule:
         scores, lengths = self.score_batch(sentences, targets)
         return {"scores": scores, "lengths": lengths}
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)],
+                 autograph=False)
     def serve_n_best(self, sentences):
         """The `translate_n_best` signature.
 

@@ -53,10 +53,12 @@ class Trainer:
         self.accum_steps = accum_steps
         self.clip_norm = clip_norm
         self.jit_compile = jit_compile
-        # XLA can compile the replica's work (not the iterator reads around it).
-        self.replica_step = tf.function(self._replica_step, jit_compile=True) \
+        # XLA can compile the replica's work (not the iterator reads around it). autograph=False
+        # here and on every tfnmt tf.function: their loops and branches are written as
+        # tf.while_loop/tf.cond, and converting the code they call cost ~5 s per process.
+        self.replica_step = tf.function(self._replica_step, jit_compile=True, autograph=False) \
             if jit_compile else self._replica_step
-        self.train_step = tf.function(self._train_step)
+        self.train_step = tf.function(self._train_step, autograph=False)
 
     def __call__(self, iterator, train_steps, keeper=None, stats=None, evaluate=None,
                  log_every=100, checkpoint_every=1000, eval_every=0):
