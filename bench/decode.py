@@ -2,7 +2,7 @@
 
 Exports the training directory's checkpoint with export.py into a scratch directory, four
 ways: beam 4 and greedy (beam 1), each with --matmul_dtype=float32 and =bfloat16 (the weight
-matmuls in bf16, all else float32; export.py's default on machines with native bf16). Loads
+matmuls in bf16, all else float32; export.py's default on CPUs with AMX). Loads
 each SavedModel the way a server does (tensorflow + tensorflow_text only) and times its
 serving_default signature on a split at each batch size: sentences/s and target tokens/s, where
 target tokens are SentencePiece pieces of the outputs (as OpenNMT-tf counts them), plus the

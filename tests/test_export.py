@@ -13,7 +13,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from helpers import teacher_forced_log_prob
 from tfnmt import checkpoints
 from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
-from tfnmt.inference.serving import TranslationModule, serving_cpu_has_native_bf16
+from tfnmt.inference.serving import TranslationModule, serving_cpu_prefers_bf16
 from tfnmt.inference.session_loader import SessionModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -387,23 +387,26 @@ def test_parallel_searches_give_each_sentence_its_single_search_result(module, b
         TranslationModule(module.model, proto, parallel_searches=0)
 
 
-BF16_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16\n"
+AMX_CPUINFO = ("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+               "bugs\t\t: spectre_v1\n")
 AVX2_CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx2 fma avx512f avx512_vnni\n"
 
 
-def test_native_bf16_is_read_from_the_cpu_flags(tmp_path):
+def test_bf16_search_is_chosen_by_the_cpu_flags(tmp_path):
+    # bf16 products where the CPU has AMX; AVX512-BF16 alone searched slower than float32.
     cpuinfo = tmp_path / "cpuinfo"
-    amx = "processor\t: 0\nflags\t\t: avx512f amx_bf16 amx_tile\nbugs\t\t: spectre_v1\n"
-    near_misses = "flags\t\t: avx512_bf16x xamx_bf16 avx512_fp16\n"
-    for text, native in ((BF16_CPUINFO, True), (amx, True), (AVX2_CPUINFO, False),
-                         (near_misses, False), ("", False)):
+    avx512_bf16 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16\n"
+    amx_last = "flags\t\t: avx512f amx_tile amx_bf16\n"
+    near_misses = "flags\t\t: avx512_bf16 xamx_bf16 amx_bf16x amx_tile\n"
+    for text, bf16 in ((AMX_CPUINFO, True), (amx_last, True), (avx512_bf16, False),
+                       (AVX2_CPUINFO, False), (near_misses, False), ("", False)):
         cpuinfo.write_text(text)
-        assert bool(serving_cpu_has_native_bf16(str(cpuinfo))) == native, text
-    assert not bool(serving_cpu_has_native_bf16(str(tmp_path / "missing")))
+        assert bool(serving_cpu_prefers_bf16(str(cpuinfo))) == bf16, text
+    assert not bool(serving_cpu_prefers_bf16(str(tmp_path / "missing")))
 
 
-def test_auto_matmul_export_runs_bfloat16_where_the_serving_cpu_has_it(tiny_model_dir,
-                                                                       tmp_path):
+def test_auto_matmul_export_runs_bfloat16_where_the_serving_cpu_has_amx(tiny_model_dir,
+                                                                        tmp_path):
     # One export, two serving machines: the CPU flags are read where the export runs (here
     # from a file the test writes), not where it was made; each gives exactly the
     # translations of the same search run eagerly in that dtype.
@@ -429,7 +432,7 @@ def test_auto_matmul_export_runs_bfloat16_where_the_serving_cpu_has_it(tiny_mode
             for node in function.node_def
             if node.op == "MatMul" and node.attr["T"].type == tf.bfloat16.as_datatype_enum]
     feed = {"sentences": np.array([s.encode() for s in SENTENCES], object)}
-    for text, dtype in ((BF16_CPUINFO, "bfloat16"), (AVX2_CPUINFO, "float32")):
+    for text, dtype in ((AMX_CPUINFO, "bfloat16"), (AVX2_CPUINFO, "float32")):
         cpuinfo.write_text(text)
         with SessionModel(path) as served:  # TF Serving's loader
             loaded = served.run("serving_default", feed)
@@ -452,8 +455,8 @@ def test_export_command_matmul_dtype(tiny_model_dir, tmp_path):
     result = export("--parallel_searches=1")  # auto (the default); one search per dtype
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith(
-        f"export{os.sep}1 (weight matmuls: bfloat16 where the serving CPU has native bf16, "
-        "else float32)")
+        f"export{os.sep}1 (weight matmuls: bfloat16 where the serving CPU has AMX, else "
+        "float32)")
     # Both searches, and the file read that chooses between them when the export runs.
     ops = graph_ops(str(tmp_path / "export" / "1"))
     assert {"ReadFile", "MatchingFiles"} <= ops and {"If", "StatelessIf"} & ops

@@ -30,15 +30,18 @@ from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.decoding import EXTRA_LENGTH, SamplingSearch, decode_limits, dynamic_decode
 from tfnmt.inference.scoring import sequence_log_probs, target_arrays
 from tfnmt.layers.linear import low_precision_matmuls
-from tfnmt.training.distribute import NATIVE_BF16_FLAGS
 
 MATMUL_DTYPES = ("float32", "bfloat16", "auto")
 CPUINFO = "/proc/cpuinfo"  # read by the graph of an "auto" export, on the serving machine
+# Linux CPU flags under which an "auto" export searches with bf16 products: AMX's. With
+# AVX512-BF16 alone an Intel Xeon decoded 0.75x as fast in bf16 as in float32 (docs/serving.md).
+BF16_SERVING_FLAGS = ("amx_bf16",)
 
 
-def serving_cpu_has_native_bf16(cpuinfo=CPUINFO):
-    """In the graph: whether the CPU of the process that runs it computes bfloat16 natively,
-    from its Linux CPU flags (False where the file is missing); a Python-side check would see
+def serving_cpu_prefers_bf16(cpuinfo=CPUINFO):
+    """In the graph: whether the CPU of the process that runs it searches faster with bfloat16
+    products (it has one of BF16_SERVING_FLAGS, by its Linux CPU flags; False where the file
+    is missing); a Python-side check would see
     the exporting machine, not the serving one. TensorFlow's graph optimizer folds the read
     into a constant when a process first runs the graph, so requests do not pay for it.
 
@@ -48,7 +51,7 @@ def serving_cpu_has_native_bf16(cpuinfo=CPUINFO):
     Returns:
       A bool scalar tensor.
     """
-    pattern = r"(?s).*\b(" + "|".join(NATIVE_BF16_FLAGS) + r")\b.*"
+    pattern = r"(?s).*\b(" + "|".join(BF16_SERVING_FLAGS) + r")\b.*"
     present = tf.size(tf.io.matching_files(cpuinfo)) > 0
     return tf.cond(present,
                    lambda: tf.strings.regex_full_match(tf.io.read_file(cpuinfo), pattern),
@@ -78,11 +81,11 @@ class TranslationModule:
         sentence's result is the same. 1 for GPUs.
       matmul_dtype: "bfloat16" runs the model's weight matmuls (projections, feed-forward,
         output layer) in bfloat16 (`linear.low_precision_matmuls`), all else in float32:
-        faster where bf16 is native (AMX, AVX512-BF16, recent GPUs), very slow where it is
-        emulated; the translations differ slightly from float32's (bench/README.md). "auto"
-        holds both searches and runs bfloat16 where the serving CPU has native bf16
-        (`serving_cpu_has_native_bf16`), else float32; it looks at the CPU only, so choose
-        explicitly for GPUs.
+        faster with AMX and on recent GPUs, slower than float32 with AVX512-BF16 alone, very
+        slow where bf16 is emulated; the translations differ slightly from float32's
+        (bench/README.md). "auto" holds both searches and runs bfloat16 where the serving CPU
+        has AMX (`serving_cpu_prefers_bf16`), else float32; it looks at the CPU only, so
+        choose explicitly for GPUs.
       chunk_size: sentences searched at once; a larger request is translated in chunks of this
         many, one after another.
       sampling: None for beam search, or {"temperature", "top_k", "seed"}: each translation is
@@ -197,7 +200,7 @@ class TranslationModule:
 
         if self.matmul_dtype != "auto":
             return all_chunks(self.matmul_dtype)
-        return tuple(tf.cond(serving_cpu_has_native_bf16(self.cpuinfo),
+        return tuple(tf.cond(serving_cpu_prefers_bf16(self.cpuinfo),
                              lambda: all_chunks("bfloat16"), lambda: all_chunks("float32")))
 
     def _translate_chunk(self, sentences, n_best, prefixes=None):
