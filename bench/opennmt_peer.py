@@ -31,7 +31,8 @@ import statistics
 import subprocess
 import time
 
-from common import ROOT, cpu_description, peer_environment, prepared_data
+from common import cpu_description, peer_environment, prepared_data
+from tfnmt import paths  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
@@ -112,7 +113,7 @@ def write_data(work, spm_path):
 
     processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
     for split in ("train", "test"):
-        with gzip.open(os.path.join(ROOT, "data", "de-en", f"{split}.tsv.gz"), "rt",
+        with gzip.open(os.path.join(paths.EMBEDDED_DIR, f"{split}.tsv.gz"), "rt",
                        encoding="utf-8") as tsv, \
                 open(os.path.join(work, f"{split}.de"), "w", encoding="utf-8") as de, \
                 open(os.path.join(work, f"{split}.en"), "w", encoding="utf-8") as en:
