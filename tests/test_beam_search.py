@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from helpers import random_ids
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
-from tfnmt.inference.beam_search import beam_search, length_penalty
+from tfnmt.inference.beam_search import STOP_RULES, beam_search, length_penalty
 from tfnmt.inference.decoding import greedy_decode, greedy_decode_uncached, top_log_probs
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
@@ -54,6 +54,86 @@ def test_scores_equal_teacher_forced_log_probs_with_length_penalty(model, source
             log_prob, length = teacher_forced_log_prob(model, source[b], ids[b, n].numpy())
             expected = log_prob / float(length_penalty(length, alpha))
             assert float(scores[b, n]) == pytest.approx(expected, rel=1e-4, abs=1e-4)
+
+
+def reference_beam_search(model, source, k, alpha, limit, stop):
+    """Beam search written plainly, one sentence: every step re-runs the decoder over each
+    whole prefix and extends every alive hypothesis by every token, in float64 numpy. Keeps
+    the 2k best extensions, of which those ending in EOS are finished (scored log P / lp) and
+    the k best others go on. Stops at `limit`, or once k have finished ("finished"), or once
+    the best alive one under lp(limit) cannot beat the k-th finished ("bound"); at the limit
+    the alive ones compete as they are. -> ([(tokens, score)] best first, steps taken)."""
+    memory, padding = model.encode(source[None])
+
+    def lp(n):
+        return ((5.0 + n) / 6.0) ** alpha
+
+    alive, finished = [((), 0.0)], []
+    for length in range(1, limit + 1):
+        extensions = []
+        for tokens, log_prob in alive:
+            logits = model.decode(tf.constant([[BOS_ID, *tokens]]), memory, padding)[0, -1]
+            log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float64)).numpy()
+            extensions += [(tokens + (t,), log_prob + log_probs[t]) for t in range(VOCAB)]
+        extensions = sorted(extensions, key=lambda e: -e[1])[:2 * k]
+        finished = sorted(finished + [(t, p / lp(length)) for t, p in extensions
+                                      if t[-1] == EOS_ID], key=lambda f: -f[1])[:k]
+        alive = [e for e in extensions if e[0][-1] != EOS_ID][:k]
+        if length == limit:
+            finished += [(t, p / lp(length)) for t, p in alive]
+            break
+        if len(finished) == k and (stop == "finished"
+                                   or alive[0][1] / lp(limit) <= finished[-1][1]):
+            break
+    return sorted(finished, key=lambda f: -f[1])[:k], length
+
+
+class EosLikely:
+    """The model with EOS's logit raised by 1: hypotheses end at many different steps."""
+
+    def __init__(self, model):
+        self.model, self.settings = model, model.settings
+        self.encode, self.initial_cache = model.encode, model.initial_cache
+        self.bonus = tf.one_hot(EOS_ID, VOCAB)
+
+    def decode(self, target_ids, memory, source_padding):
+        return self.model.decode(target_ids, memory, source_padding) + self.bonus
+
+    def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
+        logits, cache = self.model.decode_step(token_ids, step, cache, source_padding)
+        return logits + self.bonus, cache
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_both_stop_rules_give_what_a_plain_search_gives(model, alpha):
+    # Eight sentences, searched in one batch; each compared with the plain search of it alone.
+    model = EosLikely(model)
+    source = random_ids(np.random.default_rng(4), 8, 5, VOCAB)
+    source[::3, 2:] = PAD_ID
+    source = tf.constant(source)
+    steps = {}
+    for stop in STOP_RULES:
+        ids, scores = beam_search(model, source, beam_size=3, alpha=alpha, max_length=9,
+                                  n_best=3, stop=stop)
+        steps[stop] = []
+        for b in range(8):
+            expected, taken = reference_beam_search(model, source[b], 3, alpha, 9, stop)
+            steps[stop].append(taken)
+            for row, (tokens, _) in zip(ids[b].numpy().tolist(), expected):
+                assert tuple(row[:len(tokens)]) == tokens, (stop, b)
+                assert set(row[len(tokens):]) <= {PAD_ID}
+            np.testing.assert_allclose(scores[b], [score for _, score in expected],
+                                       rtol=1e-5, atol=1e-5)
+            assert ids.shape[2] >= taken
+    # The rules differ here: "finished" stops searches before "bound" does, and "bound"
+    # stops some before the limit.
+    assert all(f <= b for f, b in zip(steps["finished"], steps["bound"]))
+    assert steps["finished"] != steps["bound"] and min(steps["bound"]) < 9
+
+
+def test_an_unknown_stop_rule_is_refused(model, source):
+    with pytest.raises(ValueError, match="stop"):
+        beam_search(model, source, beam_size=2, stop="never")
 
 
 def test_n_best_is_sorted_and_distinct(model, source):

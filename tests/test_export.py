@@ -12,6 +12,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from helpers import teacher_forced_log_prob
 from tfnmt import checkpoints
+from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
 from tfnmt.inference.serving import TranslationModule, serving_cpu_prefers_bf16
 from tfnmt.inference.session_loader import SessionModel
@@ -295,6 +296,26 @@ def test_chunks_give_each_sentence_what_one_search_gives(module, batch, tiny_mod
     np.testing.assert_allclose(got["scores"], expected["scores"], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="chunk_size"):
         TranslationModule(module.model, proto, chunk_size=0)
+
+
+@pytest.mark.parametrize("rule", ["finished", "bound"])
+def test_the_beam_stop_rule_reaches_the_search(module, rule, tiny_model_dir, monkeypatch):
+    # The rules themselves are checked against a plain search in test_beam_search.py.
+    import tfnmt.inference.serving as serving
+
+    rules = []
+
+    def spy(*args, stop, **kwargs):
+        rules.append(stop)
+        return beam_search(*args, stop=stop, **kwargs)
+
+    monkeypatch.setattr(serving, "beam_search", spy)
+    proto = checkpoints.load_model(tiny_model_dir)[1]
+    chosen = TranslationModule(module.model, proto, beam_size=3, n_best=2, beam_stop=rule)
+    chosen.translate_batch(tf.constant(SENTENCES[:2]), 2)
+    assert rules and set(rules) == {rule}
+    with pytest.raises(ValueError, match="beam_stop"):
+        TranslationModule(module.model, proto, beam_stop="never")
 
 
 def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus, tmp_path):

@@ -10,6 +10,15 @@ from tfnmt import allocator
 ALLOCATOR = "system"
 
 
+def define_beam_stop_flag(scope=""):
+    """--beam_stop, as export.py, translate.py and evaluate.py take it (`scope`: to whom it
+    applies, e.g. "With --model_dir: ")."""
+    text = (f"{scope}when a sentence's beam search ends: finished (default: once beam_size "
+            "hypotheses have ended, as in CTranslate2) or bound (once none left can beat "
+            "them; slower).")
+    flags.DEFINE_enum("beam_stop", "finished", ["finished", "bound"], text[0].upper() + text[1:])
+
+
 def _parse_flags(argv):
     try:
         return flags.FLAGS(argv)

@@ -2,10 +2,13 @@
 py_function, no TF Addons ops), so that it runs inside a SavedModel under TF Serving.
 
 Hypotheses are scored as log P(y | x) / lp(|y|), lp(n) = ((5 + n) / 6)^alpha (Wu et al., 2016),
-where |y| counts the generated tokens including EOS. A sentence's search stops when none of
-its unfinished hypotheses can still beat its k-th finished one, or at its own length limit; it
-then leaves the batch, so the decoder runs on fewer rows while the others go on. Nothing of a
-sentence's search depends on the other sentences of its batch.
+where |y| counts the generated tokens including EOS. A sentence's search stops at its own
+length limit, or earlier by one of two rules (`STOP_RULES`): "finished", once k of its
+hypotheses have ended (CTranslate2's and fairseq's rule), or "bound", once none of its
+unfinished hypotheses can still beat its k-th finished one under the largest length penalty
+it could reach (the beam's exact result, at ~1.3-1.4x the decoding time). It then leaves the
+batch, so the decoder runs on fewer rows while the others go on. Nothing of a sentence's
+search depends on the other sentences of its batch.
 """
 import tensorflow as tf
 
@@ -14,6 +17,8 @@ from tfnmt.inference.decoding import (DecodingStrategy, dynamic_decode, forced_t
                                       replace_rows)
 
 NEG_INF = -1e9
+# When a sentence's search ends before its limit (module docstring).
+STOP_RULES = ("finished", "bound")
 
 
 def length_penalty(length, alpha):
@@ -53,8 +58,9 @@ def _gather_tracks(tracks, beams):
 
 
 class BeamSearch(DecodingStrategy):
-    """K hypotheses per sentence scored by log P(y | x) / lp(|y|); a sentence leaves when none
-    of its alive hypotheses can beat its K-th finished one, or at its limit.
+    """K hypotheses per sentence scored by log P(y | x) / lp(|y|); a sentence leaves at its
+    limit, or earlier by the `stop` rule: once K hypotheses have ended ("finished"), or once
+    none of its alive hypotheses can beat its K-th finished one ("bound").
 
     A hypothesis's *tracks* are its ids [.., t] and, with return_attention, its attention rows
     [.., t, S]. Per sentence still searched: its index and limit, alive hypotheses with their
@@ -72,16 +78,21 @@ class BeamSearch(DecodingStrategy):
       n_best: hypotheses returned per sentence, <= beam_size.
       vocab_size: the output vocabulary's size, which caps the candidates kept per beam
         (2 * beam_size).
+      stop: "finished" or "bound" (`STOP_RULES`).
       **kwargs: `DecodingStrategy`'s.
 
     Example:
       ids, scores = dynamic_decode(model, BeamSearch(beam_size=4, alpha=0.6), source_ids)
     """
 
-    def __init__(self, beam_size=4, alpha=0.6, n_best=1, vocab_size=None, **kwargs):
+    def __init__(self, beam_size=4, alpha=0.6, n_best=1, vocab_size=None, stop="finished",
+                 **kwargs):
         super().__init__(**kwargs)
         if not 1 <= n_best <= beam_size:
             raise ValueError(f"n_best must be in [1, beam_size={beam_size}], got {n_best}")
+        if stop not in STOP_RULES:
+            raise ValueError(f"stop must be one of {STOP_RULES}, got {stop!r}")
+        self.stop = stop
         self.rows_per_sentence = self.k = beam_size
         self.alpha, self.n_best = alpha, n_best
         # Each beam's best 2k extensions (all V if fewer) hold the sentence's best 2k.
@@ -146,8 +157,10 @@ class BeamSearch(DecodingStrategy):
 
         # Finished: the k best of those finished before and those ending now.
         length = step + 1
-        ended_scores = best_log_probs / length_penalty(length, alpha)
-        ended_scores += tf.cast(tf.logical_not(ends), tf.float32) * NEG_INF
+        # A candidate of a beam that is not there (at first only beam 0 is) ends as nothing.
+        real_ends = tf.logical_and(ends, best_log_probs > NEG_INF / 2)
+        ended_scores = tf.where(real_ends, best_log_probs / length_penalty(length, alpha),
+                                NEG_INF)
         finished_scores, best = tf.math.top_k(
             tf.concat([sentences["finished_scores"], ended_scores], axis=1), k=k)  # [A, K]
         all_finished = tf.nest.map_structure(lambda old, new: tf.concat([old, new], axis=1),
@@ -158,20 +171,21 @@ class BeamSearch(DecodingStrategy):
                          finished=_gather_tracks(all_finished, best),
                          finished_scores=finished_scores)
 
-        # A sentence stays below its limit while its best alive hypothesis, under the largest
-        # length penalty it can still reach, beats its k-th finished one (log-probs only fall
-        # from here).
         limit = sentences["limit"]  # [A]
-        staying = tf.logical_and(
-            length < limit,
-            continue_scores[:, 0] / length_penalty(limit, alpha) > finished_scores[:, -1])
+        if self.stop == "finished":  # until k have ended
+            going_on = finished_scores[:, -1] <= NEG_INF / 2
+        else:
+            # While its best alive hypothesis, under the largest length penalty it can still
+            # reach, beats its k-th finished one (log-probs only fall from here).
+            going_on = (continue_scores[:, 0] / length_penalty(limit, alpha)
+                        > finished_scores[:, -1])
+        staying = tf.logical_and(length < limit, going_on)
         return sentences, results, parents, staying
 
     def leave(self, results, left, length):
-        """Records the k best of the left sentences' finished and alive hypotheses, the alive
-        ones scored as ending at `length`. At a sentence's limit they end there; a sentence that
-        leaves by the bound keeps its finished ones (none alive beats them, and on ties top_k
-        keeps the first).
+        """Records the k best hypotheses of the left sentences: their finished ones and, for a
+        sentence at its limit, its alive ones too, scored as ending there (cut off). A
+        sentence that leaves before its limit returns finished hypotheses only.
 
         Args:
           results, left, length: as for `DecodingStrategy.leave`.
@@ -180,8 +194,10 @@ class BeamSearch(DecodingStrategy):
           The results with the left sentences' n_best recorded.
         """
         alive_log_probs = left["alive_log_probs"]
-        alive_scores = tf.where(alive_log_probs > NEG_INF / 2,
-                                alive_log_probs / length_penalty(length, self.alpha), NEG_INF)
+        cut_off = tf.logical_and((length >= left["limit"])[:, None],
+                                 alive_log_probs > NEG_INF / 2)  # [A, K]
+        alive_scores = tf.where(cut_off, alive_log_probs / length_penalty(length, self.alpha),
+                                NEG_INF)
         scores, best = tf.math.top_k(
             tf.concat([left["finished_scores"], alive_scores], axis=1), k=self.k)  # [A, K]
         tracks = tf.nest.map_structure(lambda old, alive: tf.concat([old, alive], axis=1),
@@ -200,9 +216,9 @@ class BeamSearch(DecodingStrategy):
 
 
 def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_best=1,
-                return_attention=False, prefix=None):
-    """Beam search (`dynamic_decode` with `BeamSearch`): the results are those of searching
-    every sentence to the end.
+                return_attention=False, prefix=None, stop="finished"):
+    """Beam search (`dynamic_decode` with `BeamSearch`): each sentence's results are those of
+    searching it alone.
 
     Args:
       model: a `Transformer`.
@@ -214,6 +230,8 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
       n_best: hypotheses returned per sentence, <= beam_size.
       return_attention: also return the last decoder layer's cross-attention.
       prefix: [B, P] int32 subword ids each output must start with (PAD-padded), or None.
+      stop: when a sentence's search ends before its limit: "finished" (once beam_size
+        hypotheses have ended) or "bound" (once none can beat them; `STOP_RULES`).
 
     Returns:
       (ids [B, N, L] without BOS, PAD after EOS; scores [B, N], log P / length penalty;
@@ -221,5 +239,5 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
       N = n_best, best first.
     """
     strategy = BeamSearch(beam_size, alpha, n_best, model.settings["target_vocab_size"],
-                          return_attention=return_attention, prefix=prefix)
+                          stop=stop, return_attention=return_attention, prefix=prefix)
     return dynamic_decode(model, strategy, source_ids, max_length)

@@ -25,30 +25,33 @@ def latest_export(path):
     return os.path.join(path, str(version))
 
 
-def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=0.6, checkpoint="auto"):
+def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=0.6, checkpoint="auto",
+                      beam_stop="finished"):
     """A translation function from a model_dir's checkpoint or from an export.
 
     Args:
       model_dir: a training directory (used when `export` is not given).
       export: an export version directory, or an export_dir (its newest version).
-      beam_size, alpha: beam settings for a model_dir (an export keeps its own).
+      beam_size, alpha, beam_stop: beam settings for a model_dir (an export keeps its own).
       checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
 
     Returns:
       A function string [B] -> (translations string [B], scores float32 [B]).
     """
-    return load_signatures(model_dir, export, beam_size, alpha, checkpoint)["serving_default"]
+    return load_signatures(model_dir, export, beam_size, alpha, checkpoint,
+                           beam_stop=beam_stop)["serving_default"]
 
 
 def load_signatures(model_dir=None, export=None, beam_size=4, alpha=0.6, checkpoint="auto",
-                    n_best=1, sampling=None):
+                    n_best=1, sampling=None, beam_stop="finished"):
     """The translator's signatures as Python functions, from a model_dir's checkpoint or from
     an export (the signatures it has).
 
     Args:
       model_dir: a training directory (used when `export` is not given).
       export: an export version directory, or an export_dir (its newest version).
-      beam_size, alpha, n_best: beam settings for a model_dir (an export keeps its own).
+      beam_size, alpha, n_best, beam_stop: beam settings for a model_dir (an export keeps its
+        own).
       checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
       sampling: for a model_dir, draw translations at random (`TranslationModule`'s).
 
@@ -69,7 +72,7 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=0.6, checkpo
 
         model, vocab, _ = load_model(model_dir, checkpoint)
         module = TranslationModule(model, vocab, beam_size, alpha, n_best=n_best,
-                                   sampling=sampling)
+                                   sampling=sampling, beam_stop=beam_stop)
         # A tf.function method holds its instance weakly: the functions keep `module` alive.
         run = {"serving_default": _from_strings(module.serve, module),
                "translate_n_best": _from_strings(module.serve_n_best, module),

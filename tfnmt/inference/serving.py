@@ -26,7 +26,7 @@ import tensorflow as tf
 from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.data.tokenizer import has_content, portable_model_proto, strip_output, to_source_ids
 from tfnmt.data.vocabulary import as_protos
-from tfnmt.inference.beam_search import beam_search
+from tfnmt.inference.beam_search import STOP_RULES, beam_search
 from tfnmt.inference.decoding import EXTRA_LENGTH, SamplingSearch, decode_limits, dynamic_decode
 from tfnmt.inference.scoring import sequence_log_probs, target_arrays
 from tfnmt.layers.linear import low_precision_matmuls
@@ -72,6 +72,9 @@ class TranslationModule:
         `vocabulary.VocabularyProtos` (source, target) pair (`checkpoints.load_model` gives
         one); paths of the training machine are dropped.
       beam_size, alpha: beam search width and GNMT length-penalty exponent.
+      beam_stop: when a sentence's search ends before its limit: "finished" (once beam_size
+        hypotheses have ended) or "bound" (once none left can beat them;
+        `beam_search.STOP_RULES`).
       max_decode_length: cap on output subwords (0: each source's length + `extra_length`).
       n_best: hypotheses returned by `serve_n_best`.
       parallel_searches: a chunk's sentences are split into this many groups, searched by
@@ -99,7 +102,8 @@ class TranslationModule:
 
     def __init__(self, model, vocabulary, beam_size=4, alpha=0.6, max_decode_length=0,
                  n_best=4, extra_length=EXTRA_LENGTH, parallel_searches=2,
-                 matmul_dtype="float32", chunk_size=64, sampling=None, cpuinfo=CPUINFO):
+                 matmul_dtype="float32", chunk_size=64, sampling=None, cpuinfo=CPUINFO,
+                 beam_stop="finished"):
         import tensorflow_text as tf_text
 
         self.model = model
@@ -114,6 +118,9 @@ class TranslationModule:
         self.max_source_length = int(model.max_length)
         if not 1 <= self.n_best <= self.beam_size:
             raise ValueError(f"n_best={n_best} must be in [1, beam_size={beam_size}]")
+        if beam_stop not in STOP_RULES:
+            raise ValueError(f"beam_stop must be one of {STOP_RULES}, got {beam_stop!r}")
+        self.beam_stop = beam_stop
         self.parallel_searches = int(parallel_searches)
         if self.parallel_searches < 1:
             raise ValueError(f"parallel_searches={parallel_searches} must be >= 1")
@@ -248,7 +255,7 @@ class TranslationModule:
 
         def search(source_ids, limits, prefix):
             return beam_search(self.model, source_ids, self.beam_size, self.alpha, limits,
-                               n_best, prefix=prefix)
+                               n_best, prefix=prefix, stop=self.beam_stop)
 
         if not tf.executing_eagerly():
             # One function called once per group: the graph holds the search once, however

@@ -37,6 +37,7 @@ flags.DEFINE_string("hypotheses", None, "Score these translations (one per line)
                     "--reference, translating nothing.")
 flags.DEFINE_integer("beam_size", 4, "Beam size (checkpoints only).")
 flags.DEFINE_float("alpha", 0.6, "Length penalty exponent (checkpoints only).")
+cli.define_beam_stop_flag("Checkpoints only: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 flags.DEFINE_string("output", None, "Also write the translations here, one per line.")
 flags.DEFINE_bool("json", False, "Print one JSON line instead of text.")
@@ -88,7 +89,7 @@ def _translate(sources):
 
     try:
         translate = loading.load_translate_fn(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
-                                              FLAGS.alpha, FLAGS.checkpoint)
+                                              FLAGS.alpha, FLAGS.checkpoint, FLAGS.beam_stop)
     except (ModelDirError, OSError) as error:
         raise app.UsageError(str(error))
     return translate_lines(translate, sources, FLAGS.batch_size)

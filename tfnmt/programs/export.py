@@ -45,6 +45,7 @@ flags.DEFINE_integer("version", None, "Version number (default: the next integer
                      "existing version is never overwritten.")
 flags.DEFINE_integer("beam_size", 4, "Beam size (paper: 4).")
 flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (paper: 0.6).")
+cli.define_beam_stop_flag()
 flags.DEFINE_integer("max_decode_length", 0, "Cap on output subwords (0: source length + 50).")
 flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtype of the "
                   "weight matmuls: float32, bfloat16 (fast with AMX, slow where bf16 is "
@@ -67,8 +68,8 @@ flags.register_validator("alpha", lambda v: v >= 0, "--alpha must be >= 0")
 flags.register_validator("parallel_searches", lambda v: v >= 1, "--parallel_searches must be >= 1")
 
 
-SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "max_decode_length", "matmul_dtype",
-                    "n_best", "parallel_searches", "chunk_size")
+SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "beam_stop", "max_decode_length",
+                    "matmul_dtype", "n_best", "parallel_searches", "chunk_size")
 
 
 def main(argv):
@@ -101,7 +102,8 @@ def main(argv):
     module = TranslationModule(model, vocab, FLAGS.beam_size, FLAGS.alpha,
                                FLAGS.max_decode_length, FLAGS.n_best,
                                parallel_searches=FLAGS.parallel_searches,
-                               matmul_dtype=FLAGS.matmul_dtype, chunk_size=FLAGS.chunk_size)
+                               matmul_dtype=FLAGS.matmul_dtype, chunk_size=FLAGS.chunk_size,
+                               beam_stop=FLAGS.beam_stop)
     try:
         final = export_saved_model(module, export_dir, FLAGS.version, check=FLAGS.check)
     except FileExistsError as error:

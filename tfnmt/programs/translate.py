@@ -37,6 +37,7 @@ flags.DEFINE_string("input", "-", "Input file, one sentence per line ('-': stdin
 flags.DEFINE_string("output", "-", "Output file ('-': stdout).")
 flags.DEFINE_integer("beam_size", 4, "With --model_dir: beam size.")
 flags.DEFINE_float("alpha", 0.6, "With --model_dir: length penalty exponent.")
+cli.define_beam_stop_flag("With --model_dir: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 flags.DEFINE_integer("n_best", 1, "Translations per sentence, best first (<= --beam_size; "
                      "an export gives at most its own n_best); > 1 writes "
@@ -198,7 +199,8 @@ def main(argv):
     try:
         signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
                                              FLAGS.alpha, FLAGS.checkpoint,
-                                             n_best=FLAGS.n_best, sampling=sampling)
+                                             n_best=FLAGS.n_best, sampling=sampling,
+                                             beam_stop=FLAGS.beam_stop)
     except (ModelDirError, FileNotFoundError, OSError) as error:
         raise app.UsageError(str(error))
     if targets is not None:
