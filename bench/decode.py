@@ -2,8 +2,8 @@
 
 Exports the training directory's checkpoint with export.py into a scratch directory, four
 ways: beam 4 and greedy (beam 1), each with --matmul_dtype=float32 and =bfloat16 (the weight
-matmuls in bf16, all else float32; export.py's default on CPUs with AMX). Loads
-each SavedModel the way a server does (tensorflow + tensorflow_text only) and times its
+matmuls in bf16, all else float32; what export.py's default `auto` runs where the serving
+CPU times bf16 faster). Loads each SavedModel the way a server does (tensorflow + tensorflow_text only) and times its
 serving_default signature on a split at each batch size: sentences/s and target tokens/s, where
 target tokens are SentencePiece pieces of the outputs (as OpenNMT-tf counts them), plus the
 sacreBLEU of the full split's translations. Sentences are batched by length, as translate.py

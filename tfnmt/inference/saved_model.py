@@ -118,6 +118,8 @@ def write_saved_model(module, path):
     for tokenizer in {id(t): t for t in (module.source_tokenizer,
                                          module.target_tokenizer)}.values():
         archive.track(tokenizer)
+    if module.precision is not None:  # an "auto" export's choice variable
+        archive.track(module.precision)
     archive.add_endpoint("serving_default", module.serve)
     archive.add_endpoint("translate_n_best", module.serve_n_best)
     archive.add_endpoint("translate_with_prefix", module.serve_with_prefix)

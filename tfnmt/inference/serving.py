@@ -29,33 +29,10 @@ from tfnmt.data.vocabulary import as_protos
 from tfnmt.inference.beam_search import STOP_RULES, beam_search
 from tfnmt.inference.decoding import EXTRA_LENGTH, SamplingSearch, decode_limits, dynamic_decode
 from tfnmt.inference.scoring import sequence_log_probs, target_arrays
+from tfnmt.inference.serving_precision import CPUINFO, SearchPrecision
 from tfnmt.layers.linear import low_precision_matmuls
 
 MATMUL_DTYPES = ("float32", "bfloat16", "auto")
-CPUINFO = "/proc/cpuinfo"  # read by the graph of an "auto" export, on the serving machine
-# Linux CPU flags under which an "auto" export searches with bf16 products: AMX's. With
-# AVX512-BF16 alone an Intel Xeon decoded 0.75x as fast in bf16 as in float32 (docs/serving.md).
-BF16_SERVING_FLAGS = ("amx_bf16",)
-
-
-def serving_cpu_prefers_bf16(cpuinfo=CPUINFO):
-    """In the graph: whether the CPU of the process that runs it searches faster with bfloat16
-    products (it has one of BF16_SERVING_FLAGS, by its Linux CPU flags; False where the file
-    is missing); a Python-side check would see
-    the exporting machine, not the serving one. TensorFlow's graph optimizer folds the read
-    into a constant when a process first runs the graph, so requests do not pay for it.
-
-    Args:
-      cpuinfo: the file to read (tests give their own).
-
-    Returns:
-      A bool scalar tensor.
-    """
-    pattern = r"(?s).*\b(" + "|".join(BF16_SERVING_FLAGS) + r")\b.*"
-    present = tf.size(tf.io.matching_files(cpuinfo)) > 0
-    return tf.cond(present,
-                   lambda: tf.strings.regex_full_match(tf.io.read_file(cpuinfo), pattern),
-                   lambda: tf.constant(False))
 
 SIGNATURE_INPUT = "sentences"
 SCORE_TARGETS = "targets"  # the `score` signature's second input
@@ -84,16 +61,19 @@ class TranslationModule:
         sentence's result is the same. 1 for GPUs.
       matmul_dtype: "bfloat16" runs the model's weight matmuls (projections, feed-forward,
         output layer) in bfloat16 (`linear.low_precision_matmuls`), all else in float32:
-        faster with AMX and on recent GPUs, slower than float32 with AVX512-BF16 alone, very
-        slow where bf16 is emulated; the translations differ slightly from float32's
+        faster with AMX and on recent GPUs, on some CPUs with AVX512-BF16 and not on others,
+        very slow where bf16 is emulated; the translations differ slightly from float32's
         (bench/README.md). "auto" holds both searches and runs bfloat16 where the serving CPU
-        has AMX (`serving_cpu_prefers_bf16`), else float32; it looks at the CPU only, so
+        has native bf16 and its first request times bf16 products faster
+        (`serving_precision.SearchPrecision`), else float32; it looks at the CPU only, so
         choose explicitly for GPUs.
       chunk_size: sentences searched at once; a larger request is translated in chunks of this
         many, one after another.
       sampling: None for beam search, or {"temperature", "top_k", "seed"}: each translation is
         drawn at random instead (`decoding.SamplingSearch`; n_best must be 1).
       cpuinfo: the file an "auto" export reads its CPU flags from (tests give their own).
+      bf16_min_speedup: an "auto" export searches in bfloat16 where its products time at
+        least this many times faster than float32's (default: training's threshold).
 
     Example:
       module = TranslationModule(model, open("spm.model", "rb").read())
@@ -103,7 +83,7 @@ class TranslationModule:
     def __init__(self, model, vocabulary, beam_size=4, alpha=0.6, max_decode_length=0,
                  n_best=4, extra_length=EXTRA_LENGTH, parallel_searches=2,
                  matmul_dtype="float32", chunk_size=64, sampling=None, cpuinfo=CPUINFO,
-                 beam_stop="finished"):
+                 beam_stop="finished", bf16_min_speedup=None):
         import tensorflow_text as tf_text
 
         self.model = model
@@ -126,7 +106,12 @@ class TranslationModule:
             raise ValueError(f"parallel_searches={parallel_searches} must be >= 1")
         if matmul_dtype not in MATMUL_DTYPES:
             raise ValueError(f"matmul_dtype must be one of {MATMUL_DTYPES}, got {matmul_dtype!r}")
-        self.matmul_dtype, self.cpuinfo = matmul_dtype, cpuinfo
+        self.matmul_dtype, self.precision = matmul_dtype, None
+        if matmul_dtype == "auto":
+            output_weights = max((v for v in model.trainable_variables if len(v.shape) == 2),
+                                 key=lambda v: v.shape.num_elements())  # [V, D]
+            speedup = {} if bf16_min_speedup is None else {"min_speedup": bf16_min_speedup}
+            self.precision = SearchPrecision(output_weights, cpuinfo, **speedup)
         self.chunk_size = int(chunk_size)
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size={chunk_size} must be >= 1")
@@ -207,7 +192,7 @@ class TranslationModule:
 
         if self.matmul_dtype != "auto":
             return all_chunks(self.matmul_dtype)
-        return tuple(tf.cond(serving_cpu_prefers_bf16(self.cpuinfo),
+        return tuple(tf.cond(self.precision.prefers_bf16(),
                              lambda: all_chunks("bfloat16"), lambda: all_chunks("float32")))
 
     def _translate_chunk(self, sentences, n_best, prefixes=None):

@@ -48,9 +48,9 @@ flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (paper: 0.6).")
 cli.define_beam_stop_flag()
 flags.DEFINE_integer("max_decode_length", 0, "Cap on output subwords (0: source length + 50).")
 flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtype of the "
-                  "weight matmuls: float32, bfloat16 (fast with AMX, slow where bf16 is "
-                  "emulated) or auto (default): bfloat16 where the serving CPU has AMX, decided "
-                  "on the serving machine. For GPUs choose float32 or bfloat16.")
+                  "weight matmuls: float32, bfloat16, or auto (default): bfloat16 where the "
+                  "serving CPU has native bf16 and times it faster, decided by each server "
+                  "process on its first request. For GPUs choose float32 or bfloat16.")
 flags.DEFINE_integer("n_best", 4, "Hypotheses returned by the translate_n_best signature.")
 flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into, searched at the "
                      "same time, to keep CPU cores busy (CHANGELOG.md); each sentence's "
@@ -111,7 +111,7 @@ def main(argv):
     except (ExportCheckError, OSError, tf.errors.OpError) as error:  # e.g. a full disk
         print(f"export.py: nothing published: {str(error).splitlines()[0]}", file=sys.stderr)
         return 1
-    matmuls = ("bfloat16 where the serving CPU has AMX, else float32"
+    matmuls = ("bfloat16 where the serving CPU times it faster, else float32"
                if FLAGS.matmul_dtype == "auto" else FLAGS.matmul_dtype)
     print(f"exported {path} to {final} (weight matmuls: {matmuls})")
 

@@ -1,0 +1,115 @@
+"""Which dtype an `auto` SavedModel's weight products run in, decided on the machine that serves.
+
+Such an export holds a float32 and a bfloat16 search (`TranslationModule(matmul_dtype="auto")`).
+Native bfloat16 is not always the faster one: with the same CPU flags (AVX512-BF16, no AMX) the
+bf16 search decoded 0.75x as fast as float32 on an Intel Xeon and 1.2x as fast on an AMD Zen 5
+EPYC (bench/README.md). So the graph decides by timing, as `train.py --mixed_precision=auto`
+does: where the serving CPU has native bfloat16 (its Linux CPU flags, read in the graph), the
+first request of a process times products of the model's own output weights in both dtypes
+(`bf16_speedup`) and keeps bfloat16 if it is at least `min_speedup` times faster. The choice is
+kept in a variable, so later requests of the process only read it. Without native bfloat16
+(emulated: many times slower) no timing runs and the search is float32.
+"""
+import tensorflow as tf
+
+from tfnmt.training.distribute import BF16_MIN_SPEEDUP, NATIVE_BF16_FLAGS
+
+CPUINFO = "/proc/cpuinfo"  # read by the graph, on the serving machine
+
+
+def has_native_bf16(cpuinfo=CPUINFO):
+    """In the graph: whether the CPU of the process that runs it computes bfloat16 natively
+    (one of NATIVE_BF16_FLAGS among its Linux CPU flags; False where the file is missing). A
+    Python-side check would see the exporting machine, not the serving one. TensorFlow's graph
+    optimizer folds the read into a constant when a process first runs the graph.
+
+    Args:
+      cpuinfo: the file to read (tests give their own).
+
+    Returns:
+      A bool scalar tensor.
+    """
+    pattern = r"(?s).*\b(" + "|".join(NATIVE_BF16_FLAGS) + r")\b.*"
+    present = tf.size(tf.io.matching_files(cpuinfo)) > 0
+    return tf.cond(present,
+                   lambda: tf.strings.regex_full_match(tf.io.read_file(cpuinfo), pattern),
+                   lambda: tf.constant(False))
+
+
+def bf16_speedup(weights, rows=64, repeats=4, windows=5):
+    """In the graph: how many times faster this CPU multiplies [rows, D] x [D, V] in bfloat16
+    than in float32, with `weights` [V, D] (the output layer: a search step's largest product,
+    at its row count). Each dtype runs `windows` timed groups of `repeats` products on fresh
+    random inputs (never folded or merged by the graph optimizer); the fastest group counts,
+    so kernel set-up in the first one does not.
+
+    Args:
+      weights: [V, D] float32.
+      rows, repeats, windows: the timed products.
+
+    Returns:
+      A float64 scalar tensor: float32 seconds / bfloat16 seconds.
+    """
+    depth = tf.shape(weights)[1]
+
+    def best_seconds(dtype, after):
+        kernel = tf.cast(weights, dtype)
+        inputs = tf.cast(tf.random.uniform([windows, repeats, rows, depth]), dtype)
+        best, previous = None, [kernel, inputs, after]
+        for window in range(windows):
+            with tf.control_dependencies(previous):
+                start = tf.timestamp()
+            with tf.control_dependencies([start]):
+                done = tf.add_n([tf.matmul(inputs[window, i], kernel, transpose_b=True)[0, 0]
+                                 for i in range(repeats)])
+            with tf.control_dependencies([done]):
+                end = tf.timestamp()
+            # The seconds depend on the products' data too: the graph optimizer prunes
+            # computations reached only by control edges, and the window would time nothing.
+            seconds = tf.where(tf.math.is_nan(tf.cast(done, tf.float32)),
+                               tf.constant(float("inf"), tf.float64), end - start)
+            best = seconds if best is None else tf.minimum(best, seconds)
+            previous = [end]
+        return best
+
+    float32 = best_seconds(tf.float32, tf.constant(0.0, tf.float64))
+    return float32 / tf.maximum(best_seconds(tf.bfloat16, float32), 1e-9)
+
+
+class SearchPrecision(tf.Module):
+    """The per-process choice between a bfloat16 and a float32 search (module docstring).
+
+    Args:
+      weights: the model's output weights [V, D] float32, timed by the first request.
+      cpuinfo: the file the CPU flags are read from (tests give their own).
+      min_speedup: bfloat16 is chosen where its products run at least this many times faster
+        than float32's (training's threshold by default).
+
+    Example (in a tf.function):
+      use_bf16 = precision.prefers_bf16()  # bool scalar
+    """
+
+    def __init__(self, weights, cpuinfo=CPUINFO, min_speedup=BF16_MIN_SPEEDUP):
+        super().__init__(name="search_precision")
+        self.weights, self.cpuinfo, self.min_speedup = weights, cpuinfo, float(min_speedup)
+        # -1: not decided yet in this process; 0: float32; 1: bfloat16.
+        self.choice = tf.Variable(-1, dtype=tf.int32, trainable=False, name="bf16_search")
+
+    def prefers_bf16(self):
+        """In the graph: whether this process searches with bfloat16 products; decided (and
+        kept) by the first call.
+
+        Returns:
+          A bool scalar tensor.
+        """
+        def decide():
+            faster = tf.cond(
+                has_native_bf16(self.cpuinfo),
+                lambda: bf16_speedup(tf.convert_to_tensor(self.weights)) >= self.min_speedup,
+                lambda: tf.constant(False))
+            value = tf.cast(faster, tf.int32)
+            with tf.control_dependencies([self.choice.assign(value)]):
+                return tf.identity(value)
+
+        decided = tf.cond(self.choice < 0, decide, lambda: tf.identity(self.choice))
+        return decided > 0
