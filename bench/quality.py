@@ -428,6 +428,9 @@ def plot(path, curves):
     for label, checkpoints in curves.items():
         axes.plot([c["minutes"] for c in checkpoints], [c["bleu"] for c in checkpoints],
                   marker="o", label=label)
+    # From zero on both axes: a single budget's points are not stretched over the plot.
+    axes.set_xlim(0, max(float(m) for m in FLAGS.minutes) * 1.05)
+    axes.set_ylim(bottom=0)
     axes.set_xlabel("training wall-clock minutes")
     axes.set_ylabel("test sacreBLEU (beam 4)")
     precision = {"none": "float32", "bf16": "bfloat16"}[FLAGS.mixed_precision]
