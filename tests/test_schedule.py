@@ -92,3 +92,29 @@ def test_linear_optimizer_config_round_trip():
     config = keras.optimizers.serialize(optimizer)["config"]["learning_rate"]
     assert keras.saving.deserialize_keras_object(config).get_config() == {
         "d_model": 64, "warmup_steps": 10, "total_steps": 70, "scale": 0.5}
+
+
+def test_the_plan_of_linear_decay_moves_inside_a_traced_step():
+    # A time-budgeted run plans its length while it trains: the traced function must see it.
+    schedule = LinearDecaySchedule(256, warmup_steps=100, total_steps=5000, scale=1.5)
+    rate = tf.function(lambda step: schedule(step), autograph=False)
+    assert float(rate(49)) == pytest.approx(linear_formula(50, 256, 100, 5000, 1.5), rel=1e-6)
+    schedule.set_plan(1200)
+    for step in (50, 650, 1200, 1201):
+        assert float(rate(step - 1)) == pytest.approx(
+            linear_formula(step, 256, 100, 1200, 1.5), rel=1e-6, abs=1e-12)
+    assert schedule.get_config()["total_steps"] == 1200
+    # A shorter warm-up at the same peak: the config describes the schedule that now runs.
+    schedule.set_plan(300, warmup_steps=25)
+    config = schedule.get_config()
+    assert (config["warmup_steps"], config["total_steps"]) == (25, 300)
+    assert config["scale"] == pytest.approx(1.5 * 0.5)
+    rebuilt = LinearDecaySchedule(**config)
+    for step in (1, 25, 26, 150, 300, 301):
+        expected = linear_formula(step, 256, 25, 300, config["scale"])
+        assert float(rate(step - 1)) == pytest.approx(expected, rel=1e-6, abs=1e-12)
+        assert float(rebuilt(step - 1)) == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    assert linear_formula(25, 256, 25, 300, config["scale"]) == pytest.approx(
+        linear_formula(100, 256, 100, 5000, 1.5))  # the peak stayed
+    with pytest.raises(ValueError):
+        schedule.set_plan(0)

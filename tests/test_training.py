@@ -1,6 +1,7 @@
 """The training loop: distribution, accumulation, checkpoints, averaging, train.py itself."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -337,6 +338,37 @@ def test_fp16_skipped_updates_are_not_counted_as_steps(small_corpus, train_data,
         "loss has diverged (lower --lr_scale or use --mixed_precision=bf16|none)")
 
 
+def test_a_time_budget_plans_the_run_and_a_resumed_run_keeps_the_plan(small_corpus, train_data,
+                                                                     tmp_path):
+    # Six seconds of training: the number of updates is planned from their pace, the linear
+    # decay ends at the planned last one (its rate is the last non-zero one), and the plan is
+    # saved, so running the command again resumes the finished run instead of training on.
+    model_dir = str(tmp_path / "run")
+    flags = train_flags(small_corpus, train_data, model_dir, train_steps=None,
+                        train_minutes=0.1, lr_decay="linear", warmup_steps=5, log_every=10,
+                        checkpoint_every=1000, eval_every=0, bleu_sentences=2,
+                        average_last=0, test_report="false")
+    result = python(*flags)
+    assert result.returncode == 0, result.stderr[-3000:]
+    planned = re.findall(r"^planned ([\d,]+) updates for 0.1 minutes of training$",
+                         result.stdout, re.M)
+    assert len(planned) == 1, result.stdout[-3000:]
+    steps = int(planned[0].replace(",", ""))
+    assert steps >= 40  # settled (30 updates), then a pace, then half of the budget
+    last = re.search(rf"^step {steps:6d}/{steps} \| loss [\d.]+ \| lr (\S+) ", result.stdout, re.M)
+    assert last and float(last.group(1)) == 0.0  # the decay ended at the planned update
+    settings = json.load(open(os.path.join(model_dir, "settings.json")))
+    assert settings["train"]["train_steps"] == steps and settings["train"]["train_minutes"] == 0.1
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    assert tf.train.latest_checkpoint(checkpoints).endswith(f"ckpt-{steps}")
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(checkpoints))
+    assert int(reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == steps
+    again = python("train.py", f"--model_dir={model_dir}", f"--data_dir={train_data}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout and f"at step {steps}" in again.stdout
+    assert "planned" not in again.stdout and "planning" not in again.stdout
+
+
 def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus, tmp_path):
     # Separate source/target vocabularies (and so embeddings), pre-norm, learned positions,
     # GELU, FFN dropout, a shallower decoder, an untied output layer, clipping, linear decay,
@@ -423,6 +455,9 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--preset=huge", "preset"),
     ("--separate_vocabularies --share_embeddings", "--share_embeddings needs one shared "
      "vocabulary"),
+    ("--train_minutes=5 --train_steps=100", "give --train_steps or --train_minutes, not both"),
+    ("--train_minutes=5 --strategy=multi_worker", "the workers of a cluster need --train_steps"),
+    ("--train_minutes=-1", "--train_minutes must be >= 0"),
 ])
 def test_bad_flags_fail_fast(flag, message, tmp_path):
     result = python("train.py", f"--model_dir={tmp_path}", *flag.split(), timeout=60)

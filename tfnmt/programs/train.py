@@ -1,10 +1,12 @@
 """Train a Transformer translation model (tfnmt).
 
-With no flags: the `cpu` preset on the embedded German->English corpus for 2,200 steps, then dev
-scores and a report on the test split (beam 4: sacreBLEU, chrF, sample translations, the
-commands to export and translate). Re-running the same command resumes from the newest
-checkpoint in --model_dir. Flags not given on the command line take the values saved in
-<model_dir>/settings.json. A resumed run may change only --train_steps, --log_every,
+With no flags: the `cpu` preset on the embedded German->English corpus for 12 minutes of
+training (as many updates as this CPU does in them), then dev scores and a report on the test
+split (beam 4: sacreBLEU, chrF, sample translations, the commands to export and translate).
+Re-running the same command resumes from the newest checkpoint in --model_dir. Flags not given
+on the command line take the values saved in <model_dir>/settings.json (a time-budgeted run
+saves the number of updates it planned). A resumed run may change only --train_steps,
+--train_minutes, --log_every,
 --eval_every, --bleu_sentences, --eval_beam_size, --best_metric, --early_stopping,
 --clip_norm, --checkpoint_every, --keep_checkpoints, --average_last, --jit_compile,
 --mixed_precision (not to or from fp16), --data_dir and --tfds_data_dir; any other change is
@@ -90,7 +92,10 @@ flags.DEFINE_integer("batch_tokens", None, "Token budget per replica and micro-b
 flags.DEFINE_integer("accum_steps", 1, "Micro-batches accumulated per update (the paper's "
                      "~25k-token batches on fewer devices).")
 flags.DEFINE_integer("train_steps", None, "Total optimizer updates; a resumed run stops here "
-                     "(default: the preset's).")
+                     "(default: the preset's, or what --train_minutes plans).")
+flags.DEFINE_float("train_minutes", None, "Train for about this many minutes (dev evaluations "
+                   "not counted), planning the number of updates from their pace (default: the "
+                   "preset's: 12 for cpu, else 0 = --train_steps).")
 flags.DEFINE_integer("warmup_steps", None, "Noam warm-up steps (default: the preset's; "
                      "paper: 4000 with 25k-token batches).")
 flags.DEFINE_float("lr_scale", None, "Multiplier of the Noam learning rate (default: the "
@@ -151,7 +156,8 @@ MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attenti
 DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type",
               "separate_vocabularies", "max_length", "filter_length_ratio", "filter_duplicates",
               "filter_identical")
-TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "warmup_steps", "lr_scale",
+TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "train_minutes", "warmup_steps",
+               "lr_scale",
                "lr_decay", "label_smoothing", "clip_norm", "mixed_precision", "shape_stable",
                "bucket_growth", "jit_compile", "seed", "log_every", "eval_every",
                "bleu_sentences", "eval_beam_size", "best_metric", "early_stopping",
@@ -167,6 +173,8 @@ for _name in ("eval_every", "bleu_sentences", "average_last", "early_stopping"):
 flags.register_validator("label_smoothing", lambda v: 0.0 <= v < 1.0,
                          "--label_smoothing must be in [0, 1)")
 flags.register_validator("clip_norm", lambda v: v >= 0.0, "--clip_norm must be >= 0")
+flags.register_validator("train_minutes", lambda v: v is None or v >= 0.0,
+                         "--train_minutes must be >= 0")
 flags.register_validator("filter_length_ratio", lambda v: v == 0.0 or v >= 1.0,
                          "--filter_length_ratio must be 0 (off) or >= 1")
 flags.register_validator("lr_scale", lambda v: v is None or v > 0,
@@ -207,6 +215,10 @@ def requested_settings(preset=None):
     if FLAGS.train_weights:
         settings["data"]["train_weights"] = [float(w) for w in FLAGS.train_weights]
     explicit = {f"train.{k}" for k in TRAIN_FLAGS if FLAGS[k].present}
+    # A number of updates given, or a cluster (whose workers must agree on it): no time budget.
+    if FLAGS["train_steps"].present or FLAGS.strategy == "multi_worker":
+        settings["train"]["train_minutes"] = 0.0
+        explicit.add("train.train_minutes")
     explicit |= {f"data.{k}" for k in DATA_FLAGS if FLAGS[k].present}
     explicit |= {"data.files" for s in ("train", "dev", "test") if FLAGS[f"{s}_files"].present}
     explicit |= {"data.train_weights"} if FLAGS["train_weights"].present else set()
@@ -280,6 +292,11 @@ def main(argv):
         raise app.UsageError("--dataset=files needs --train_files (and --dev_files for BLEU)")
     if FLAGS.dataset == "files" and not FLAGS.dev_files:
         raise app.UsageError("--dataset=files needs --dev_files: evaluation reports dev BLEU")
+    if FLAGS["train_minutes"].present and FLAGS["train_steps"].present:
+        raise app.UsageError("give --train_steps or --train_minutes, not both")
+    if FLAGS["train_minutes"].present and FLAGS.strategy == "multi_worker":
+        raise app.UsageError("--train_minutes plans on one machine; the workers of a cluster "
+                             "need --train_steps")
     if FLAGS.separate_vocabularies and FLAGS.share_embeddings:
         raise app.UsageError("--share_embeddings needs one shared vocabulary: drop it or "
                              "--separate_vocabularies")

@@ -25,16 +25,20 @@ from tfnmt.data import pipeline, records, vocabulary
 from tfnmt.model.transformer import Transformer
 from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS
 from tfnmt.training import fine_tune
+from tfnmt.training.budget import TrainingBudget
 from tfnmt.training.best import BestCheckpoint
 from tfnmt.training.distribute import PreReducedAdam, resolve_mixed_precision, task_role
 from tfnmt.training.evaluator import Evaluator
-from tfnmt.training.schedule import paper_adam
+from tfnmt.training.schedule import make_schedule, paper_adam
 from tfnmt.training.settings import SettingsError, load_settings, write_json
 from tfnmt.training.stats import TrainingStats
 from tfnmt.training.summaries import write_hparams
 from tfnmt.training.trainer import CheckpointKeeper, Trainer, TrainingError, average_checkpoints
 
 POLICIES = {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+# A time-budgeted run that fits few updates warms up for at most this share of them (the
+# `cpu` preset's 800 of 2,200 updates is 36%).
+MAX_WARMUP_SHARE = 0.4
 
 
 def is_disk_full(error):
@@ -118,7 +122,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     log(f"data: {_describe_data(manifest, settings['data'])}, "
         f"vocabulary {sizes}, {strategy.num_replicas_in_sync} replica(s), "
         f"precision {precision}" + (" (auto)" if t["mixed_precision"] == "auto" else ""))
-    model, optimizer = _build(settings, strategy, precision)
+    model, optimizer, schedule = _build(settings, strategy, precision)
     keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
                               t["keep_checkpoints"] if is_chief else 1)
     restored = keeper.restore()
@@ -171,6 +175,28 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         return _chief_decides(strategy, is_chief, best.should_stop)
 
     stats = TrainingStats(t["train_steps"], first_step, train_writer, log)
+    # A time budget plans the run's length in a run that starts here; a resumed one keeps the
+    # length saved with its settings.
+    budget = TrainingBudget(t["train_minutes"], first_step) \
+        if t.get("train_minutes") and not restored else None
+
+    configured_warmup = t["warmup_steps"]
+
+    def on_plan(planned):
+        t["train_steps"] = stats.train_steps = planned
+        if hasattr(schedule, "set_plan"):  # a decay to zero ends at the planned update
+            # A short run warms up for at most MAX_WARMUP_SHARE of it, to the same peak.
+            schedule.set_plan(planned, min(configured_warmup,
+                                           max(1, int(MAX_WARMUP_SHARE * planned))))
+            t["warmup_steps"], t["lr_scale"] = schedule.warmup_steps, schedule.scale
+        if budget.frozen or budget.planned_count == 1:
+            minutes = t["train_minutes"]
+            log(f"{'planned' if budget.frozen else 'planning'} {planned:,d} updates for "
+                f"{minutes:g} minute{'' if minutes == 1 else 's'} of training" +
+                ("" if budget.frozen else " (revised until half that time has passed)"))
+            if is_chief:  # a run resumed after this keeps this length
+                write_json(os.path.join(model_dir, SETTINGS), settings)
+
     if best.should_stop:
         step = first_step
         log(f"stopped early before: {_early_stop_reason(best)}; raise --early_stopping (or "
@@ -178,7 +204,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     else:
         step = trainer(iterator, t["train_steps"], keeper=keeper, stats=stats,
                        evaluate=evaluate, log_every=t["log_every"],
-                       checkpoint_every=t["checkpoint_every"], eval_every=t["eval_every"])
+                       checkpoint_every=t["checkpoint_every"], eval_every=t["eval_every"],
+                       budget=budget, on_plan=on_plan)
         if step < t["train_steps"]:
             log(f"stopped early at step {step}: {_early_stop_reason(best)}")
     train_writer.flush()
@@ -286,12 +313,13 @@ def _build(settings, strategy, precision):
     with strategy.scope():
         model = Transformer(**settings["model"])
         model.build()
-        optimizer = paper_adam(model.d_model, t["warmup_steps"], t["lr_scale"], PreReducedAdam,
-                               decay=t.get("lr_decay") or "rsqrt", total_steps=t["train_steps"])
+        schedule = make_schedule(model.d_model, t["warmup_steps"], t["lr_scale"],
+                                 t.get("lr_decay") or "rsqrt", t["train_steps"])
+        optimizer = paper_adam(model.d_model, optimizer_class=PreReducedAdam, schedule=schedule)
         if precision == "fp16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
-    return model, optimizer
+    return model, optimizer, schedule
 
 
 def _wait_for_data(data_dir, timeout):

@@ -52,6 +52,10 @@ class LinearDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
     peak = scale * d_model^-0.5 * warmup_steps^-0.5 and step counts from 1, as for
     `NoamSchedule`.
 
+    `set_plan` moves the end, and can shorten the warm-up at the same peak, while a run trains
+    (a run planned to fit a time budget, `budget.TrainingBudget`): the traced training step
+    reads both from variables.
+
     Args:
       d_model: the model width.
       warmup_steps: updates of linear warm-up.
@@ -71,14 +75,40 @@ class LinearDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.warmup_steps = int(warmup_steps)
         self.total_steps = int(total_steps)
         self.scale = float(scale)
+        self._peak = self.scale * self.d_model ** -0.5 * self.warmup_steps ** -0.5
+        # Not checkpointed (plain attributes of an object no checkpoint tracks): the run's
+        # settings record its plan, and get_config gives it back.
+        self._total = tf.Variable(float(self.total_steps), trainable=False,
+                                  name="lr_total_steps")
+        self._warmup = tf.Variable(float(self.warmup_steps), trainable=False,
+                                   name="lr_warmup_steps")
+
+    def set_plan(self, total_steps, warmup_steps=None):
+        """Moves the last update with a non-zero rate to `total_steps`, and with `warmup_steps`
+        makes the warm-up that long with the same peak (`scale` changes so that
+        `get_config` gives this schedule back).
+
+        Args:
+          total_steps: the new last update (> 0).
+          warmup_steps: the new warm-up length (> 0), or None to keep it.
+        """
+        if total_steps <= 0 or (warmup_steps is not None and warmup_steps <= 0):
+            raise ValueError(f"total_steps and warmup_steps must be positive, got "
+                             f"{total_steps}, {warmup_steps}")
+        self.total_steps = int(total_steps)
+        self._total.assign(float(self.total_steps))
+        if warmup_steps is not None:
+            self.scale *= (int(warmup_steps) / self.warmup_steps) ** 0.5
+            self.warmup_steps = int(warmup_steps)
+            self._warmup.assign(float(self.warmup_steps))
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32) + 1.0
-        peak = self.scale * self.d_model ** -0.5 * self.warmup_steps ** -0.5
-        rising = step / self.warmup_steps
-        falling = ((self.total_steps + 1 - step)
-                   / max(self.total_steps + 1 - self.warmup_steps, 1))
-        return peak * tf.maximum(tf.minimum(rising, falling), 0.0)
+        total = tf.cast(self._total, tf.float32)
+        warmup = tf.cast(self._warmup, tf.float32)
+        rising = step / warmup
+        falling = (total + 1.0 - step) / tf.maximum(total + 1.0 - warmup, 1.0)
+        return self._peak * tf.maximum(tf.minimum(rising, falling), 0.0)
 
     def get_config(self):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps,
@@ -88,28 +118,42 @@ class LinearDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
 SCHEDULES = ("rsqrt", "linear")
 
 
+def make_schedule(d_model, warmup_steps=4000, scale=1.0, decay="rsqrt", total_steps=None):
+    """The learning-rate schedule: `NoamSchedule`, or `LinearDecaySchedule` with
+    `decay="linear"`.
+
+    Args:
+      d_model, warmup_steps, scale: the schedule's.
+      decay: "rsqrt" (the paper's 1/sqrt(step)) or "linear" (to zero at `total_steps`).
+      total_steps: the run's length; needed by "linear".
+
+    Returns:
+      The schedule.
+    """
+    if decay == "rsqrt":
+        return NoamSchedule(d_model, warmup_steps, scale)
+    if decay == "linear":
+        if not total_steps:
+            raise ValueError("decay='linear' needs total_steps")
+        return LinearDecaySchedule(d_model, warmup_steps, total_steps, scale)
+    raise ValueError(f"unknown decay {decay!r}; choose one of {', '.join(SCHEDULES)}")
+
+
 def paper_adam(d_model, warmup_steps=4000, scale=1.0, optimizer_class=keras.optimizers.Adam,
-               decay="rsqrt", total_steps=None, **kwargs):
+               decay="rsqrt", total_steps=None, schedule=None, **kwargs):
     """The paper's optimizer (§5.3): Adam(beta_1=0.9, beta_2=0.98, epsilon=1e-9) on the Noam
     schedule, or on `LinearDecaySchedule` with `decay="linear"`.
 
     Args:
-      d_model, warmup_steps, scale: the schedule's.
+      d_model, warmup_steps, scale, decay, total_steps: the schedule's (`make_schedule`).
       optimizer_class: an Adam class (training uses `PreReducedAdam`).
-      decay: "rsqrt" (the paper's 1/sqrt(step)) or "linear" (to zero at `total_steps`).
-      total_steps: the run's length; needed by "linear".
+      schedule: a schedule made already (the arguments above are then not used).
       **kwargs: more arguments for the optimizer.
 
     Returns:
       The optimizer.
     """
-    if decay == "rsqrt":
-        schedule = NoamSchedule(d_model, warmup_steps, scale)
-    elif decay == "linear":
-        if not total_steps:
-            raise ValueError("decay='linear' needs total_steps")
-        schedule = LinearDecaySchedule(d_model, warmup_steps, total_steps, scale)
-    else:
-        raise ValueError(f"unknown decay {decay!r}; choose one of {', '.join(SCHEDULES)}")
+    if schedule is None:
+        schedule = make_schedule(d_model, warmup_steps, scale, decay, total_steps)
     return optimizer_class(learning_rate=schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
                            **kwargs)

@@ -61,7 +61,8 @@ class Trainer:
         self.train_step = tf.function(self._train_step, autograph=False)
 
     def __call__(self, iterator, train_steps, keeper=None, stats=None, evaluate=None,
-                 log_every=100, checkpoint_every=1000, eval_every=0):
+                 log_every=100, checkpoint_every=1000, eval_every=0, budget=None,
+                 on_plan=None):
         """Runs updates until the optimizer has applied `train_steps` (or `evaluate` stops
         it); returns the update count reached.
 
@@ -73,6 +74,8 @@ class Trainer:
           evaluate: called with the step every `eval_every` updates (not at the end); its time
             is left out of the reported speed. When it returns True (early stopping), the
             loop saves a checkpoint and stops there.
+          budget: a `budget.TrainingBudget`: after each update it may plan a new last update,
+            which replaces `train_steps` and is passed to `on_plan`.
 
         Raises:
           TrainingError: fp16 loss scaling skipped more than MAX_SKIPPED_IN_A_ROW updates in a
@@ -98,6 +101,11 @@ class Trainer:
                         "--mixed_precision=bf16|none)")
                 continue
             step, streak = applied, 0
+            planned = budget.plan(step) if budget is not None else None
+            if planned is not None:
+                train_steps = planned
+                if on_plan is not None:
+                    on_plan(planned)
             if stats is not None and (step % log_every == 0 or step == train_steps):
                 stats.report(step, float(self.optimizer.learning_rate))
             if keeper is not None and (step % checkpoint_every == 0 or step == train_steps):
@@ -108,6 +116,8 @@ class Trainer:
                 stop = evaluate(step)
                 if stats is not None:
                     stats.pause(time.time() - start)
+                if budget is not None:
+                    budget.pause(time.time() - start)
                 if stop:
                     if keeper is not None and step % checkpoint_every != 0:
                         keeper.save(step)

@@ -1,0 +1,70 @@
+import pytest
+
+from tfnmt.training.budget import TrainingBudget
+
+
+class Clock:
+    """Seconds that move only when told."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def run(budget, clock, seconds_per_step, steps, first=0):
+    """Steps the budget at a fixed pace; -> [(step, plan)] of the plans it made."""
+    plans = []
+    for step in range(first + 1, first + steps + 1):
+        clock.now += seconds_per_step
+        planned = budget.plan(step)
+        if planned is not None:
+            plans.append((step, planned))
+    return plans
+
+
+def test_a_steady_pace_plans_what_fits():
+    # 1 minute at 10 updates/s: 600 updates, less the 2% margin of what remains.
+    clock = Clock()
+    budget = TrainingBudget(1.0, settle_steps=30, freeze_fraction=0.5, margin=0.02,
+                            interval=10, clock=clock)
+    plans = run(budget, clock, 0.1, 299)
+    assert plans[0][0] == 40  # settled at 30, then one interval for a pace
+    for step, planned in plans:
+        assert planned == pytest.approx(step + 10 * (60 - step * 0.1) * 0.98, abs=2)
+    assert not budget.frozen
+    plans += run(budget, clock, 0.1, 100, first=299)
+    assert budget.frozen and plans[-1][0] <= 300  # from half of the minute on, no new plans
+    assert budget.planned == plans[-1][1] == pytest.approx(594, abs=2)
+
+
+def test_the_pace_of_the_later_half_counts():
+    # Slow first updates (tracing, first kernels), then four times faster.
+    clock = Clock()
+    budget = TrainingBudget(2.0, clock=clock)
+    run(budget, clock, 0.4, 50)  # 20 s
+    run(budget, clock, 0.1, 500, first=50)  # 50 s more: frozen at 60 s
+    assert budget.frozen
+    # At 60 s: step 450, and 60 s left at ~10 updates/s.
+    assert budget.planned == pytest.approx(450 + 10 * 60 * 0.98, rel=0.03)
+
+
+def test_paused_time_is_not_training_time():
+    clock = Clock()
+    budget = TrainingBudget(1.0, clock=clock)
+    run(budget, clock, 0.1, 100)
+    budget.pause(120.0)
+    clock.now += 120.0  # a long dev evaluation
+    plans = run(budget, clock, 0.1, 100, first=100)
+    assert not budget.frozen
+    assert plans[-1][1] == pytest.approx(200 + 10 * 40 * 0.98, abs=3)
+
+
+def test_a_budget_already_spent_ends_at_the_next_update():
+    clock = Clock()
+    budget = TrainingBudget(0.01, settle_steps=1, interval=1, clock=clock)  # 0.6 s
+    plans = run(budget, clock, 1.0, 3)
+    assert plans and all(planned == step + 1 for step, planned in plans)
+    with pytest.raises(ValueError):
+        TrainingBudget(0)

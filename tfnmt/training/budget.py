@@ -1,0 +1,82 @@
+"""A run that trains for a time instead of a number of updates (`train.py --train_minutes`).
+
+The number of updates that fit is not known before training: it depends on the CPU, the
+precision and what else the machine does. `TrainingBudget` measures the pace as the run goes
+and plans the last update from it: first once the first `settle_steps` updates (tracing, first
+kernels) are behind it, then again at every call until `freeze_fraction` of the budget has
+passed, each time from the pace of the later half of the training time so far. From then on the
+plan stays. Dev evaluations are not training time (`pause`). With a schedule that decays to
+zero at the last update (`schedule.LinearDecaySchedule`), the run moves that end with each plan;
+while the warm-up lasts (800 updates in the `cpu` preset) the plan does not change the rate yet.
+"""
+import time
+
+
+class TrainingBudget:
+    """Plans how many updates fit in `minutes` of training.
+
+    Args:
+      minutes: the training time (> 0).
+      first_step: the optimizer's step when the run starts (its updates so far count as done).
+      settle_steps: updates before the first plan.
+      freeze_fraction: the share of the budget after which the plan stays.
+      margin: the share of the remaining time left unplanned (the last checkpoint, slower
+        steps).
+      interval: updates between the points of the pace's history.
+      clock: a function returning seconds (tests give their own).
+
+    Example:
+      budget = TrainingBudget(11, first_step=0)
+      planned = budget.plan(step)  # None, or the new last update
+    """
+
+    def __init__(self, minutes, first_step=0, settle_steps=30, freeze_fraction=0.5,
+                 margin=0.02, interval=10, clock=time.monotonic):
+        if minutes <= 0:
+            raise ValueError(f"minutes must be positive, got {minutes}")
+        self.seconds = 60.0 * minutes
+        self.first_step, self.settle_steps = int(first_step), int(settle_steps)
+        self.interval = int(interval)
+        self.freeze_fraction, self.margin, self.clock = freeze_fraction, margin, clock
+        self.start, self.paused = clock(), 0.0
+        self.history = []  # [(step, training seconds)] from the settled step on
+        self.planned = None
+        self.planned_count = 0  # plans made (each a change)
+        self.frozen = False
+
+    def elapsed(self):
+        """Training seconds so far (evaluations left out)."""
+        return self.clock() - self.start - self.paused
+
+    def pause(self, seconds):
+        """Leaves `seconds` (a dev evaluation) out of the training time."""
+        self.paused += seconds
+
+    def plan(self, step):
+        """Called after each update.
+
+        Args:
+          step: the optimizer's step (updates applied).
+
+        Returns:
+          The planned last update when it changed, else None.
+        """
+        done = step - self.first_step
+        if self.frozen or done < self.settle_steps or done % self.interval:
+            return None
+        elapsed = self.elapsed()
+        self.history.append((step, elapsed))
+        if len(self.history) < 2:
+            return None
+        # The pace of the later half of the training time so far.
+        later = [h for h in self.history if h[1] >= elapsed / 2] or self.history[-2:]
+        first = later[0] if later[0] != self.history[-1] else self.history[-2]
+        pace = (step - first[0]) / max(elapsed - first[1], 1e-6)  # updates per second
+        remaining = max(self.seconds - elapsed, 0.0) * (1.0 - self.margin)
+        planned = max(step + int(pace * remaining), step + 1)
+        self.frozen = elapsed >= self.freeze_fraction * self.seconds
+        if planned == self.planned:
+            return None
+        self.planned = planned
+        self.planned_count += 1
+        return planned
