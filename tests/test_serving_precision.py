@@ -49,8 +49,11 @@ def test_the_choice_needs_native_bf16_and_a_faster_timing(tmp_path, flags, min_s
     assert int(precision.choice.numpy()) == int(bf16)
 
 
-def counting_speedup(monkeypatch, ratio):
-    """Replaces the timing by one that returns `ratio` and counts its runs (in the graph)."""
+def precision_timed_as(tmp_path, monkeypatch, flags, ratio, min_speedup):
+    """A SearchPrecision on a CPU with `flags` whose timing returns `ratio` and counts its runs
+    (in the graph). -> (precision, its prefers_bf16 as a tf.function, the run count)."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(flags)
     runs = tf.Variable(0)
 
     def speedup(weights):
@@ -58,26 +61,19 @@ def counting_speedup(monkeypatch, ratio):
             return tf.constant(ratio, tf.float64)
 
     monkeypatch.setattr(serving_precision, "bf16_speedup", speedup)
-    return runs
+    precision = SearchPrecision(tf.Variable(tf.ones([10, 4])), str(cpuinfo), min_speedup)
+    return precision, tf.function(precision.prefers_bf16, autograph=False), runs
 
 
 def test_no_timing_without_native_bf16(tmp_path, monkeypatch):
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(AVX2)
-    runs = counting_speedup(monkeypatch, 9.0)
-    precision = SearchPrecision(tf.Variable(tf.ones([10, 4])), str(cpuinfo), 0.0)
-    prefers = tf.function(precision.prefers_bf16, autograph=False)
+    precision, prefers, runs = precision_timed_as(tmp_path, monkeypatch, AVX2, 9.0, 0.0)
     assert not bool(prefers()) and not bool(precision.prefers_bf16())
     assert int(runs.numpy()) == 0
 
 
 def test_the_first_call_decides_for_the_process(tmp_path, monkeypatch):
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(AMX)
-    runs = counting_speedup(monkeypatch, 2.0)
-    precision = SearchPrecision(tf.Variable(tf.ones([10, 4])), str(cpuinfo), 1.15)
-    prefers = tf.function(precision.prefers_bf16, autograph=False)
+    precision, prefers, runs = precision_timed_as(tmp_path, monkeypatch, AMX, 2.0, 1.15)
     assert bool(prefers())
-    cpuinfo.write_text(AVX2)  # later calls neither read the flags nor time again
+    (tmp_path / "cpuinfo").write_text(AVX2)  # later calls neither read the flags nor time again
     assert bool(prefers()) and bool(prefers()) and bool(precision.prefers_bf16())
     assert int(precision.choice.numpy()) == 1 and int(runs.numpy()) == 1
