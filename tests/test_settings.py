@@ -86,3 +86,25 @@ def test_checkpoints_without_settings_are_refused(tmp_path):
     with pytest.raises(SettingsError, match="holds checkpoints but no settings.json"):
         resolve_settings(requested(), set(), str(tmp_path))
     assert resolve_settings(requested(), set(), str(tmp_path / "new")) == requested()
+
+
+def test_a_new_time_budget_for_a_trained_run_is_refused_and_the_same_one_resumes(tmp_path):
+    settings = requested(train_minutes=12.0, train_steps=1981)
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    model_dir = str(tmp_path)
+    # No checkpoint yet: the new budget replaces the old one.
+    assert resolve_settings(requested(train_minutes=60.0), {"train.train_minutes"},
+                            model_dir)["train"]["train_minutes"] == 60.0
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "ckpt-1981.index").write_bytes(b"")
+    with pytest.raises(SettingsError) as error:
+        resolve_settings(requested(train_minutes=60.0), {"train.train_minutes"}, model_dir)
+    assert "train_minutes=60.0 (saved: 12.0, planned as train_steps=1981" in str(error.value)
+    assert "\n" not in str(error.value)
+    # The same budget again (an interrupted run restarted by its command) resumes it; a number
+    # of updates (which sets train_minutes 0) trains it further.
+    resumed = resolve_settings(requested(train_minutes=12.0), {"train.train_minutes"}, model_dir)
+    assert resumed["train"]["train_steps"] == 1981
+    further = resolve_settings(requested(train_minutes=0.0, train_steps=3000),
+                               {"train.train_minutes", "train.train_steps"}, model_dir)
+    assert further["train"]["train_steps"] == 3000 and further["train"]["train_minutes"] == 0.0

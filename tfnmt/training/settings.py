@@ -66,6 +66,20 @@ def _fp16_switch(name, new, old):
     return name == "train.mixed_precision" and new != old and "fp16" in (new, old)
 
 
+def _replanned_budget(ours, theirs, explicit, model_dir):
+    """A new --train_minutes for a run that has trained: its number of updates was planned
+    from the budget it started with (and its learning rate decays to zero there), so another
+    budget cannot apply to it."""
+    minutes = ours.get("train_minutes")
+    if "train.train_minutes" not in explicit or not minutes \
+            or minutes == theirs.get("train_minutes", 0.0) \
+            or not checkpoint_prefixes(os.path.join(model_dir, CHECKPOINTS)):
+        return []
+    return [f"train_minutes={minutes!r} (saved: {theirs.get('train_minutes', 0.0)!r}, planned "
+            f"as train_steps={theirs.get('train_steps')!r}; a time budget plans a new run, "
+            "--train_steps trains this one further)"]
+
+
 def resolve_settings(requested, explicit, model_dir):
     """The settings of this run: `requested` (from flags), where the flags not given explicitly take
     the values saved in model_dir.
@@ -80,8 +94,9 @@ def resolve_settings(requested, explicit, model_dir):
 
     Raises:
       SettingsError: an explicit value changes a fixed saved setting (`is_fixed`; a setting the
-        saved file does not record counts as changed), or model_dir holds checkpoints without a
-        settings file (nothing could tell whether they fit). Raised before any work.
+        saved file does not record counts as changed), a new --train_minutes is given for a run
+        that has checkpoints, or model_dir holds checkpoints without a settings file (nothing
+        could tell whether they fit). Raised before any work.
     """
     saved = load_settings(model_dir)
     if saved is None:
@@ -109,6 +124,8 @@ def resolve_settings(requested, explicit, model_dir):
                     and (key not in theirs or ours.get(key) != theirs[key]):
                 before = repr(theirs[key]) if key in theirs else "not recorded"
                 conflicts.append(f"{key}={ours.get(key)!r} (saved: {before})")
+    conflicts += _replanned_budget(resolved["train"], saved.get("train") or {}, explicit,
+                                   model_dir)
     if "init_from" in saved:  # where the run started (train.py --init_from) stays recorded
         resolved.setdefault("init_from", saved["init_from"])
     if conflicts:
