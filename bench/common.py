@@ -10,10 +10,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfnmt import allocator  # noqa: E402
+from tfnmt import allocator, cpu_kernels  # noqa: E402
 
-# The benchmarks measure what the entry points get: the same allocator (may re-exec once).
+# The benchmarks measure what the entry points get: the same allocator (may re-exec once) and
+# CPU kernels.
 MALLOC = allocator.use_fast_allocator()
+KERNELS = cpu_kernels.use_onednn()
 
 import tensorflow as tf  # noqa: E402
 
@@ -23,8 +25,10 @@ from tfnmt.training.summaries import rss_bytes  # noqa: E402,F401  (re-exported 
 def peer_environment(malloc, **extra):
     """os.environ for an OpenNMT-tf process, plus `extra`, with its C allocator as `malloc`
     says: 'system' (glibc, what its users get) or 'tcmalloc' (what tfnmt's entry points preload
-    where it is installed, or the library TFNMT_MALLOC names)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TFNMT_MALLOC")}
+    where it is installed, or the library TFNMT_MALLOC names). Its CPU kernels are
+    TensorFlow's choice unless the user's environment sets TF_ENABLE_ONEDNN_OPTS."""
+    env = {k: v for k, v in cpu_kernels.user_environment().items()
+           if not k.startswith("TFNMT_MALLOC")}
     preload = [p for p in env.pop("LD_PRELOAD", "").split(":")
                if p and not any(name in os.path.basename(p) for name in allocator.LIBRARY_NAMES)]
     if malloc == "tcmalloc":

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from common import MALLOC, ROOT, cpu_description, peak_rss_bytes, rss_bytes
+from common import KERNELS, MALLOC, ROOT, cpu_description, peak_rss_bytes, rss_bytes
 from tfnmt import paths  # noqa: E402
 
 from absl import app, flags  # noqa: E402
@@ -79,7 +79,7 @@ def main(argv):
     pairs = pairs[:FLAGS.limit] if FLAGS.limit else pairs
     sources, references = [s for s, _ in pairs], [r for _, r in pairs]
     tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, paths.VOCAB))
-    result = {"machine": cpu_description(), "malloc": MALLOC, "model_dir": FLAGS.model_dir,
+    result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS, "model_dir": FLAGS.model_dir,
               "split": FLAGS.split, "loader": FLAGS.loader,
               "rss_gib_before_loading": round(rss_bytes() / 2 ** 30, 2)}
     scratch = tempfile.mkdtemp(prefix="tfnmt-bench-")

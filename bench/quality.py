@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 
-from common import MALLOC, ROOT, cpu_description, peer_environment
+from common import KERNELS, MALLOC, ROOT, cpu_description, peer_environment
 from tfnmt import paths  # noqa: E402
 
 from absl import app, flags  # noqa: E402
@@ -448,7 +448,7 @@ def main(argv):
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     result = {"machine": cpu_description(), "mixed_precision": FLAGS.mixed_precision,
-              "tfnmt_malloc": MALLOC, "peer_malloc": FLAGS.peer_malloc,
+              "tfnmt_malloc": MALLOC, "tfnmt_kernels": KERNELS, "peer_malloc": FLAGS.peer_malloc,
               "budgets_minutes": budgets}
     curves = {}
     settings = None

@@ -25,9 +25,9 @@ import statistics
 import time
 
 import common
-from common import (MALLOC, build_trainer, cpu_description, define_trainer_flags, forward_flops,
-                    matmul_ceiling, matmul_seconds, peak_rss_bytes, prepared_data, rss_bytes,
-                    training_gemms)
+from common import (KERNELS, MALLOC, build_trainer, cpu_description, define_trainer_flags,
+                    forward_flops, matmul_ceiling, matmul_seconds, peak_rss_bytes, prepared_data,
+                    rss_bytes, training_gemms)
 
 from absl import app, flags  # noqa: E402
 
@@ -59,7 +59,7 @@ def main(argv):
     from tfnmt.data.special_tokens import PAD_ID
     from tfnmt.training.distribute import resolve_mixed_precision
 
-    result = {"machine": cpu_description(), "malloc": MALLOC, "tensorflow": tf.__version__,
+    result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS, "tensorflow": tf.__version__,
               "preset": FLAGS.preset, "batch_tokens": FLAGS.batch_tokens,
               "shape_stable": FLAGS.shape_stable, "bucket_growth": FLAGS.bucket_growth,
               "jit_compile": FLAGS.jit_compile}

@@ -253,6 +253,7 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     model_dir = str(tmp_path / "run")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step     12/12 | loss" in result.stdout and "tgt tok/s | RSS " in result.stdout
+    assert "; CPU kernels: " in result.stdout  # tests/test_cpu_kernels.py checks which
     assert "averaged 3 checkpoints" in result.stdout and "dev sacreBLEU" in result.stdout
     report = json.load(open(os.path.join(model_dir, "report.json")))
     test = report["test"]

@@ -4,10 +4,11 @@ import sys
 
 from absl import app, flags
 
-from tfnmt import allocator
+from tfnmt import allocator, cpu_kernels
 
-# What use_fast_allocator() chose for this process (set by run()).
+# What use_fast_allocator() and use_onednn() chose for this process (set by run()).
 ALLOCATOR = "system"
+KERNELS = "TensorFlow's default"
 
 
 def define_beam_stop_flag(scope=""):
@@ -31,14 +32,15 @@ def run(main, doc=None):
     """absl's app.run(main), with flag errors and an app.UsageError printed as one line,
     `<program>: <message>`, and exit code 1 (absl would print the module's help before a
     UsageError, and a hint after a flag error). First the process gets its memory allocator
-    (tfnmt/allocator.py; may re-execute the process once).
+    (tfnmt/allocator.py; may re-execute the process once) and its CPU kernels
+    (tfnmt/cpu_kernels.py).
 
     Args:
       main: the entry point's main(argv).
       doc: the program's description, which --help prints (absl reads it from __main__,
         which is a shim or a console script, not the module that defines the program).
     """
-    global ALLOCATOR
+    global ALLOCATOR, KERNELS
     if doc:
         sys.modules["__main__"].__doc__ = doc
     try:
@@ -46,6 +48,7 @@ def run(main, doc=None):
     except allocator.AllocatorError as error:
         print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
         sys.exit(1)
+    KERNELS = cpu_kernels.use_onednn()
 
     def main_with_one_line_usage_errors(argv):
         try:

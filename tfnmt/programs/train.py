@@ -317,8 +317,8 @@ def main(argv):
         raise app.UsageError(str(error))
     strategy = distribute.make_strategy(FLAGS.strategy)
     fast_ops.set_plain_ops(FLAGS.plain_ops)
-    print(f"memory allocator: {cli.ALLOCATOR}" + ("; stock ops (--plain_ops)" if FLAGS.plain_ops
-                                                  else ""), flush=True)
+    print(f"memory allocator: {cli.ALLOCATOR}; CPU kernels: {cli.KERNELS}"
+          + ("; stock ops (--plain_ops)" if FLAGS.plain_ops else ""), flush=True)
     try:
         metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
     except (TrainingError, SettingsError, ModelDirError, CorpusError,

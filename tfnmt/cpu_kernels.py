@@ -1,0 +1,76 @@
+"""Which CPU kernels TensorFlow runs: oneDNN's or Eigen's.
+
+TensorFlow turns its oneDNN kernels on by default only on x86 CPUs with AVX512_VNNI,
+AVX512-BF16, AVX-VNNI or AMX; on the many CPUs with AVX2 and FMA but none of those it runs
+Eigen's. There oneDNN's float32 matrix products are faster: on an AMD EPYC with AVX2 only
+(2 cores) they measured 1.3-1.4x Eigen's, and the `cpu` preset trained 1.17-1.25x as many
+target tokens/s (bench/README.md). oneDNN has no bf16 kernels below AVX-512 and leaves bf16
+ops to Eigen there, so a bf16 run is no worse off.
+
+`use_onednn()` (called by every entry point before TensorFlow is imported) sets
+TF_ENABLE_ONEDNN_OPTS=1 on x86-64 Linux CPUs with AVX2 and FMA, unless the environment sets
+TF_ENABLE_ONEDNN_OPTS already (`TF_ENABLE_ONEDNN_OPTS=0` keeps Eigen's kernels).
+"""
+import os
+import platform
+import sys
+
+ENV = "TF_ENABLE_ONEDNN_OPTS"
+# Set beside ENV when tfnmt turned oneDNN on (not the user): a peer toolkit the benchmarks
+# start gets the environment its user gave, without it.
+SET_BY_TFNMT = "TFNMT_ONEDNN_SET"
+# The CPU features with which TensorFlow turns oneDNN on by itself (tensorflow/core/util/util.cc).
+TENSORFLOW_ONEDNN_FEATURES = {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16",
+                              "amx_int8"}
+
+
+def cpu_flags(cpuinfo="/proc/cpuinfo"):
+    """The feature flags of the first CPU in `cpuinfo` (a set; empty where unreadable)."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def use_onednn(environ=os.environ, cpuinfo="/proc/cpuinfo"):
+    """Turns TensorFlow's oneDNN kernels on where they help and TensorFlow leaves them off.
+
+    Must run before TensorFlow is imported (TensorFlow reads the variable once).
+
+    Args:
+      environ: the environment to change (os.environ).
+      cpuinfo: where the CPU's flags are read.
+
+    Returns:
+      What the process will run, for the log: "oneDNN (set by tfnmt)", "oneDNN
+      (TensorFlow's default here)", "oneDNN (TF_ENABLE_ONEDNN_OPTS=1)", "Eigen
+      (TF_ENABLE_ONEDNN_OPTS=0)", or "TensorFlow's default" on other platforms and CPUs.
+    """
+    if environ.get(SET_BY_TFNMT) and environ.get(ENV) == "1":
+        return "oneDNN (set by tfnmt)"  # a re-executed process, or a child of an entry point
+    given = environ.get(ENV, "").strip()
+    if given:
+        on = given.lower() in ("1", "true")
+        return f"{'oneDNN' if on else 'Eigen'} ({ENV}={given})"
+    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
+        return "TensorFlow's default"
+    features = cpu_flags(cpuinfo)
+    if features & TENSORFLOW_ONEDNN_FEATURES:
+        return "oneDNN (TensorFlow's default here)"
+    if not {"avx2", "fma"} <= features:
+        return "TensorFlow's default"
+    environ[ENV] = "1"
+    environ[SET_BY_TFNMT] = "1"
+    return "oneDNN (set by tfnmt)"
+
+
+def user_environment(environ=os.environ):
+    """A copy of `environ` without the oneDNN setting tfnmt made (what the user gave)."""
+    env = dict(environ)
+    if env.pop(SET_BY_TFNMT, None):
+        env.pop(ENV, None)
+    return env
