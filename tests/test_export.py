@@ -14,7 +14,7 @@ from helpers import teacher_forced_log_prob
 from tfnmt import checkpoints
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
-from tfnmt.inference.serving import TranslationModule
+from tfnmt.inference.serving import TranslationModule, search_bounds
 from tfnmt.inference.session_loader import SessionModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -415,6 +415,29 @@ def test_parallel_searches_give_each_sentence_its_single_search_result(module, b
     np.testing.assert_allclose(got["scores"], expected["scores"], rtol=1e-5)
     with pytest.raises(ValueError, match="parallel_searches"):
         TranslationModule(module.model, proto, parallel_searches=0)
+
+
+def test_a_machine_with_a_gpu_searches_a_chunk_as_one_group(module, tiny_model_dir, tmp_path):
+    # The device file is looked for when the graph runs, not when it is traced (an export is
+    # made on one machine and served on another).
+    device = tmp_path / "nvidia0"
+    bounds = tf.function(lambda batch: tf.stack(search_bounds(batch, 3, [str(tmp_path / "nv*")])),
+                         input_signature=[tf.TensorSpec([], tf.int32)], autograph=False)
+    concrete = bounds.get_concrete_function()
+    device.write_text("")
+    assert concrete(tf.constant(7)).numpy().tolist() == [0, 7, 7, 7]
+    assert [int(b) for b in search_bounds(tf.constant(7), 3, [str(tmp_path / "none*")])] == \
+        [0, 2, 4, 7]
+    assert [int(b) for b in search_bounds(tf.constant(7), 3, [])] == [0, 2, 4, 7]
+    assert [int(b) for b in search_bounds(tf.constant(1), 3, [str(device)])] == [0, 1, 1, 1]
+    # The same translations as on a CPU (two groups) and as one search.
+    proto = checkpoints.load_model(tiny_model_dir)[1]
+    on_gpu = TranslationModule(module.model, proto, beam_size=3, alpha=0.6, n_best=2,
+                               gpu_files=[str(device)])
+    sentences = tf.constant(SENTENCES)
+    expected, got = module.serve_n_best(sentences), on_gpu.serve_n_best(sentences)
+    np.testing.assert_array_equal(got["translations"], expected["translations"])
+    np.testing.assert_allclose(got["scores"], expected["scores"], rtol=1e-5)
 
 
 AMX_CPUINFO = ("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"

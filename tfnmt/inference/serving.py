@@ -37,6 +37,35 @@ MATMUL_DTYPES = ("float32", "bfloat16", "auto")
 SIGNATURE_INPUT = "sentences"
 SCORE_TARGETS = "targets"  # the `score` signature's second input
 PREFIXES = "prefixes"  # the `translate_with_prefix` signature's second input
+# Device files of the GPUs TensorFlow runs on under Linux (NVIDIA's driver; AMD's ROCm), as a
+# container sees them when its GPUs are passed in (`docker run --gpus ...`).
+GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*", "/dev/kfd")
+
+
+def search_bounds(batch, groups, gpu_files=GPU_DEVICE_FILES):
+    """In the graph: the row bounds of a chunk's `groups` parallel searches.
+
+    On a CPU, `groups` consecutive groups whose sizes differ by at most one (some empty when
+    `batch` is smaller). Where one of `gpu_files` exists on the machine that runs the graph,
+    all rows go to the first group and the others are empty: a GPU runs one search of the
+    whole chunk faster than several searches of its parts. Read where the graph runs (a
+    Python-side check would see the exporting machine); TensorFlow's graph optimizer folds the
+    check into a constant when a process first runs the graph.
+
+    Args:
+      batch: int32 scalar, the chunk's rows.
+      groups: int, the number of searches (`parallel_searches`).
+      gpu_files: glob patterns of GPU device files.
+
+    Returns:
+      A list of groups + 1 int32 scalars, from 0 to `batch`.
+    """
+    bounds = [(group * batch) // groups for group in range(groups + 1)]
+    if groups == 1 or not gpu_files:
+        return bounds
+    on_gpu = tf.reduce_any([tf.size(tf.io.matching_files(pattern)) > 0
+                            for pattern in gpu_files])
+    return [bounds[0]] + [tf.where(on_gpu, batch, bound) for bound in bounds[1:]]
 
 
 class TranslationModule:
@@ -58,7 +87,8 @@ class TranslationModule:
         independent loops in the graph, which the runtime runs at the same time. On a CPU one
         op of a search step seldom keeps every core busy (small tensors run on one thread), and
         a second search fills the gaps (CHANGELOG.md, "Measured gains of the speed-ups"); each
-        sentence's result is the same. 1 for GPUs.
+        sentence's result is the same. Where the machine that runs the graph has a GPU
+        (`search_bounds`), a chunk is searched as one group whatever this says.
       matmul_dtype: "bfloat16" runs the model's weight matmuls (projections, feed-forward,
         output layer) in bfloat16 (`linear.low_precision_matmuls`), all else in float32:
         faster with AMX and on recent GPUs, on some CPUs with AVX512-BF16 and not on others,
@@ -72,6 +102,8 @@ class TranslationModule:
       sampling: None for beam search, or {"temperature", "top_k", "seed"}: each translation is
         drawn at random instead (`decoding.SamplingSearch`; n_best must be 1).
       cpuinfo: the file an "auto" export reads its CPU flags from (tests give their own).
+      gpu_files: the device files whose presence means a GPU (`search_bounds`; tests give
+        their own).
       bf16_min_speedup: an "auto" export searches in bfloat16 where its products time at
         least this many times faster than float32's (default: training's threshold).
 
@@ -83,7 +115,7 @@ class TranslationModule:
     def __init__(self, model, vocabulary, beam_size=4, alpha=0.6, max_decode_length=0,
                  n_best=4, extra_length=EXTRA_LENGTH, parallel_searches=2,
                  matmul_dtype="float32", chunk_size=64, sampling=None, cpuinfo=CPUINFO,
-                 beam_stop="finished", bf16_min_speedup=None):
+                 beam_stop="finished", bf16_min_speedup=None, gpu_files=GPU_DEVICE_FILES):
         import tensorflow_text as tf_text
 
         self.model = model
@@ -104,6 +136,7 @@ class TranslationModule:
         self.parallel_searches = int(parallel_searches)
         if self.parallel_searches < 1:
             raise ValueError(f"parallel_searches={parallel_searches} must be >= 1")
+        self.gpu_files = tuple(gpu_files)
         if matmul_dtype not in MATMUL_DTYPES:
             raise ValueError(f"matmul_dtype must be one of {MATMUL_DTYPES}, got {matmul_dtype!r}")
         self.matmul_dtype, self.precision = matmul_dtype, None
@@ -235,8 +268,8 @@ class TranslationModule:
                                       prefix=prefix)
             ids, scores = dynamic_decode(self.model, strategy, source_ids, limits)
             return ids[:, None], scores[:, None]
-        batch, groups = tf.shape(source_ids)[0], self.parallel_searches
-        bounds = [(group * batch) // groups for group in range(groups + 1)]
+        groups = self.parallel_searches
+        bounds = search_bounds(tf.shape(source_ids)[0], groups, self.gpu_files)
 
         def search(source_ids, limits, prefix):
             return beam_search(self.model, source_ids, self.beam_size, self.alpha, limits,

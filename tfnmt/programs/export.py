@@ -52,9 +52,9 @@ flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtyp
                   "serving CPU has native bf16 and times it faster, decided by each server "
                   "process on its first request. For GPUs choose float32 or bfloat16.")
 flags.DEFINE_integer("n_best", 4, "Hypotheses returned by the translate_n_best signature.")
-flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into, searched at the "
-                     "same time, to keep CPU cores busy (CHANGELOG.md); each sentence's "
-                     "translation is the same. Default 2; use 1 for GPUs.")
+flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into on a CPU, searched "
+                     "at the same time to keep its cores busy; a server with a GPU searches "
+                     "one group. Translations are the same. Default 2.")
 flags.DEFINE_integer("chunk_size", 64, "Sentences searched at once: a larger request is "
                      "translated in chunks of this many, one after another, so its memory stays "
                      "that of one chunk (docs/serving.md).")
