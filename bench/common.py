@@ -12,10 +12,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tfnmt import allocator, cpu_kernels  # noqa: E402
 
-# The benchmarks measure what the entry points get: the same allocator (may re-exec once) and
-# CPU kernels.
+# The benchmarks measure what the entry points get: the same allocator (may re-exec once), and
+# train.py's CPU kernels in the training benchmarks (oneDNN on AVX2 CPUs), TensorFlow's
+# default (what translate.py and a server run) in the others.
 MALLOC = allocator.use_fast_allocator()
-KERNELS = cpu_kernels.use_onednn()
+TRAINING_BENCHMARKS = ("train.py", "train_step.py")
+KERNELS = (cpu_kernels.use_onednn() if os.path.basename(sys.argv[0]) in TRAINING_BENCHMARKS
+           else cpu_kernels.describe())
 
 import tensorflow as tf  # noqa: E402
 

@@ -34,8 +34,8 @@ import subprocess
 import sys
 import time
 
-from common import KERNELS, MALLOC, ROOT, cpu_description, peer_environment
-from tfnmt import paths  # noqa: E402
+from common import MALLOC, ROOT, cpu_description, peer_environment
+from tfnmt import cpu_kernels, paths  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
@@ -448,7 +448,10 @@ def main(argv):
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     result = {"machine": cpu_description(), "mixed_precision": FLAGS.mixed_precision,
-              "tfnmt_malloc": MALLOC, "tfnmt_kernels": KERNELS, "peer_malloc": FLAGS.peer_malloc,
+              "tfnmt_malloc": MALLOC,
+              # what train.py sets for itself (on a copy: this process keeps its own)
+              "tfnmt_kernels": cpu_kernels.use_onednn(dict(os.environ)),
+              "peer_malloc": FLAGS.peer_malloc,
               "budgets_minutes": budgets}
     curves = {}
     settings = None

@@ -5,12 +5,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import pytest  # noqa: E402
 
-from tfnmt import allocator, cpu_kernels  # noqa: E402
+from tfnmt import allocator  # noqa: E402
 
-# The suite's own process gets the entry points' glibc tuning (tfnmt/allocator.py) and CPU
-# kernels (tfnmt/cpu_kernels.py; TF_ENABLE_ONEDNN_OPTS=0 runs the suite on Eigen's).
+# The suite's own process gets the entry points' glibc tuning (tfnmt/allocator.py).
 allocator.tune_glibc()
-cpu_kernels.use_onednn()
 
 import tensorflow as tf  # noqa: E402
 

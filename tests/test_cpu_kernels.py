@@ -30,6 +30,9 @@ def fake_cpuinfo(tmp_path, flags):
 def test_onednn_is_turned_on_only_where_tensorflow_leaves_it_off(tmp_path, flags, expected,
                                                                    turned_on):
     environ = {}
+    before = cpu_kernels.describe(environ, fake_cpuinfo(tmp_path, flags))
+    assert before == ("Eigen (TensorFlow's default here)" if turned_on else expected)
+    assert environ == {}  # describe() changes nothing
     assert cpu_kernels.use_onednn(environ, fake_cpuinfo(tmp_path, flags)) == expected
     assert (environ.get("TF_ENABLE_ONEDNN_OPTS") == "1") == turned_on
     # A child (or the re-executed process) reports the same choice; the user's view has none.

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import ROOT, python, teacher_forced_log_prob, train_flags
-from tfnmt import fast_ops
+from tfnmt import cpu_kernels, fast_ops
 from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
@@ -253,7 +253,9 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     model_dir = str(tmp_path / "run")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step     12/12 | loss" in result.stdout and "tgt tok/s | RSS " in result.stdout
-    assert "; CPU kernels: " in result.stdout  # tests/test_cpu_kernels.py checks which
+    # train.py's kernels (tests/test_cpu_kernels.py checks that TensorFlow runs them).
+    kernels = cpu_kernels.use_onednn(cpu_kernels.user_environment())
+    assert f"; CPU kernels: {kernels}" in result.stdout
     assert "averaged 3 checkpoints" in result.stdout and "dev sacreBLEU" in result.stdout
     report = json.load(open(os.path.join(model_dir, "report.json")))
     test = report["test"]

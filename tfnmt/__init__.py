@@ -13,7 +13,7 @@ Shared by all:
   checkpoints.py  loading a trained model from a model_dir, its checkpoint index, its lock
   fast_ops.py     the switch between tfnmt's hand-written fast ops and stock ones
   allocator.py    the C memory allocator of the entry points (tcmalloc or tuned glibc)
-  cpu_kernels.py  TensorFlow's oneDNN kernels on for AVX2 CPUs, where it leaves them off
+  cpu_kernels.py  oneDNN's kernels for training on AVX2 CPUs, where TensorFlow leaves them off
   cli.py          what the entry points share
   copy_task.py    the Annotated Transformer's synthetic copy task
 """

@@ -28,17 +28,19 @@ def _parse_flags(argv):
         sys.exit(1)
 
 
-def run(main, doc=None):
+def run(main, doc=None, training=False):
     """absl's app.run(main), with flag errors and an app.UsageError printed as one line,
     `<program>: <message>`, and exit code 1 (absl would print the module's help before a
     UsageError, and a hint after a flag error). First the process gets its memory allocator
-    (tfnmt/allocator.py; may re-execute the process once) and its CPU kernels
+    (tfnmt/allocator.py; may re-execute the process once) and, for training, its CPU kernels
     (tfnmt/cpu_kernels.py).
 
     Args:
       main: the entry point's main(argv).
       doc: the program's description, which --help prints (absl reads it from __main__,
         which is a shim or a console script, not the module that defines the program).
+      training: the program trains (oneDNN's kernels where they train faster); programs that
+        only decode keep TensorFlow's default kernels.
     """
     global ALLOCATOR, KERNELS
     if doc:
@@ -48,7 +50,7 @@ def run(main, doc=None):
     except allocator.AllocatorError as error:
         print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
         sys.exit(1)
-    KERNELS = cpu_kernels.use_onednn()
+    KERNELS = cpu_kernels.use_onednn() if training else cpu_kernels.describe()
 
     def main_with_one_line_usage_errors(argv):
         try:

@@ -2,14 +2,18 @@
 
 TensorFlow turns its oneDNN kernels on by default only on x86 CPUs with AVX512_VNNI,
 AVX512-BF16, AVX-VNNI or AMX; on the many CPUs with AVX2 and FMA but none of those it runs
-Eigen's. There oneDNN's float32 matrix products are faster: on an AMD EPYC with AVX2 only
-(2 cores) they measured 1.3-1.4x Eigen's, and the `cpu` preset trained 1.17-1.25x as many
-target tokens/s (bench/README.md). oneDNN has no bf16 kernels below AVX-512 and leaves bf16
-ops to Eigen there, so a bf16 run is no worse off.
+Eigen's. There oneDNN's large float32 matrix products are faster, and training gains: on an
+AMD EPYC with AVX2 only (2 cores) 2048^3 products ran 1.3-1.4x Eigen's rate and the `cpu`
+preset trained 1.12-1.17x as many target tokens/s. Decoding's many small products lose:
+the same machine's beam search ran 0.88x and greedy search 0.74x as fast with oneDNN
+(bench/README.md). oneDNN has no bf16 kernels below AVX-512 and leaves bf16 ops to Eigen
+there, so a bf16 run is no worse off.
 
-`use_onednn()` (called by every entry point before TensorFlow is imported) sets
-TF_ENABLE_ONEDNN_OPTS=1 on x86-64 Linux CPUs with AVX2 and FMA, unless the environment sets
-TF_ENABLE_ONEDNN_OPTS already (`TF_ENABLE_ONEDNN_OPTS=0` keeps Eigen's kernels).
+So `use_onednn()` (train.py and the training benchmarks call it before TensorFlow is
+imported) sets TF_ENABLE_ONEDNN_OPTS=1 on x86-64 Linux CPUs with AVX2 and FMA where
+TensorFlow would leave oneDNN off, unless the environment sets TF_ENABLE_ONEDNN_OPTS already
+(`=0` keeps Eigen's kernels); the programs that decode keep TensorFlow's default
+(`describe()` says which it is).
 """
 import os
 import platform
@@ -36,8 +40,31 @@ def cpu_flags(cpuinfo="/proc/cpuinfo"):
     return set()
 
 
+def _choice(environ, cpuinfo):
+    """(what the process runs, whether tfnmt should set TF_ENABLE_ONEDNN_OPTS=1 for training)."""
+    if environ.get(SET_BY_TFNMT) and environ.get(ENV) == "1":
+        return "oneDNN (set by tfnmt)", False  # a re-executed process, or a child of train.py
+    given = environ.get(ENV, "").strip()
+    if given:
+        on = given.lower() in ("1", "true")
+        return f"{'oneDNN' if on else 'Eigen'} ({ENV}={given})", False
+    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
+        return "TensorFlow's default", False
+    features = cpu_flags(cpuinfo)
+    if features & TENSORFLOW_ONEDNN_FEATURES:
+        return "oneDNN (TensorFlow's default here)", False
+    if not {"avx2", "fma"} <= features:
+        return "TensorFlow's default", False
+    return "Eigen (TensorFlow's default here)", True
+
+
+def describe(environ=os.environ, cpuinfo="/proc/cpuinfo"):
+    """What TensorFlow will run in this process, for the log (see `use_onednn`), unchanged."""
+    return _choice(environ, cpuinfo)[0]
+
+
 def use_onednn(environ=os.environ, cpuinfo="/proc/cpuinfo"):
-    """Turns TensorFlow's oneDNN kernels on where they help and TensorFlow leaves them off.
+    """Turns TensorFlow's oneDNN kernels on for training where TensorFlow leaves them off.
 
     Must run before TensorFlow is imported (TensorFlow reads the variable once).
 
@@ -50,19 +77,9 @@ def use_onednn(environ=os.environ, cpuinfo="/proc/cpuinfo"):
       (TensorFlow's default here)", "oneDNN (TF_ENABLE_ONEDNN_OPTS=1)", "Eigen
       (TF_ENABLE_ONEDNN_OPTS=0)", or "TensorFlow's default" on other platforms and CPUs.
     """
-    if environ.get(SET_BY_TFNMT) and environ.get(ENV) == "1":
-        return "oneDNN (set by tfnmt)"  # a re-executed process, or a child of an entry point
-    given = environ.get(ENV, "").strip()
-    if given:
-        on = given.lower() in ("1", "true")
-        return f"{'oneDNN' if on else 'Eigen'} ({ENV}={given})"
-    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
-        return "TensorFlow's default"
-    features = cpu_flags(cpuinfo)
-    if features & TENSORFLOW_ONEDNN_FEATURES:
-        return "oneDNN (TensorFlow's default here)"
-    if not {"avx2", "fma"} <= features:
-        return "TensorFlow's default"
+    description, turn_on = _choice(environ, cpuinfo)
+    if not turn_on:
+        return description
     environ[ENV] = "1"
     environ[SET_BY_TFNMT] = "1"
     return "oneDNN (set by tfnmt)"

@@ -351,7 +351,7 @@ def final_report(settings, dev_metrics):
 def run():
     """The `train.py` / `tfnmt-train` command."""
     logging.set_verbosity(logging.WARNING)
-    cli.run(main, __doc__)
+    cli.run(main, __doc__, training=True)
 
 
 if __name__ == "__main__":
