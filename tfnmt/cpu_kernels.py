@@ -3,7 +3,7 @@
 TensorFlow turns its oneDNN kernels on by default only on x86 CPUs with AVX512_VNNI,
 AVX512-BF16, AVX-VNNI or AMX; on the many CPUs with AVX2 and FMA but none of those it runs
 Eigen's. There oneDNN's large float32 matrix products are faster, and training gains: on an
-AMD EPYC with AVX2 only (2 cores) 2048^3 products ran 1.3-1.4x Eigen's rate and the `cpu`
+AMD EPYC with AVX2 only (2 cores) 2048^3 products ran 1.2-1.4x Eigen's rate and the `cpu`
 preset trained 1.12-1.17x as many target tokens/s. Decoding's many small products lose:
 the same machine's beam search ran 0.88x and greedy search 0.74x as fast with oneDNN
 (bench/README.md). oneDNN has no bf16 kernels below AVX-512 and leaves bf16 ops to Eigen

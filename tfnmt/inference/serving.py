@@ -48,9 +48,8 @@ def search_bounds(batch, groups, gpu_files=GPU_DEVICE_FILES):
     On a CPU, `groups` consecutive groups whose sizes differ by at most one (some empty when
     `batch` is smaller). Where one of `gpu_files` exists on the machine that runs the graph,
     all rows go to the first group and the others are empty: a GPU runs one search of the
-    whole chunk faster than several searches of its parts. Read where the graph runs (a
-    Python-side check would see the exporting machine); TensorFlow's graph optimizer folds the
-    check into a constant when a process first runs the graph.
+    whole chunk faster than several searches of its parts. The files are looked for where the
+    graph runs (a Python-side check would see the exporting machine).
 
     Args:
       batch: int32 scalar, the chunk's rows.
