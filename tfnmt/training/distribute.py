@@ -5,6 +5,8 @@ import os
 import keras
 import tensorflow as tf
 
+from tfnmt import cpu_kernels
+
 
 def split_cpu(num_devices):
     """Exposes the CPU as several logical devices (mirrored training without GPUs, e.g. in tests).
@@ -128,12 +130,7 @@ def cpu_has_bf16(cpuinfo="/proc/cpuinfo"):
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if cap and not any(word in cap for word in _BF16_ISA_WORDS):
         return False
-    try:
-        with open(cpuinfo) as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+    return any(flag in cpu_kernels.cpu_flags(cpuinfo) for flag in NATIVE_BF16_FLAGS)
 
 
 def bf16_matmul_speedup(rows=1024, depth=256, cols=1024, repeats=5):
