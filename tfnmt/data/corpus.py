@@ -165,6 +165,9 @@ def tfds_split_name(split):
     return {"dev": "validation"}.get(split, split)
 
 
+TFDS_READ_BATCH = 1024  # pairs read from a TFDS dataset at once
+
+
 def read_tfds(name, split, data_dir=None, download=True):
     """Reads pairs from a TFDS translation dataset, in its supervised_keys order
     (`wmt14_translate/de-en` gives German -> English, `ted_hrlr_translate/pt_to_en`
@@ -207,8 +210,11 @@ def read_tfds(name, split, data_dir=None, download=True):
     except (KeyError, ValueError) as error:
         raise CorpusError(f"dataset {name!r} has no {split!r} split "
                           f"(it has {', '.join(builder.info.splits)}): {error}") from None
-    for source, target in dataset.as_numpy_iterator():
-        yield source.decode("utf-8", "replace"), target.decode("utf-8", "replace")
+    # Batches cross into Python: one element at a time costs ~0.3 ms of tf.data overhead each
+    # (a minute for the embedded corpus' 47k pairs read twice, hours for WMT).
+    for sources, targets in dataset.batch(TFDS_READ_BATCH).as_numpy_iterator():
+        for source, target in zip(sources, targets):
+            yield source.decode("utf-8", "replace"), target.decode("utf-8", "replace")
 
 
 def train_specs(files):
