@@ -272,7 +272,8 @@ def run_tfnmt(work, budgets):
         command = [sys.executable, os.path.join(ROOT, "train.py"), f"--model_dir={model_dir}",
                    f"--train_steps={steps}", "--eval_every=0",
                    f"--checkpoint_every={FLAGS.checkpoint_steps}", "--keep_checkpoints=10000",
-                   f"--mixed_precision={FLAGS.mixed_precision}", "--test_report=false"]
+                   f"--mixed_precision={FLAGS.mixed_precision}", "--test_report=false",
+                   "--alpha=0.6"]  # both systems are scored with alpha 0.6
         start = train_until(command, minutes * 60, os.path.join(work, f"{name}.log"), os.environ)
         return model_dir, checkpoint_times(os.path.join(model_dir, "checkpoints"), start,
                                            r"ckpt-(\d+)\.index")

@@ -23,7 +23,8 @@ def train_flags(small_corpus, train_data, model_dir, **overrides):
              "dev_files": small_corpus["dev"], "data_dir": train_data, "vocab_size": 600,
              "preset": "tiny", "batch_tokens": 512, "max_length": 64, "train_steps": 12,
              "warmup_steps": 5, "log_every": 4, "checkpoint_every": 4, "eval_every": 8,
-             "bleu_sentences": 8, "average_last": 3}
+             "bleu_sentences": 8, "average_last": 3,
+             "alpha": 0.6}  # None: train.py's default, chosen on dev at the end
     flags.update(overrides)
     return ["train.py"] + [f"--{k}={v}" for k, v in flags.items() if v is not None]
 

@@ -14,6 +14,7 @@ import tensorflow as tf
 from helpers import ROOT, python, teacher_forced_log_prob, train_flags
 from tfnmt import cpu_kernels, fast_ops
 from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes
+from tfnmt.inference import length_penalty
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
 from tfnmt.training.distribute import PreReducedAdam
@@ -248,8 +249,8 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     # report on it.
     test_tsv = tmp_path / "test.tsv"
     test_tsv.write_text("".join(open(small_corpus["dev"]).readlines()[:12]), encoding="utf-8")
-    result = python(*train_flags(small_corpus, None, "run", test_files=str(test_tsv)),
-                    cwd=str(tmp_path))
+    result = python(*train_flags(small_corpus, None, "run", test_files=str(test_tsv),
+                                 alpha=None), cwd=str(tmp_path))
     model_dir = str(tmp_path / "run")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step     12/12 | loss" in result.stdout and "tgt tok/s | RSS " in result.stdout
@@ -261,8 +262,16 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     test = report["test"]
     assert test["sentences"] == 12 and test["beam_size"] == 4
     assert test["checkpoint"] == os.path.join("averaged", "ckpt-12")  # what export.py exports
-    assert f"test (12 sentences, beam 4, {test['checkpoint']}): sacreBLEU {test['bleu']:.2f}" \
-        in result.stdout
+    # The length penalty: chosen on dev for that checkpoint, kept for export.py and the others.
+    choice = json.load(open(os.path.join(model_dir, "decoding.json")))
+    assert choice["chosen_on"] == "dev" and choice["checkpoint"] == test["checkpoint"]
+    tried = {float(a): bleu for a, bleu in choice["dev_bleu"].items()}
+    assert list(tried) == list(length_penalty.ALPHA_GRID[:len(tried)])
+    assert choice["alpha"] == test["alpha"] == max(tried, key=tried.get)
+    assert (f"length penalty: {test['alpha']:g}, chosen on dev (beam 4, sacreBLEU "
+            f"0.6: {tried[0.6]:.2f}") in result.stdout
+    assert (f"test (12 sentences, beam 4, length penalty {test['alpha']:g}, "
+            f"{test['checkpoint']}): sacreBLEU {test['bleu']:.2f}") in result.stdout
     assert test["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     pairs = [[side.strip() for side in line.split("\t")[:2]]
              for line in test_tsv.open(encoding="utf-8")]
@@ -461,6 +470,7 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--train_minutes=5 --train_steps=100", "give --train_steps or --train_minutes, not both"),
     ("--train_minutes=5 --strategy=multi_worker", "the workers of a cluster need --train_steps"),
     ("--train_minutes=-1", "--train_minutes must be >= 0"),
+    ("--alpha=short", "--alpha: give auto or a number >= 0"),
 ])
 def test_bad_flags_fail_fast(flag, message, tmp_path):
     result = python("train.py", f"--model_dir={tmp_path}", *flag.split(), timeout=60)

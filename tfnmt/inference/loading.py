@@ -25,14 +25,15 @@ def latest_export(path):
     return os.path.join(path, str(version))
 
 
-def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=0.6, checkpoint="auto",
+def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=None, checkpoint="auto",
                       beam_stop="finished"):
     """A translation function from a model_dir's checkpoint or from an export.
 
     Args:
       model_dir: a training directory (used when `export` is not given).
       export: an export version directory, or an export_dir (its newest version).
-      beam_size, alpha, beam_stop: beam settings for a model_dir (an export keeps its own).
+      beam_size, alpha, beam_stop: beam settings for a model_dir (an export keeps its own);
+        alpha None: the model_dir's (`length_penalty.default_alpha`).
       checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
 
     Returns:
@@ -42,7 +43,7 @@ def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=0.6, check
                            beam_stop=beam_stop)["serving_default"]
 
 
-def load_signatures(model_dir=None, export=None, beam_size=4, alpha=0.6, checkpoint="auto",
+def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkpoint="auto",
                     n_best=1, sampling=None, beam_stop="finished"):
     """The translator's signatures as Python functions, from a model_dir's checkpoint or from
     an export (the signatures it has).
@@ -51,7 +52,7 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=0.6, checkpo
       model_dir: a training directory (used when `export` is not given).
       export: an export version directory, or an export_dir (its newest version).
       beam_size, alpha, n_best, beam_stop: beam settings for a model_dir (an export keeps its
-        own).
+        own); alpha None: the model_dir's (`length_penalty.default_alpha`).
       checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
       sampling: for a model_dir, draw translations at random (`TranslationModule`'s).
 
@@ -69,8 +70,10 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=0.6, checkpo
         run = {name: _from_strings(signatures[name]) for name in signatures}
     else:
         from tfnmt.checkpoints import load_model
+        from tfnmt.inference.length_penalty import default_alpha
 
         model, vocab, _ = load_model(model_dir, checkpoint)
+        alpha = default_alpha(model_dir)[0] if alpha is None else alpha
         module = TranslationModule(model, vocab, beam_size, alpha, n_best=n_best,
                                    sampling=sampling, beam_stop=beam_stop)
         # A tf.function method holds its instance weakly: the functions keep `module` alive.

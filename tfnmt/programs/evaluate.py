@@ -36,7 +36,8 @@ flags.DEFINE_string("reference", None, "Reference translations, line-aligned wit
 flags.DEFINE_string("hypotheses", None, "Score these translations (one per line) against "
                     "--reference, translating nothing.")
 flags.DEFINE_integer("beam_size", 4, "Beam size (checkpoints only).")
-flags.DEFINE_float("alpha", 0.6, "Length penalty exponent (checkpoints only).")
+flags.DEFINE_float("alpha", None, "Length penalty exponent (checkpoints only; default: the "
+                   "one train.py chose on dev, <model_dir>/decoding.json, else 0.6).")
 cli.define_beam_stop_flag("Checkpoints only: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 flags.DEFINE_string("output", None, "Also write the translations here, one per line.")

@@ -44,7 +44,8 @@ flags.DEFINE_enum("quantization", "none", ["none", "int8", "int8_float32", "int1
 flags.DEFINE_integer("version", None, "Version number (default: the next integer); an "
                      "existing version is never overwritten.")
 flags.DEFINE_integer("beam_size", 4, "Beam size (paper: 4).")
-flags.DEFINE_float("alpha", 0.6, "GNMT length penalty exponent (paper: 0.6).")
+flags.DEFINE_float("alpha", None, "GNMT length penalty exponent (default: the one train.py "
+                   "chose on dev, in <model_dir>/decoding.json, else the paper's 0.6).")
 cli.define_beam_stop_flag()
 flags.DEFINE_integer("max_decode_length", 0, "Cap on output subwords (0: source length + 50).")
 flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtype of the "
@@ -64,7 +65,7 @@ flags.DEFINE_bool("check", True, "Before publishing, load the export and transla
 flags.register_validator("beam_size", lambda v: v >= 1, "--beam_size must be >= 1")
 flags.register_validator("chunk_size", lambda v: v >= 1, "--chunk_size must be >= 1")
 flags.register_validator("max_decode_length", lambda v: v >= 0, "--max_decode_length must be >= 0")
-flags.register_validator("alpha", lambda v: v >= 0, "--alpha must be >= 0")
+flags.register_validator("alpha", lambda v: v is None or v >= 0, "--alpha must be >= 0")
 flags.register_validator("parallel_searches", lambda v: v >= 1, "--parallel_searches must be >= 1")
 
 
@@ -87,6 +88,7 @@ def main(argv):
     import tensorflow as tf
 
     from tfnmt import checkpoints
+    from tfnmt.inference import length_penalty
     from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
     from tfnmt.inference.serving import TranslationModule
 
@@ -99,7 +101,10 @@ def main(argv):
         raise app.UsageError(str(error))
     if FLAGS.format == "ctranslate2":
         return export_ctranslate2(model, vocab, path)
-    module = TranslationModule(model, vocab, FLAGS.beam_size, FLAGS.alpha,
+    alpha, source = (FLAGS.alpha, "--alpha") if FLAGS.alpha is not None \
+        else length_penalty.default_alpha(FLAGS.model_dir)
+    print(f"length penalty {alpha:g} ({source})", flush=True)
+    module = TranslationModule(model, vocab, FLAGS.beam_size, alpha,
                                FLAGS.max_decode_length, FLAGS.n_best,
                                parallel_searches=FLAGS.parallel_searches,
                                matmul_dtype=FLAGS.matmul_dtype, chunk_size=FLAGS.chunk_size,

@@ -36,7 +36,8 @@ flags.DEFINE_string("checkpoint", "auto", "With --model_dir: auto (averaged, els
 flags.DEFINE_string("input", "-", "Input file, one sentence per line ('-': stdin).")
 flags.DEFINE_string("output", "-", "Output file ('-': stdout).")
 flags.DEFINE_integer("beam_size", 4, "With --model_dir: beam size.")
-flags.DEFINE_float("alpha", 0.6, "With --model_dir: length penalty exponent.")
+flags.DEFINE_float("alpha", None, "With --model_dir: length penalty exponent (default: the one "
+                   "train.py chose on dev, <model_dir>/decoding.json, else 0.6).")
 cli.define_beam_stop_flag("With --model_dir: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 flags.DEFINE_integer("n_best", 1, "Translations per sentence, best first (<= --beam_size; "

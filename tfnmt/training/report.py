@@ -8,7 +8,9 @@ import os
 from tfnmt import paths
 from tfnmt.checkpoints import load_model
 from tfnmt.data.corpus import read_corpus
-from tfnmt.inference.evaluation import corpus_scores, translate_lines
+from tfnmt.data.vocabulary import Vocabulary
+from tfnmt.inference import length_penalty
+from tfnmt.inference.evaluation import Translator, corpus_scores, translate_lines
 from tfnmt.inference.serving import TranslationModule
 
 SAMPLES = 3
@@ -34,6 +36,46 @@ def pick_samples(pairs, count=SAMPLES, min_words=6, max_words=20):
         return []
     step = len(pool) / min(count, len(pool))
     return [pool[int(step * k + step / 2)] for k in range(min(count, len(pool)))]
+
+
+def choose_length_penalty(model_dir, settings, beam_size=4, batch_size=64,
+                          grid=length_penalty.ALPHA_GRID):
+    """Chooses the beam search's length penalty on the dev split for the checkpoint export.py
+    exports by default (`length_penalty.choose_alpha`) and writes it to
+    <model_dir>/decoding.json.
+
+    Args:
+      model_dir: the run's model_dir.
+      settings: the run's settings (its data section names the dev split).
+      beam_size: the beam's width (as served).
+      batch_size: sentences translated at once.
+      grid: the alphas to try, in increasing order.
+
+    Returns:
+      (alpha, {alpha: dev sacreBLEU}); (None, {}) when the dev split holds no pairs.
+    """
+    import tensorflow as tf
+
+    d = settings["data"]
+    pairs = list(read_corpus(d["dataset"], "dev", (d.get("files") or {}).get("dev"),
+                             d.get("tfds_data_dir")))
+    if not pairs:
+        return None, {}
+    model, _, checkpoint = load_model(model_dir)
+    vocabulary = Vocabulary.from_dir(model_dir, d.get("separate_vocabularies", False))
+    alpha = tf.Variable(grid[0], trainable=False, dtype=tf.float32)  # one trace for all
+    translator = Translator(model, vocabulary, batch_size=batch_size,
+                            beam_size=beam_size, alpha=alpha)
+    sources = [s for s, _ in pairs]
+
+    def translate_with(value):
+        alpha.assign(value)
+        return translator.translate(sources)
+
+    best, scores = length_penalty.choose_alpha(translate_with, [t for _, t in pairs], grid)
+    length_penalty.write_choice(model_dir, best, beam_size, scores,
+                                os.path.relpath(checkpoint, model_dir))
+    return best, scores
 
 
 def test_report(model_dir, settings, beam_size=4, alpha=0.6, batch_size=64):
@@ -102,7 +144,8 @@ def format_report(report, model_dir):
     lines = []
     if report:
         lines.append(f"test ({report['sentences']:,d} sentences, beam {report['beam_size']}, "
-                     f"{report['checkpoint']}): sacreBLEU {report['bleu']:.2f} | chrF "
+                     f"length penalty {report['alpha']:g}, {report['checkpoint']}): sacreBLEU "
+                     f"{report['bleu']:.2f} | chrF "
                      f"{report['chrf']:.2f}")
         lines.append(f"  BLEU  {report['bleu_signature']}")
         lines.append(f"  chrF2 {report['chrf_signature']}")

@@ -1,0 +1,96 @@
+"""The length penalty chosen on dev (tfnmt/inference/length_penalty.py) and its use."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import sacrebleu
+import tensorflow as tf
+
+from tfnmt.checkpoints import load_model
+from tfnmt.data.vocabulary import Vocabulary
+from tfnmt.inference import length_penalty, loading
+from tfnmt.inference.evaluation import Translator
+
+REFERENCES = ["the house is red and old .", "he spoke to them at night .", "good morning to all ."]
+# Translations that grow with alpha: too short, right, too long.
+BY_ALPHA = {0.6: ["the house .", "he spoke .", "good morning ."],
+            1.0: ["the house is red .", "he spoke to them .", "good morning to all ."],
+            1.4: ["the house is red and old .", "he spoke to them at night .",
+                  "good morning to all ."],
+            1.8: ["the house is red and old and big .", "he spoke to them at night and day .",
+                  "good morning to all of you ."]}
+
+
+def test_the_best_alpha_of_the_grid_is_chosen_and_the_search_stops_after_it():
+    tried = []
+
+    def translate_with(alpha):
+        tried.append(alpha)
+        return BY_ALPHA[alpha]
+
+    best, scores = length_penalty.choose_alpha(translate_with, REFERENCES, tuple(BY_ALPHA))
+    expected = {a: sacrebleu.corpus_bleu(BY_ALPHA[a], [REFERENCES]).score for a in BY_ALPHA}
+    assert best == max(expected, key=expected.get) == 1.4
+    assert tried == [0.6, 1.0, 1.4, 1.8]  # 1.8 scores below 1.4: the last one tried
+    assert scores == pytest.approx({a: expected[a] for a in tried})
+    # Stops at the first alpha no better than the one before; a tie keeps the smaller.
+    tried.clear()
+    flat = {0.6: BY_ALPHA[1.0], 1.0: BY_ALPHA[1.0], 1.4: BY_ALPHA[1.4]}
+    best, scores = length_penalty.choose_alpha(lambda a: tried.append(a) or flat[a], REFERENCES,
+                                               tuple(flat))
+    assert best == 0.6 and tried == [0.6, 1.0] and set(scores) == {0.6, 1.0}
+
+
+@pytest.mark.parametrize("text,expected", [("auto", None), ("AUTO", None), ("1.4", 1.4),
+                                           ("0", 0.0)])
+def test_parse_alpha(text, expected):
+    assert length_penalty.parse_alpha(text) == expected
+
+
+@pytest.mark.parametrize("text", ["-0.5", "nan", "long", ""])
+def test_parse_alpha_refuses(text):
+    with pytest.raises(ValueError, match="give auto or a number >= 0"):
+        length_penalty.parse_alpha(text)
+
+
+def test_a_model_dir_keeps_its_choice(tmp_path):
+    assert length_penalty.default_alpha(str(tmp_path)) == (0.6, "the paper's")
+    length_penalty.write_choice(str(tmp_path), 1.4, 4, {0.6: 9.18, 1.0: 9.734, 1.4: 10.09},
+                                "best/ckpt-10")
+    path = os.path.join(str(tmp_path), "decoding.json")
+    assert length_penalty.default_alpha(str(tmp_path)) == (1.4, f"from {path}")
+    assert json.load(open(path)) == {"alpha": 1.4, "beam_size": 4, "chosen_on": "dev",
+                                     "checkpoint": "best/ckpt-10",
+                                     "dev_bleu": {"0.6": 9.18, "1": 9.73, "1.4": 10.09}}
+    length_penalty.write_choice(str(tmp_path), 0.0)  # train.py --alpha=0
+    assert json.load(open(path)) == {"alpha": 0.0, "beam_size": 4, "chosen_on": "--alpha"}
+    with open(path, "w") as f:
+        f.write("{not json")
+    assert length_penalty.default_alpha(str(tmp_path)) == (0.6, f"the paper's; {path} is "
+                                                                "unreadable")
+
+
+def test_one_trace_searches_with_whatever_alpha_its_variable_holds(tiny_model_dir, tmp_path):
+    model, _, _ = load_model(tiny_model_dir)
+    vocabulary = Vocabulary.from_dir(tiny_model_dir, separate=False)
+    sentences = ["Das ist ein Haus.", "Guten Morgen!", "Er sprach zu ihnen in der Nacht."]
+    alpha = tf.Variable(0.0, trainable=False)
+    shared = Translator(model, vocabulary, beam_size=3, alpha=alpha)
+    results = {}
+    for value in (0.0, 2.0):
+        alpha.assign(value)
+        got = shared.translate_batch(sentences)
+        want = Translator(model, vocabulary, beam_size=3, alpha=value).translate_batch(sentences)
+        assert list(got[0].numpy()) == list(want[0].numpy())
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+        results[value] = got[1].numpy()
+    assert np.abs(results[0.0] - results[2.0]).min() > 1e-3  # the penalty did change
+    # A model_dir's decoding.json is the default of the Python loaders (translate.py,
+    # evaluate.py), as of export.py.
+    chosen = str(tmp_path / "chosen")
+    shutil.copytree(tiny_model_dir, chosen)
+    length_penalty.write_choice(chosen, 2.0)
+    _, scores = loading.load_translate_fn(chosen, beam_size=3)(sentences)
+    np.testing.assert_allclose(scores, results[2.0], rtol=1e-5)

@@ -1,0 +1,101 @@
+"""The beam search's length penalty chosen on the dev split, for one trained model.
+
+A model trained for a few thousand updates ends its translations early: on the main job's
+dev split, beam 4 with the paper's alpha 0.6 gives outputs ~15% shorter than the references,
+and sacreBLEU's brevity penalty takes a point or more. At the end of a run `train.py`
+translates the dev split with beam 4 under each alpha of a small grid, keeps the best
+(`choose_alpha`) and writes it to <model_dir>/decoding.json; export.py, translate.py and
+evaluate.py take it as their `--alpha` for that model_dir unless one is given
+(`default_alpha`).
+
+    python train.py --alpha=auto      # the default: chosen on dev at the end of the run
+    python train.py --alpha=0.6       # fixed
+"""
+import json
+import os
+
+from tfnmt.paths import DECODING
+
+PAPER_ALPHA = 0.6
+# Tried in order until one scores no better than the one before.
+ALPHA_GRID = (0.6, 1.0, 1.4, 1.8)
+
+
+def parse_alpha(text):
+    """train.py's --alpha: "auto" -> None (choose on dev), else a float >= 0.
+
+    Raises:
+      ValueError: neither "auto" nor a number >= 0.
+    """
+    if str(text).strip().lower() == "auto":
+        return None
+    try:
+        alpha = float(text)
+    except ValueError:
+        alpha = -1.0
+    if not alpha >= 0:  # also NaN
+        raise ValueError(f"--alpha={text}: give auto or a number >= 0")
+    return alpha
+
+
+def choose_alpha(translate_with, references, grid=ALPHA_GRID):
+    """The grid's alpha whose translations score the highest sacreBLEU.
+
+    Args:
+      translate_with: a function alpha -> translations (a list of str, one per reference).
+      references: the references.
+      grid: alphas in increasing order. Scores rise with alpha while the outputs are too
+        short and fall once they are too long, so the search stops at the first alpha that
+        does not score above the one before (a tie keeps the smaller).
+
+    Returns:
+      (the best alpha, {alpha: sacreBLEU} of the alphas tried).
+    """
+    from tfnmt.inference.evaluation import corpus_scores
+
+    scores, best = {}, None
+    for alpha in grid:
+        scores[alpha] = corpus_scores(translate_with(alpha), references)["bleu"]
+        if best is not None and scores[alpha] <= scores[best]:
+            break
+        best = alpha
+    return best, scores
+
+
+def write_choice(model_dir, alpha, beam_size=4, scores=None, checkpoint=None):
+    """Writes <model_dir>/decoding.json (atomically).
+
+    Args:
+      model_dir: the run's directory.
+      alpha: the length penalty to decode this model with.
+      beam_size: the beam it was chosen with.
+      scores: {alpha: dev sacreBLEU} when chosen on dev; None when given (train.py --alpha).
+      checkpoint: the checkpoint it was chosen for, relative to model_dir.
+    """
+    choice = {"alpha": alpha, "beam_size": beam_size, "chosen_on": "dev" if scores else "--alpha"}
+    if scores:
+        choice.update(checkpoint=checkpoint,
+                      dev_bleu={f"{a:g}": round(s, 2) for a, s in scores.items()})
+    path = os.path.join(model_dir, DECODING)
+    with open(path + ".tmp", "w") as f:
+        json.dump(choice, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def default_alpha(model_dir):
+    """The alpha to search with for a model_dir: the one decoding.json holds, else 0.6.
+
+    Returns:
+      (alpha, where it came from, for the log).
+    """
+    path = os.path.join(model_dir, DECODING) if model_dir else None
+    if path and os.path.exists(path):
+        try:
+            with open(path) as f:
+                alpha = float(json.load(f)["alpha"])
+            if alpha >= 0:
+                return alpha, f"from {path}"
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable: the paper's value, said so
+        return PAPER_ALPHA, f"the paper's; {path} is unreadable"
+    return PAPER_ALPHA, "the paper's"
