@@ -496,6 +496,7 @@ def test_export_command_matmul_dtype(tiny_model_dir, tmp_path):
 
     result = export("--parallel_searches=1")  # auto (the default); one search per dtype
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "length penalty 0.6 (the paper's)" in result.stdout  # no decoding.json there
     assert result.stdout.strip().endswith(
         f"export{os.sep}1 (weight matmuls: bfloat16 where the serving CPU times it faster, "
         "else float32)")

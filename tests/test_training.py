@@ -375,7 +375,8 @@ def test_a_time_budget_plans_the_run_and_a_resumed_run_keeps_the_plan(small_corp
     assert tf.train.latest_checkpoint(checkpoints).endswith(f"ckpt-{steps}")
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(checkpoints))
     assert int(reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == steps
-    again = python("train.py", f"--model_dir={model_dir}", f"--data_dir={train_data}")
+    again = python("train.py", f"--model_dir={model_dir}", f"--data_dir={train_data}",
+                   "--alpha=0.6")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout and f"at step {steps}" in again.stdout
     assert "planned" not in again.stdout and "planning" not in again.stdout

@@ -114,7 +114,9 @@ class Translator:
             ids, scores = beam_search(model, source, beam_size, alpha)
             return ids[:, 0], scores[:, 0]
 
-        self._decode = tf.function(decode, reduce_retracing=True, autograph=False)
+        # One trace for every batch shape (a search traces for seconds).
+        self._decode = tf.function(decode, autograph=False,
+                                   input_signature=[tf.TensorSpec([None, None], tf.int32)])
 
     def source_ids(self, sentences):
         """Model inputs of sentences.

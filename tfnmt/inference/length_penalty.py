@@ -18,7 +18,7 @@ from tfnmt.paths import DECODING
 
 PAPER_ALPHA = 0.6
 # Tried in order until one scores no better than the one before.
-ALPHA_GRID = (0.6, 1.0, 1.4, 1.8)
+ALPHA_GRID = (0.6, 1.2, 1.8, 2.4)
 
 
 def parse_alpha(text):

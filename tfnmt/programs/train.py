@@ -1,8 +1,9 @@
 """Train a Transformer translation model (tfnmt).
 
-With no flags: the `cpu` preset on the embedded German->English corpus for 12 minutes of
-training (as many updates as this CPU does in them), then dev scores and a report on the test
-split (beam 4: sacreBLEU, chrF, sample translations, the commands to export and translate).
+With no flags: the `cpu` preset on the embedded German->English corpus for 11.5 minutes of
+training (as many updates as this CPU does in them), then dev scores, the length penalty chosen
+on dev and a report on the test split (beam 4: sacreBLEU, chrF, sample translations, the
+commands to export and translate).
 Re-running the same command resumes from the newest checkpoint in --model_dir. Flags not given
 on the command line take the values saved in <model_dir>/settings.json (a time-budgeted run
 saves the number of updates it planned). A resumed run may change only --train_steps,
@@ -95,7 +96,7 @@ flags.DEFINE_integer("train_steps", None, "Total optimizer updates; a resumed ru
                      "(default: the preset's, or what --train_minutes plans).")
 flags.DEFINE_float("train_minutes", None, "Train for about this many minutes (dev evaluations "
                    "not counted), planning the number of updates from their pace (default: the "
-                   "preset's: 12 for cpu, else 0 = --train_steps).")
+                   "preset's: 11.5 for cpu, else 0 = --train_steps).")
 flags.DEFINE_integer("warmup_steps", None, "Noam warm-up steps (default: the preset's; "
                      "paper: 4000 with 25k-token batches).")
 flags.DEFINE_float("lr_scale", None, "Multiplier of the Noam learning rate (default: the "
@@ -148,7 +149,7 @@ flags.DEFINE_bool("test_report", True, "At the end, translate the test split wit
                   "export.py serves) and print test sacreBLEU/chrF and sample translations.")
 flags.DEFINE_string("alpha", "auto", "Length penalty of beam search for this model_dir (the test "
                     "report; export.py, translate.py, evaluate.py): auto (default) chooses it on "
-                    "dev at the end among 0.6, 1.0, 1.4, 1.8; a number fixes it.")
+                    "dev at the end among 0.6, 1.2, 1.8, 2.4; a number fixes it.")
 flags.DEFINE_integer("average_last", 0, "Average the last N checkpoints at the end (paper: 5 "
                      "for base, 20 for big, near convergence; 0 or 1: no averaging). Off for the "
                      "short default run: averaging a still-improving model lowers its BLEU.")
