@@ -174,7 +174,8 @@ for _name in POSITIVE:
     flags.register_validator(_name, lambda v: v is None or v > 0, f"--{_name} must be positive")
 for _name in ("eval_every", "bleu_sentences", "average_last", "early_stopping"):
     flags.register_validator(_name, lambda v: v is None or v >= 0, f"--{_name} must be >= 0")
-flags.register_validator("alpha", lambda v: _valid_alpha(v), "--alpha: give auto or a number >= 0")
+flags.register_validator("alpha", lambda v: _valid_alpha(v),  # defined below
+                         "--alpha: give auto or a number >= 0")
 flags.register_validator("label_smoothing", lambda v: 0.0 <= v < 1.0,
                          "--label_smoothing must be in [0, 1)")
 flags.register_validator("clip_norm", lambda v: v >= 0.0, "--clip_norm must be >= 0")
@@ -351,9 +352,8 @@ def final_report(settings, dev_metrics):
     import keras
 
     from tfnmt.data.corpus import CorpusError
-    from tfnmt.training import report
-
     from tfnmt.inference import length_penalty
+    from tfnmt.training import report
 
     keras.config.set_dtype_policy("float32")  # the model as exported
     result = None
