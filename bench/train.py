@@ -57,7 +57,7 @@ def main(argv):
 
     from tfnmt.data import pipeline
     from tfnmt.data.special_tokens import PAD_ID
-    from tfnmt.training.distribute import resolve_mixed_precision
+    from tfnmt.training.distribute import batch_iterator, resolve_mixed_precision
 
     result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS, "tensorflow": tf.__version__,
               "preset": FLAGS.preset, "batch_tokens": FLAGS.batch_tokens,
@@ -95,7 +95,7 @@ def main(argv):
         step_flops.append(3 * forward_flops(source_lengths.numpy(), target_lengths.numpy(),
                                             settings))
         step_shapes.append((*batch["source"].shape, batch["target_in"].shape[1]))  # B, S, T
-    iterator = iter(trainer.strategy.experimental_distribute_dataset(dataset()))
+    iterator = batch_iterator(trainer.strategy, lambda _: dataset())  # as train.py reads
 
     start = time.perf_counter()
     for _ in range(FLAGS.warmup):

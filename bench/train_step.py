@@ -31,15 +31,15 @@ def main(argv):
     del argv
     import tensorflow as tf
 
-    from tfnmt.training.distribute import resolve_mixed_precision
+    from tfnmt.training.distribute import batch_iterator, resolve_mixed_precision
 
     precision = resolve_mixed_precision(FLAGS.mixed_precision)
     _, trainer = build_trainer(FLAGS.preset, precision, FLAGS.vocab_size, FLAGS.jit_compile)
     ids = tf.random.stateless_uniform([FLAGS.batch, FLAGS.length], [1, 2], 4, FLAGS.vocab_size,
                                       tf.int32)  # [B, T], no special ids
     batch = {"source": ids, "target_in": ids, "target_out": ids}
-    iterator = iter(trainer.strategy.experimental_distribute_dataset(
-        tf.data.Dataset.from_tensors(batch).repeat()))
+    iterator = batch_iterator(trainer.strategy,
+                              lambda _: tf.data.Dataset.from_tensors(batch).repeat())
     for _ in range(FLAGS.warmup):
         trainer.train_step(iterator)["loss"].numpy()
     times = []

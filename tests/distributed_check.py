@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfnmt.training.distribute import PreReducedAdam, split_cpu  # noqa: E402
+from tfnmt.training.distribute import PreReducedAdam, batch_iterator, split_cpu  # noqa: E402
 
 split_cpu(2)
 
@@ -51,7 +51,11 @@ def one_step(strategy, weights):
         optimizer.build(model.trainable_variables)
     trainer = Trainer(model, optimizer, strategy, label_smoothing=0.1)
     dataset = tf.data.Dataset.from_tensors(global_batch()).repeat()
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    # One device reads the global batch as train.py reads its batches (a plain tf.data
+    # iterator); two replicas get halves of it through tf.distribute.
+    iterator = batch_iterator(strategy, lambda _: dataset) \
+        if strategy.num_replicas_in_sync == 1 else \
+        iter(strategy.experimental_distribute_dataset(dataset))
 
     @tf.function
     def gradients(iterator):

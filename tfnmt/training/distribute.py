@@ -62,6 +62,29 @@ def make_strategy(name="auto"):
     raise ValueError(f"unknown strategy {name!r}")
 
 
+def batch_iterator(strategy, dataset_fn):
+    """An iterator over each replica's training batches, for `Trainer`.
+
+    One replica on the CPU reads its tf.data pipeline directly. tf.distribute's
+    MultiDeviceIterator would add a host buffer that copies nothing anywhere, and deleting it
+    at the end of a run waits for the autotuning thread of each per-device pipeline (up to a
+    minute: that thread wakes only at the end of its optimisation period).
+
+    Args:
+      strategy: the training strategy.
+      dataset_fn: `InputContext -> tf.data.Dataset` of one replica's batches.
+
+    Returns:
+      An iterator whose `next()` gives one update's batch for each replica.
+    """
+    devices = strategy.extended.worker_devices
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy) and \
+            tf.DeviceSpec.from_string(devices[0]).device_type == "CPU":
+        with tf.device(devices[0]):
+            return iter(dataset_fn(tf.distribute.InputContext()))
+    return iter(strategy.distribute_datasets_from_function(dataset_fn))
+
+
 def task_role(strategy):
     """This process's role in its cluster.
 

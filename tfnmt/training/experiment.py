@@ -27,7 +27,8 @@ from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS
 from tfnmt.training import fine_tune
 from tfnmt.training.budget import TrainingBudget
 from tfnmt.training.best import BestCheckpoint
-from tfnmt.training.distribute import PreReducedAdam, resolve_mixed_precision, task_role
+from tfnmt.training.distribute import (PreReducedAdam, batch_iterator, resolve_mixed_precision,
+                                       task_role)
 from tfnmt.training.evaluator import Evaluator
 from tfnmt.training.schedule import make_schedule, paper_adam
 from tfnmt.training.settings import SettingsError, load_settings, write_json
@@ -155,7 +156,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
                                      bucket_growth=t.get("bucket_growth", 1.1),
                                      weights=settings["data"].get("train_weights"))
 
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
+    iterator = batch_iterator(strategy, dataset_fn)
     trainer = Trainer(model, optimizer, strategy, t["label_smoothing"], t["accum_steps"],
                       t.get("jit_compile", False), t.get("clip_norm", 0.0))
     train_writer = tf.summary.create_file_writer(os.path.join(model_dir, "train")) \
