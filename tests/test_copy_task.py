@@ -7,12 +7,12 @@ from tfnmt.inference.decoding import greedy_decode, greedy_decode_uncached
 
 
 def test_tiny_model_learns_to_copy_unseen_inputs():
-    model = train_copy_model(steps=800, batch_size=96, vocab_size=16, seed=1)
+    model = train_copy_model(steps=300, batch_size=96, vocab_size=16, seed=1)
     source, _, _ = copy_batch(np.random.default_rng(99), 32, 10, 16)  # not seen in training
     output = greedy_decode_uncached(model, source, max_length=12).numpy()
-    # Near-perfect rather than perfect: near zero loss, Adam makes rare loss spikes, and a
-    # spike in the last steps leaves a few wrong tokens (3 of 320 with seed 1 here); chance
-    # level is 1/(16 - FIRST_SYMBOL) per token.
+    # Near-perfect rather than perfect, as kernels differ (seeds 1-3 copied all 320 tokens
+    # after 300 updates with Eigen's and with oneDNN's kernels, and after 200 with Eigen's);
+    # chance level is 1/(16 - FIRST_SYMBOL) per token.
     assert np.mean(output[:, :10] == source) >= 0.98
     assert np.sum(np.all(output[:, :10] == source, axis=1)) >= 28
     assert np.mean(output[:, 10] == EOS_ID) >= 0.9
