@@ -31,6 +31,7 @@ from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli  # noqa: E402
 
+from tfnmt.inference.length_penalty import ALPHA_GRID  # noqa: E402
 from tfnmt.model.presets import PRESETS  # noqa: E402
 from tfnmt.paths import DEFAULT_MODEL_DIR  # noqa: E402
 
@@ -149,7 +150,8 @@ flags.DEFINE_bool("test_report", True, "At the end, translate the test split wit
                   "export.py serves) and print test sacreBLEU/chrF and sample translations.")
 flags.DEFINE_string("alpha", "auto", "Length penalty of beam search for this model_dir (the test "
                     "report; export.py, translate.py, evaluate.py): auto (default) chooses it on "
-                    "dev at the end among 0.6, 1.2, 1.8, 2.4; a number fixes it.")
+                    f"dev at the end among {', '.join(map(str, ALPHA_GRID))}; a number fixes "
+                    "it.")
 flags.DEFINE_integer("average_last", 0, "Average the last N checkpoints at the end (paper: 5 "
                      "for base, 20 for big, near convergence; 0 or 1: no averaging). Off for the "
                      "short default run: averaging a still-improving model lowers its BLEU.")
