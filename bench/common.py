@@ -172,12 +172,24 @@ def prepared_data(data_dir):
 
 
 def cpu_description():
+    """The CPU as /proc/cpuinfo names it, with what tells same-named models apart: e.g.
+    "AMD EPYC (family 25, model 1; AVX2), 2 cores"."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), "unknown CPU")
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
-        model = "unknown CPU"
+        pass
+    flags = set(fields.get("flags", "").split())
+    isa = [name for flag, name in (("avx2", "AVX2"), ("avx512f", "AVX-512"),
+                                   ("avx512_bf16", "AVX512-BF16"), ("amx_tile", "AMX"))
+           if flag in flags]
+    model = fields.get("model name", "unknown CPU")
+    if "cpu family" in fields:
+        model += (f" (family {fields['cpu family']}, model {fields.get('model', '?')}; "
+                  f"{' '.join(isa) or 'no AVX2'})")
     return f"{model}, {os.cpu_count()} cores"
 
 

@@ -23,7 +23,12 @@ length (the peer's `noam` recipes) trains once, for the largest budget, and the 
 last before each budget is scored; its checkpoints every --checkpoint_minutes draw its curve.
 
 Prints one JSON line (per system, recipe and budget: step, minutes, BLEU, chrF, signatures) and
-writes --plot (PNG: test BLEU against training minutes).
+writes --plot (PNG: test BLEU against training minutes). Budgets can be run one command at a
+time and their JSON lines combined afterwards into one result and plot (same machine and
+precision; bench/results/ keeps the lines behind bench/README.md's figures):
+
+  python bench/quality.py --combine=bench/results/quality-avx2-epyc-15.json,... \
+      --plot=runs/quality/combined.png
 """
 import json
 import os
@@ -63,6 +68,8 @@ flags.DEFINE_list("systems", ["tfnmt", "opennmt"], "Which systems to train and s
                   "needs tfnmt's run: its model size and SentencePiece model).")
 flags.DEFINE_string("plot", "runs/quality/quality.png", "PNG plot of test BLEU against minutes.")
 flags.DEFINE_integer("score_sentences", 0, "Score only the first N test sentences (0: all).")
+flags.DEFINE_list("combine", [], "Train nothing: merge the JSON lines that earlier runs of this "
+                  "script printed on one machine (files) into one result and plot.")
 
 PEER_MODEL = """import opennmt
 
@@ -416,7 +423,71 @@ def at_budget(checkpoints, budget):
     return before[-1] if before else None
 
 
-def plot(path, curves):
+def summarise(result):
+    """Adds each system's checkpoint at each budget (the last scored within it) and the best
+    peer recipe there to `result`; -> the curves to plot ({label: checkpoints})."""
+    budgets = result["budgets_minutes"]
+    curves = {}
+    if "tfnmt" in result:
+        checkpoints = result["tfnmt"]["checkpoints"]
+        result["tfnmt"]["at"] = {str(b): at_budget(checkpoints, b) for b in budgets}
+        curves["tfnmt"] = checkpoints
+    peers = result.get("opennmt", {})
+    for name, peer in peers.items():
+        curves[f"OpenNMT-tf ({name})"] = peer["checkpoints"]
+    if peers:
+        result["opennmt_best_at"] = {}
+        for budget in budgets:
+            scored = [(at_budget(p["checkpoints"], budget), name) for name, p in peers.items()]
+            scored = [(c, name) for c, name in scored if c]
+            if scored:
+                best, name = max(scored, key=lambda pair: pair[0]["bleu"])
+                result["opennmt_best_at"][str(budget)] = dict(best, recipe=name)
+    return curves
+
+
+def combine(paths):
+    """One result from the JSON lines of earlier runs of this script on one machine (a budget
+    per run, say): their budgets and every system's scored checkpoints, by minutes."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            lines = [line for line in f if line.lstrip().startswith("{")]
+        if not lines:
+            raise app.UsageError(f"--combine: {path} holds no JSON line of bench/quality.py")
+        runs.append(json.loads(lines[-1]))
+    for key in ("machine", "mixed_precision", "tfnmt_kernels"):
+        values = {str(run.get(key)) for run in runs}
+        if key == "machine" and not all("(" in value for value in values):
+            # Older runs named the CPU without its family and ISA ("AMD EPYC, 2 cores").
+            values = {value.split(" (")[0].split(",")[0] for value in values}
+        if len(values) > 1:
+            raise app.UsageError(f"--combine: the runs differ in {key}: {sorted(values)}")
+
+    def by_minutes(checkpoints):
+        return sorted(checkpoints, key=lambda c: c["minutes"])
+
+    result = {key: runs[0][key] for key in ("machine", "mixed_precision", "tfnmt_malloc",
+                                            "tfnmt_kernels", "peer_malloc") if key in runs[0]}
+    result["machine"] = max((run["machine"] for run in runs), key=lambda m: "(" in m)
+    result["budgets_minutes"] = sorted({float(b) for run in runs
+                                        for b in run["budgets_minutes"]})
+    result["combined"] = list(paths)
+    tfnmt = [c for run in runs for c in run.get("tfnmt", {}).get("checkpoints", [])]
+    if tfnmt:
+        result["tfnmt"] = {"checkpoints": by_minutes(tfnmt)}
+    peers = {}
+    for run in runs:
+        for name, peer in run.get("opennmt", {}).items():
+            peers.setdefault(name, {"recipe": name, "checkpoints": []})
+            peers[name]["checkpoints"] = by_minutes(peers[name]["checkpoints"]
+                                                    + peer["checkpoints"])
+    if peers:
+        result["opennmt"] = peers
+    return result
+
+
+def plot(path, curves, result):
     try:
         import matplotlib
     except ImportError:
@@ -430,21 +501,21 @@ def plot(path, curves):
         axes.plot([c["minutes"] for c in checkpoints], [c["bleu"] for c in checkpoints],
                   marker="o", label=label)
     # From zero on both axes: a single budget's points are not stretched over the plot.
-    axes.set_xlim(0, max(float(m) for m in FLAGS.minutes) * 1.05)
+    axes.set_xlim(0, max(result["budgets_minutes"]) * 1.05)
     axes.set_ylim(bottom=0)
     axes.set_xlabel("training wall-clock minutes")
     axes.set_ylabel("test sacreBLEU (beam 4)")
-    precision = {"none": "float32", "bf16": "bfloat16"}[FLAGS.mixed_precision]
-    axes.set_title(f"{cpu_description()}, {precision}", fontsize=9)
+    precision = {"none": "float32", "bf16": "bfloat16"}[result["mixed_precision"]]
+    axes.set_title(f"{result['machine']}, {precision}", fontsize=9)
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     figure.savefig(path, dpi=120)
 
 
-def main(argv):
-    del argv
-    budgets = sorted(float(m) for m in FLAGS.minutes)
+def train_and_score(budgets):
+    """Trains and scores the systems of --systems for each budget; -> the result."""
     work = os.path.abspath(FLAGS.work_dir)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -454,13 +525,9 @@ def main(argv):
               "tfnmt_kernels": cpu_kernels.use_onednn(dict(os.environ)),
               "peer_malloc": FLAGS.peer_malloc,
               "budgets_minutes": budgets}
-    curves = {}
     settings = None
     if "tfnmt" in FLAGS.systems:
-        tfnmt, settings, spm_path = run_tfnmt(work, budgets)
-        checkpoints = tfnmt["checkpoints"]
-        result["tfnmt"] = dict(tfnmt, at={str(b): at_budget(checkpoints, b) for b in budgets})
-        curves["tfnmt"] = checkpoints
+        result["tfnmt"], settings, spm_path = run_tfnmt(work, budgets)
     if "opennmt" in FLAGS.systems and FLAGS.onmt_python:
         if settings is None:
             raise app.UsageError("the peer is sized from tfnmt's run: include tfnmt in "
@@ -474,17 +541,19 @@ def main(argv):
             peers[name] = run_peer(os.path.join(work, f"opennmt-{name}"), data_work, settings,
                                    name, budgets, calibration)
             calibration = peers[name]["calibration"]
-            curves[f"OpenNMT-tf ({name})"] = peers[name]["checkpoints"]
         result["opennmt"] = peers
-        result["opennmt_best_at"] = {}
-        for budget in budgets:
-            scored = [(at_budget(p["checkpoints"], budget), name) for name, p in peers.items()]
-            scored = [(c, name) for c, name in scored if c]
-            if scored:
-                best, name = max(scored, key=lambda pair: pair[0]["bleu"])
-                result["opennmt_best_at"][str(budget)] = dict(best, recipe=name)
+    return result
+
+
+def main(argv):
+    del argv
+    if FLAGS.combine:
+        result = combine(FLAGS.combine)
+    else:
+        result = train_and_score(sorted(float(m) for m in FLAGS.minutes))
+    curves = summarise(result)
     if FLAGS.plot and curves:
-        plot(FLAGS.plot, curves)
+        plot(FLAGS.plot, curves, result)
         result["plot"] = FLAGS.plot
     print(json.dumps(result))
 
