@@ -49,13 +49,15 @@ def test_sampling_draws_from_the_tempered_top_k_distribution(temperature, top_k)
 
 def test_sampling_is_reproducible_and_top_1_is_greedy(model_and_ids):
     model, source_ids = model_and_ids
-    first = sample_decode(model, source_ids, seed=5)
-    again = sample_decode(model, source_ids, seed=5)
-    other = sample_decode(model, source_ids, seed=6)
+    limit = 12  # eager decoding steps in Python up to the limit: a short one keeps it quick
+    first = sample_decode(model, source_ids, seed=5, max_length=limit)
+    again = sample_decode(model, source_ids, seed=5, max_length=limit)
+    other = sample_decode(model, source_ids, seed=6, max_length=limit)
     np.testing.assert_array_equal(first[0], again[0])
     assert not np.array_equal(first[0].numpy(), other[0].numpy())
-    greedy_ids, greedy_scores = greedy_decode(model, source_ids)
-    top_1_ids, top_1_scores = sample_decode(model, source_ids, top_k=1, seed=9)
+    greedy_ids, greedy_scores = greedy_decode(model, source_ids, max_length=limit)
+    top_1_ids, top_1_scores = sample_decode(model, source_ids, top_k=1, seed=9,
+                                            max_length=limit)
     np.testing.assert_array_equal(top_1_ids, greedy_ids)
     np.testing.assert_allclose(top_1_scores, greedy_scores, rtol=1e-6)
     with pytest.raises(ValueError, match="temperature"):
