@@ -27,7 +27,8 @@ writes --plot (PNG: test BLEU against training minutes). Budgets can be run one 
 time and their JSON lines combined afterwards into one result and plot (same machine and
 precision; bench/results/ keeps the lines behind bench/README.md's figures):
 
-  python bench/quality.py --combine=bench/results/quality-avx2-epyc-15.json,... \
+  python bench/quality.py --minutes=15 --work_dir=runs/quality-15 ... > runs/quality-15.json
+  python bench/quality.py --combine=runs/quality-15.json,bench/results/quality-avx2-epyc-60.json \
       --plot=runs/quality/combined.png
 """
 import json
@@ -479,7 +480,7 @@ def combine(paths):
     peers = {}
     for run in runs:
         for name, peer in run.get("opennmt", {}).items():
-            peers.setdefault(name, {"recipe": name, "checkpoints": []})
+            peers.setdefault(name, {"recipe": peer.get("recipe", name), "checkpoints": []})
             peers[name]["checkpoints"] = by_minutes(peers[name]["checkpoints"]
                                                     + peer["checkpoints"])
     if peers:
