@@ -81,24 +81,37 @@ def random_ids(rng, batch, length, vocab_size, low=4):
     return rng.integers(low, vocab_size, size=(batch, length)).astype("int32")
 
 
+def output_log_probs(model, source_ids, outputs):
+    """float64 log P(o_t | o_<t, source) of each id of `outputs` (a list of ids: subwords, then
+    EOS where there is one), each scored after BOS and the ids before it, from the model's
+    logits recomputed over the whole output (numpy's log-softmax). source_ids: [1, S]."""
+    import tensorflow as tf
+
+    from tfnmt.data.special_tokens import BOS_ID
+
+    outputs = [int(t) for t in outputs]
+    decoder_in = tf.constant([[BOS_ID] + outputs[:-1]])
+    logits = model((tf.convert_to_tensor(source_ids), decoder_in),
+                   training=False).numpy()[0].astype(np.float64)  # [T, V]
+    log_probs = logits - logits.max(1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(1, keepdims=True))
+    return log_probs[np.arange(len(outputs)), outputs]
+
+
 def teacher_forced_log_prob(model, vocabulary, source, target):
     """log P(target | source) from the model's logits, in float64 numpy: the subwords of the
     target, then EOS, each scored after BOS and the subwords before it. `vocabulary`: a shared
     SentencePiece model's bytes or (source, target) bytes; tokenized with the sentencepiece
     package."""
     import sentencepiece
-    import tensorflow as tf
 
+    from tfnmt.data.special_tokens import EOS_ID
     from tfnmt.data.vocabulary import as_protos
 
     protos = as_protos(vocabulary)
     source_ids = sentencepiece.SentencePieceProcessor(model_proto=protos.source).encode(
-        source)[: model.max_length - 1] + [3]  # EOS
+        source)[: model.max_length - 1] + [EOS_ID]
     target_ids = sentencepiece.SentencePieceProcessor(model_proto=protos.target).encode(
         target)[: model.max_length - 1]
-    logits = model((tf.constant([source_ids]), tf.constant([[2] + target_ids])),
-                   training=False).numpy()[0].astype(np.float64)  # [T, V]
-    log_probs = logits - logits.max(1, keepdims=True)
-    log_probs -= np.log(np.exp(log_probs).sum(1, keepdims=True))
-    outputs = target_ids + [3]
-    return float(sum(log_probs[t, token] for t, token in enumerate(outputs))), len(outputs)
+    outputs = target_ids + [EOS_ID]
+    return float(output_log_probs(model, [source_ids], outputs).sum()), len(outputs)

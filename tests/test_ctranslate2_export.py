@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers import output_log_probs
 from tfnmt import checkpoints
-from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.data.special_tokens import EOS_ID, PAD_ID
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.ctranslate2_export import (CTranslate2ExportError, export_ctranslate2,
                                                 spm_pieces, transformer_spec)
@@ -76,18 +77,6 @@ def piece_batches(proto):
     return processor, pieces, source_ids
 
 
-def teacher_forced_log_probs(model, source_ids, target_ids):
-    """float64 log P(y_t | y_<t, x) of each target token and of the EOS after it."""
-    memory, padding = model.encode(source_ids, training=False)
-    decoder_input = tf.concat([[BOS_ID], target_ids], 0)[None]
-    logits = model.decode(decoder_input, memory, padding, training=False)[0].numpy()
-    logits = logits.astype(np.float64)  # [T + 1, V]
-    shifted = logits - logits.max(-1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-    wanted = list(target_ids) + [EOS_ID]
-    return log_probs[np.arange(len(wanted)), wanted]
-
-
 @pytest.mark.parametrize("which", ["cli_export", "prenorm_export"])
 def test_ctranslate2_scores_what_the_model_computes(which, request):
     model, proto, path = request.getfixturevalue(which)
@@ -100,7 +89,7 @@ def test_ctranslate2_scores_what_the_model_computes(which, request):
     scored = translator.score_batch(pieces, [[processor.id_to_piece(int(i)) for i in t]
                                              for t in targets])
     for row, (target, result) in enumerate(zip(targets, scored)):
-        expected = teacher_forced_log_probs(model, source_ids[row:row + 1], np.array(target))
+        expected = output_log_probs(model, source_ids[row:row + 1], list(target) + [EOS_ID])
         np.testing.assert_allclose(result.log_probs, expected, atol=2e-4, rtol=1e-4)
 
 

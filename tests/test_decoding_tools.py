@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import python, teacher_forced_log_prob
+from helpers import output_log_probs, python, teacher_forced_log_prob
 from tfnmt.checkpoints import load_model
-from tfnmt.data.special_tokens import BOS_ID, PAD_ID
+from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.data.tokenizer import Tokenizer, to_source_ids
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.decoding import SamplingSearch, greedy_decode, sample_decode
@@ -86,12 +86,7 @@ def test_a_prefix_is_forced_and_scored_as_the_model_scores_it(model_and_ids, tin
     # untrained model ends no sentence here, so each output runs to its limit.
     for i, row in enumerate(greedy_ids.numpy()):
         tokens = [int(t) for t in row if t != PAD_ID]
-        decoder_in = tf.constant([[BOS_ID] + tokens[:-1]])
-        logits = model((source_ids[i:i + 1], decoder_in), training=False).numpy()[0]
-        logits = logits.astype(np.float64)  # [T, V]
-        log_probs = logits - logits.max(1, keepdims=True)
-        log_probs -= np.log(np.exp(log_probs).sum(1, keepdims=True))
-        expected = sum(log_probs[t, token] for t, token in enumerate(tokens))
+        expected = output_log_probs(model, source_ids[i:i + 1], tokens).sum()
         assert float(greedy_scores[i]) == pytest.approx(expected, rel=1e-4, abs=1e-4), i
 
 
