@@ -67,6 +67,26 @@ def graph_ops(export_path):
     return ops
 
 
+def assert_each_weight_saved_once(export_path, model, extra=()):
+    """The export's saved tensors are the model's weights, each once with its values, and the
+    `extra` arrays (a second copy of a weight would only grow the files; a graph reading copies
+    the restore does not fill fails every request)."""
+    reader = tf.train.load_checkpoint(os.path.join(export_path, "variables", "variables"))
+    saved = [reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+             if name.endswith("VARIABLE_VALUE")]
+    expected = [w.numpy() for w in model.variables] + list(extra)
+    assert len(saved) == len(expected)
+    for array in expected:
+        match = [i for i, tensor in enumerate(saved)
+                 if tensor.shape == array.shape and np.array_equal(tensor, array)]
+        assert match, f"no saved tensor equals a {array.shape} weight"
+        saved.pop(match[0])
+
+
+def test_each_weight_is_saved_once_with_its_values(exported, module):
+    assert_each_weight_saved_once(exported, module.model)
+
+
 def test_only_core_and_tf_text_ops(exported):
     core = set(dir(tf.raw_ops))
     ops = graph_ops(exported)
@@ -465,6 +485,7 @@ def test_auto_matmul_export_chooses_its_search_on_the_serving_machine(tiny_model
     module = TranslationModule(model, proto, matmul_dtype="auto", cpuinfo=str(cpuinfo),
                                bf16_min_speedup=0.0, **settings)
     path = export_saved_model(module, str(tmp_path / "export"), check=False)
+    assert_each_weight_saved_once(path, model, extra=[np.array(-1, np.int32)])  # no choice yet
     ops = graph_ops(path)
     assert not {op for op in ops if op not in set(dir(tf.raw_ops)) and op not in TF_TEXT_OPS}
     saved = saved_model_pb2.SavedModel()

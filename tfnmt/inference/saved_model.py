@@ -101,30 +101,34 @@ def remove_abandoned_exports(export_dir):
 
 
 def write_saved_model(module, path):
-    """Writes the module's signatures as a SavedModel with Keras's exporter
-    (`keras.export.ExportArchive`), which saves the variables the signatures read, once.
-    (`tf.saved_model.save` of an object holding a Keras 3 model saves a copy of each variable,
-    which TensorFlow's C++ loader restores while the graph reads the never-initialised originals:
-    every TF Serving request would fail.)
+    """Writes the module's signatures as a SavedModel.
+
+    The saved object holds the variables the signatures read (the `tf.Variable`s inside the
+    Keras variables, once each: the C++ loader restores exactly those), the SentencePiece
+    tokenizers (resources) and, for an "auto" export, its choice of search. Each signature is
+    traced once, inside `tf.saved_model.save`: a trace made before it would not be reused (the
+    save context is part of a trace's cache key), and tracing the searches is most of an
+    export's time. (Saving an object that holds the Keras model itself would save a second copy
+    of each variable, which the C++ loader restores while the graph reads the never-initialised
+    originals: every TF Serving request would fail.)
 
     Args:
       module: a `TranslationModule`.
       path: the SavedModel directory to write.
     """
-    import keras
+    import tensorflow as tf
 
-    archive = keras.export.ExportArchive()
-    # The SentencePiece models: resources, not variables.
-    for tokenizer in {id(t): t for t in (module.source_tokenizer,
-                                         module.target_tokenizer)}.values():
-        archive.track(tokenizer)
-    if module.precision is not None:  # an "auto" export's choice variable
-        archive.track(module.precision)
-    archive.add_endpoint("serving_default", module.serve)
-    archive.add_endpoint("translate_n_best", module.serve_n_best)
-    archive.add_endpoint("translate_with_prefix", module.serve_with_prefix)
-    archive.add_endpoint("score", module.score)
-    archive.write_out(path, verbose=False)
+    root = tf.__internal__.tracking.AutoTrackable()
+    root.weights = [v.value for v in module.model.variables]  # keras.Variable -> tf.Variable
+    root.tokenizers = list({id(t): t for t in (module.source_tokenizer,
+                                               module.target_tokenizer)}.values())
+    if module.precision is not None:  # an "auto" export's choice (its module would save the
+        root.search_precision = module.precision.choice  # output weights a second time)
+    signatures = {"serving_default": module.serve, "translate_n_best": module.serve_n_best,
+                  "translate_with_prefix": module.serve_with_prefix, "score": module.score}
+    for name, function in signatures.items():
+        setattr(root, name, function)
+    tf.saved_model.save(root, path, signatures=signatures)
 
 
 def check_with_session_loader(path, sentences=CHECK_SENTENCES):
