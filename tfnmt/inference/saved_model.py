@@ -122,8 +122,9 @@ def write_saved_model(module, path):
     root.weights = [v.value for v in module.model.variables]  # keras.Variable -> tf.Variable
     root.tokenizers = list({id(t): t for t in (module.source_tokenizer,
                                                module.target_tokenizer)}.values())
-    if module.precision is not None:  # an "auto" export's choice (its module would save the
-        root.search_precision = module.precision.choice  # output weights a second time)
+    if module.precision is not None:
+        # An "auto" export's choice: the variable only (its module holds the output weights).
+        root.search_precision = module.precision.choice
     signatures = {"serving_default": module.serve, "translate_n_best": module.serve_n_best,
                   "translate_with_prefix": module.serve_with_prefix, "score": module.score}
     for name, function in signatures.items():
