@@ -12,6 +12,8 @@ from tfnmt.checkpoints import load_model
 from tfnmt.data.vocabulary import Vocabulary
 from tfnmt.inference import length_penalty, loading
 from tfnmt.inference.evaluation import Translator
+from tfnmt.inference.serving import TranslationModule
+from tfnmt.training.report import ServedTranslator
 
 REFERENCES = ["the house is red and old .", "he spoke to them at night .", "good morning to all ."]
 # Translations that grow with alpha: too short, right, too long.
@@ -94,3 +96,24 @@ def test_one_trace_searches_with_whatever_alpha_its_variable_holds(tiny_model_di
     length_penalty.write_choice(chosen, 2.0)
     _, scores = loading.load_translate_fn(chosen, beam_size=3)(sentences)
     np.testing.assert_allclose(scores, results[2.0], rtol=1e-5)
+
+
+def test_the_end_of_a_run_translates_as_served_with_each_alpha_in_one_trace(tiny_model_dir):
+    # train.py chooses alpha on dev and reports on test with one ServedTranslator: the
+    # TranslationModule an export holds, its penalty a variable.
+    translator = ServedTranslator(tiny_model_dir, beam_size=3, batch_size=2)
+    model, vocabulary, _ = load_model(tiny_model_dir)
+    sentences = ["Das ist ein Haus.", "Guten Morgen!", "Er sprach zu ihnen in der Nacht.", ""]
+    outputs = {}
+    for value in (0.0, 2.0):
+        got = translator.translate(sentences, value)
+        plain = TranslationModule(model, vocabulary, beam_size=3, alpha=value, n_best=1)
+        want = plain.serve(tf.constant(sentences))
+        assert got == [t.decode() for t in want["translations"].numpy()]
+        # The variable still holds `value`: the scores are those of that penalty.
+        scores = translator.module.serve(tf.constant(sentences))["scores"].numpy()
+        np.testing.assert_allclose(scores, want["scores"].numpy(), rtol=1e-6)
+        outputs[value] = scores[:3]
+    assert np.abs(outputs[0.0] - outputs[2.0]).min() > 1e-3  # the penalty did change
+    assert translator.module.serve.experimental_get_tracing_count() == 1
+    assert translator.checkpoint == os.path.join("checkpoints", "ckpt-1")

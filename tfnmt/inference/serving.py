@@ -76,7 +76,8 @@ class TranslationModule:
       vocabulary: the serialized SentencePiece model of a shared vocabulary (bytes), or a
         `vocabulary.VocabularyProtos` (source, target) pair (`checkpoints.load_model` gives
         one); paths of the training machine are dropped.
-      beam_size, alpha: beam search width and GNMT length-penalty exponent.
+      beam_size, alpha: beam search width and GNMT length-penalty exponent (a float; or a
+        float32 tf.Variable, read by every search, for a module used in-process only).
       beam_stop: when a sentence's search ends before its limit: "finished" (once beam_size
         hypotheses have ended) or "bound" (once none left can beat them;
         `beam_search.STOP_RULES`).
@@ -124,7 +125,9 @@ class TranslationModule:
         self.target_tokenizer = self.source_tokenizer if protos.shared else \
             tf_text.SentencepieceTokenizer(model=portable_model_proto(protos.target),
                                            out_type=tf.int32)
-        self.beam_size, self.alpha, self.n_best = int(beam_size), float(alpha), int(n_best)
+        self.beam_size, self.n_best = int(beam_size), int(n_best)
+        # A tf.Variable is read at every search, so its value can change without a new trace.
+        self.alpha = alpha if isinstance(alpha, tf.Variable) else float(alpha)
         self.max_decode_length, self.extra_length = int(max_decode_length), int(extra_length)
         self.max_source_length = int(model.max_length)
         if not 1 <= self.n_best <= self.beam_size:

@@ -361,8 +361,10 @@ def final_report(settings, dev_metrics):
     result = None
     try:
         alpha = length_penalty.parse_alpha(FLAGS.alpha)
+        translator = report.ServedTranslator(FLAGS.model_dir) \
+            if alpha is None or FLAGS.test_report else None
         if alpha is None:
-            alpha, scores = report.choose_length_penalty(FLAGS.model_dir, settings)
+            alpha, scores = report.choose_length_penalty(translator, settings)
             if alpha is None:
                 alpha = length_penalty.PAPER_ALPHA
                 print(f"length penalty: {alpha:g}, the paper's (the dev split is empty)",
@@ -374,7 +376,7 @@ def final_report(settings, dev_metrics):
         else:
             length_penalty.write_choice(FLAGS.model_dir, alpha)
         if FLAGS.test_report:
-            result = report.test_report(FLAGS.model_dir, settings, alpha=alpha)
+            result = report.test_report(translator, settings, alpha=alpha)
     except (CorpusError, OSError) as error:  # training succeeded: say why, keep its results
         print(f"no test report: {error}", flush=True)
     report.write_report(FLAGS.model_dir, {"dev_greedy": dev_metrics, "test": result})

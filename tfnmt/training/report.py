@@ -8,9 +8,8 @@ import os
 from tfnmt import paths
 from tfnmt.checkpoints import load_model
 from tfnmt.data.corpus import read_corpus
-from tfnmt.data.vocabulary import Vocabulary
 from tfnmt.inference import length_penalty
-from tfnmt.inference.evaluation import Translator, corpus_scores, translate_lines
+from tfnmt.inference.evaluation import corpus_scores, translate_lines
 from tfnmt.inference.serving import TranslationModule
 
 SAMPLES = 3
@@ -38,54 +37,73 @@ def pick_samples(pairs, count=SAMPLES, min_words=6, max_words=20):
     return [pool[int(step * k + step / 2)] for k in range(min(count, len(pool)))]
 
 
-def choose_length_penalty(model_dir, settings, beam_size=4, batch_size=64,
-                          grid=length_penalty.ALPHA_GRID):
-    """Chooses the beam search's length penalty on the dev split for the checkpoint export.py
-    exports by default (`length_penalty.choose_alpha`) and writes it to
-    <model_dir>/decoding.json.
+class ServedTranslator:
+    """The checkpoint export.py exports by default, translating as its SavedModel serves (a
+    `TranslationModule`, beam search): the end of a run chooses the length penalty on dev and
+    reports on test with it, in one trace, as the penalty is a variable.
 
     Args:
       model_dir: the run's model_dir.
-      settings: the run's settings (its data section names the dev split).
       beam_size: the beam's width (as served).
       batch_size: sentences translated at once.
+
+    Example:
+      translator = ServedTranslator("runs/de-en")
+      translations = translator.translate(["Das ist ein Haus."], alpha=1.2)
+    """
+
+    def __init__(self, model_dir, beam_size=4, batch_size=64):
+        import tensorflow as tf
+
+        model, vocab, checkpoint = load_model(model_dir)
+        self.model_dir, self.beam_size, self.batch_size = model_dir, beam_size, batch_size
+        self.checkpoint = os.path.relpath(checkpoint, model_dir)
+        self.alpha = tf.Variable(length_penalty.PAPER_ALPHA, trainable=False, dtype=tf.float32)
+        self.module = TranslationModule(model, vocab, beam_size, self.alpha, n_best=1)
+
+    def translate(self, sentences, alpha):
+        """Translations of `sentences` (a list of str) with length penalty `alpha`."""
+        self.alpha.assign(alpha)
+
+        def translate(batch):
+            out = self.module.serve(batch)
+            return out["translations"], out["scores"]
+
+        return translate_lines(translate, list(sentences), self.batch_size)
+
+
+def choose_length_penalty(translator, settings, grid=length_penalty.ALPHA_GRID):
+    """Chooses the beam search's length penalty on the dev split
+    (`length_penalty.choose_alpha`) and writes it to <model_dir>/decoding.json.
+
+    Args:
+      translator: the run's `ServedTranslator`.
+      settings: the run's settings (its data section names the dev split).
       grid: the alphas to try, in increasing order.
 
     Returns:
       (alpha, {alpha: dev sacreBLEU}); (None, {}) when the dev split holds no pairs.
     """
-    import tensorflow as tf
-
     d = settings["data"]
     pairs = list(read_corpus(d["dataset"], "dev", (d.get("files") or {}).get("dev"),
                              d.get("tfds_data_dir")))
     if not pairs:
         return None, {}
-    model, _, checkpoint = load_model(model_dir)
-    vocabulary = Vocabulary.from_dir(model_dir, d.get("separate_vocabularies", False))
-    alpha = tf.Variable(grid[0], trainable=False, dtype=tf.float32)  # one trace for all
-    translator = Translator(model, vocabulary, batch_size=batch_size,
-                            beam_size=beam_size, alpha=alpha)
     sources = [s for s, _ in pairs]
-
-    def translate_with(value):
-        alpha.assign(value)
-        return translator.translate(sources)
-
-    best, scores = length_penalty.choose_alpha(translate_with, [t for _, t in pairs], grid)
-    length_penalty.write_choice(model_dir, best, beam_size, scores,
-                                os.path.relpath(checkpoint, model_dir))
+    best, scores = length_penalty.choose_alpha(
+        lambda alpha: translator.translate(sources, alpha), [t for _, t in pairs], grid)
+    length_penalty.write_choice(translator.model_dir, best, translator.beam_size, scores,
+                                translator.checkpoint)
     return best, scores
 
 
-def test_report(model_dir, settings, beam_size=4, alpha=0.6, batch_size=64):
-    """Scores the test split with the checkpoint export.py exports by default, as served.
+def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA):
+    """Scores the test split as served.
 
     Args:
-      model_dir: the run's model_dir.
+      translator: the run's `ServedTranslator`.
       settings: the run's settings (its data section names the test split).
-      beam_size, alpha: the beam search's settings (paper: 4, 0.6).
-      batch_size: sentences translated at once.
+      alpha: the beam search's length penalty.
 
     Returns:
       {"split", "sentences", "beam_size", "alpha", "bleu", "chrf", their signatures,
@@ -99,16 +117,9 @@ def test_report(model_dir, settings, beam_size=4, alpha=0.6, batch_size=64):
     pairs = list(read_corpus(d["dataset"], "test", files, d.get("tfds_data_dir")))
     if not pairs:
         return None
-    model, vocab, checkpoint = load_model(model_dir)
-    module = TranslationModule(model, vocab, beam_size, alpha, n_best=1)
-
-    def translate(sentences):
-        out = module.serve(sentences)
-        return out["translations"], out["scores"]
-
-    hypotheses = translate_lines(translate, [s for s, _ in pairs], batch_size)
-    report = {"split": "test", "sentences": len(pairs), "beam_size": beam_size, "alpha": alpha,
-              "checkpoint": os.path.relpath(checkpoint, model_dir)}
+    hypotheses = translator.translate([s for s, _ in pairs], alpha)
+    report = {"split": "test", "sentences": len(pairs), "beam_size": translator.beam_size,
+              "alpha": alpha, "checkpoint": translator.checkpoint}
     report.update(corpus_scores(hypotheses, [t for _, t in pairs], signatures=True))
     report["samples"] = [{"source": pairs[i][0], "reference": pairs[i][1],
                           "translation": hypotheses[i]} for i in pick_samples(pairs)]
