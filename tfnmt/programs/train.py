@@ -1,6 +1,6 @@
 """Train a Transformer translation model (tfnmt).
 
-With no flags: the `cpu` preset on the embedded German->English corpus for 11.5 minutes of
+With no flags: the `cpu` preset on the embedded German->English corpus for 12.25 minutes of
 training (as many updates as this CPU does in them), then dev scores, the length penalty chosen
 on dev and a report on the test split (beam 4: sacreBLEU, chrF, sample translations, the
 commands to export and translate).
@@ -97,7 +97,7 @@ flags.DEFINE_integer("train_steps", None, "Total optimizer updates; a resumed ru
                      "(default: the preset's, or what --train_minutes plans).")
 flags.DEFINE_float("train_minutes", None, "Train for about this many minutes (dev evaluations "
                    "not counted), planning the number of updates from their pace (default: the "
-                   "preset's: 11.5 for cpu, else 0 = --train_steps).")
+                   "preset's: 12.25 for cpu, else 0 = --train_steps).")
 flags.DEFINE_integer("warmup_steps", None, "Noam warm-up steps (default: the preset's; "
                      "paper: 4000 with 25k-token batches).")
 flags.DEFINE_float("lr_scale", None, "Multiplier of the Noam learning rate (default: the "
