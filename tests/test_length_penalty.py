@@ -8,12 +8,12 @@ import pytest
 import sacrebleu
 import tensorflow as tf
 
-from tfnmt.checkpoints import load_model
+from tfnmt.checkpoints import ModelDirError, load_model
 from tfnmt.data.vocabulary import Vocabulary
 from tfnmt.inference import length_penalty, loading
 from tfnmt.inference.evaluation import Translator
 from tfnmt.inference.serving import TranslationModule
-from tfnmt.training.report import ServedTranslator
+from tfnmt.training.report import ServedTranslator, test_report
 
 REFERENCES = ["the house is red and old .", "he spoke to them at night .", "good morning to all ."]
 # Translations that grow with alpha: too short, right, too long.
@@ -117,3 +117,13 @@ def test_the_end_of_a_run_translates_as_served_with_each_alpha_in_one_trace(tiny
     assert np.abs(outputs[0.0] - outputs[2.0]).min() > 1e-3  # the penalty did change
     assert translator.module.serve.experimental_get_tracing_count() == 1
     assert translator.checkpoint == os.path.join("checkpoints", "ckpt-1")
+
+
+def test_an_end_of_run_that_translates_nothing_loads_nothing(tmp_path):
+    # A run with --dataset=files, no --test_files and a given alpha translates nothing at its
+    # end: the translator must not load (here it could not: the model_dir holds no model).
+    translator = ServedTranslator(str(tmp_path))
+    settings = {"data": {"dataset": "files", "files": {"train": "x.de,x.en"}}}
+    assert test_report(translator, settings, alpha=1.0) is None
+    with pytest.raises(ModelDirError, match="holds no trained model"):  # the first use loads
+        translator.translate(["Das ist ein Haus."], 1.0)

@@ -361,8 +361,7 @@ def final_report(settings, dev_metrics):
     result = None
     try:
         alpha = length_penalty.parse_alpha(FLAGS.alpha)
-        translator = report.ServedTranslator(FLAGS.model_dir) \
-            if alpha is None or FLAGS.test_report else None
+        translator = report.ServedTranslator(FLAGS.model_dir)  # loads on first use
         if alpha is None:
             alpha, scores = report.choose_length_penalty(translator, settings)
             if alpha is None:

@@ -40,7 +40,8 @@ def pick_samples(pairs, count=SAMPLES, min_words=6, max_words=20):
 class ServedTranslator:
     """The checkpoint export.py exports by default, translating as its SavedModel serves (a
     `TranslationModule`, beam search): the end of a run chooses the length penalty on dev and
-    reports on test with it, in one trace, as the penalty is a variable.
+    reports on test with it, in one trace, as the penalty is a variable. The checkpoint is
+    loaded on first use.
 
     Args:
       model_dir: the run's model_dir.
@@ -53,20 +54,41 @@ class ServedTranslator:
     """
 
     def __init__(self, model_dir, beam_size=4, batch_size=64):
-        import tensorflow as tf
-
-        model, vocab, checkpoint = load_model(model_dir)
         self.model_dir, self.beam_size, self.batch_size = model_dir, beam_size, batch_size
-        self.checkpoint = os.path.relpath(checkpoint, model_dir)
-        self.alpha = tf.Variable(length_penalty.PAPER_ALPHA, trainable=False, dtype=tf.float32)
-        self.module = TranslationModule(model, vocab, beam_size, self.alpha, n_best=1)
+        self._module = self._checkpoint = self._alpha = None
+
+    def _load(self):
+        """Loads the checkpoint and builds the module, once: on first use, so an end of run
+        that translates nothing loads nothing."""
+        if self._module is None:
+            import tensorflow as tf
+
+            model, vocab, checkpoint = load_model(self.model_dir)
+            self._checkpoint = os.path.relpath(checkpoint, self.model_dir)
+            self._alpha = tf.Variable(length_penalty.PAPER_ALPHA, trainable=False,
+                                      dtype=tf.float32)
+            self._module = TranslationModule(model, vocab, self.beam_size, self._alpha,
+                                             n_best=1)
+
+    @property
+    def module(self):
+        """The `TranslationModule` that translates (loaded on first use)."""
+        self._load()
+        return self._module
+
+    @property
+    def checkpoint(self):
+        """The checkpoint translated with, relative to the model_dir (loaded on first use)."""
+        self._load()
+        return self._checkpoint
 
     def translate(self, sentences, alpha):
         """Translations of `sentences` (a list of str) with length penalty `alpha`."""
-        self.alpha.assign(alpha)
+        self._load()
+        self._alpha.assign(alpha)
 
         def translate(batch):
-            out = self.module.serve(batch)
+            out = self._module.serve(batch)
             return out["translations"], out["scores"]
 
         return translate_lines(translate, list(sentences), self.batch_size)
