@@ -57,8 +57,9 @@ flags.DEFINE_float("checkpoint_minutes", 2.5, "Minutes between the checkpoints s
 flags.DEFINE_enum("mixed_precision", "none", ["none", "bf16"], "Training compute dtype of both.")
 flags.DEFINE_string("work_dir", "runs/quality", "Where both systems train (emptied first).")
 flags.DEFINE_list("peer_configs", ["budgeted", "noam4000"], "OpenNMT-tf recipes to run: "
-                  "budgeted (tfnmt's warm-up and peak, cosine to zero at the budget's last step), "
-                  "noam (tfnmt's warm-up and scale on Noam's decay), noam4000 (the paper's).")
+                  "budgeted (tfnmt's warm-up, peak and label smoothing, cosine to zero at the "
+                  "budget's last step), budgeted_smoothed (the same, label smoothing 0.1), noam "
+                  "(tfnmt's warm-up and scale on Noam's decay), noam4000 (the paper's).")
 flags.DEFINE_float("calibration_minutes", 4.0, "Length of the run that measures a system's steps "
                    "per minute for its budgeted recipes.")
 flags.DEFINE_float("budget_margin", 0.05, "Budgeted runs plan this fraction fewer steps than the "
@@ -95,7 +96,7 @@ params:
   optimizer_params: {{beta_1: 0.9, beta_2: 0.98, epsilon: 1.0e-9}}
   learning_rate: {learning_rate}
   {schedule}
-  label_smoothing: 0.1
+  label_smoothing: {label_smoothing}
   beam_width: 4
   length_penalty: 0.6
   num_hypotheses: 1
@@ -117,12 +118,13 @@ infer:
   length_bucket_width: 5
 """
 
-# OpenNMT-tf recipes: tfnmt's main-job warm-up and peak with a decay to zero at the budget's
-# last step (OpenNMT-tf's CosineAnnealing), the same on Noam's open-ended decay, and the
-# paper-style Noam recipe OpenNMT-tf's own Transformer auto_config starts from (learning rate 2,
-# 4,000 warm-up steps).
-PEER_RECIPES = {"budgeted": {"budgeted": True}, "noam": {},
-                "noam4000": {"lr_scale": 2.0, "warmup_steps": 4000}}
+# OpenNMT-tf recipes: tfnmt's main-job warm-up, peak and label smoothing with a decay to zero at
+# the budget's last step (OpenNMT-tf's CosineAnnealing); the same with the paper's label
+# smoothing 0.1; the same on Noam's open-ended decay; and the paper-style Noam recipe OpenNMT-tf's
+# own Transformer auto_config starts from (learning rate 2, 4,000 warm-up steps, smoothing 0.1).
+PEER_RECIPES = {"budgeted": {"budgeted": True},
+                "budgeted_smoothed": {"budgeted": True, "label_smoothing": 0.1}, "noam": {},
+                "noam4000": {"lr_scale": 2.0, "warmup_steps": 4000, "label_smoothing": 0.1}}
 NOAM = ("decay_type: NoamDecay\n  decay_params: {{model_dim: {d_model}, "
         "warmup_steps: {warmup_steps}}}")
 COSINE = ("decay_type: CosineAnnealing\n  decay_params: {{warmup_steps: {warmup_steps}, "
@@ -336,7 +338,7 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
     largest budget. -> {"recipe", "checkpoints", "calibration"}."""
     model, training = settings["model"], settings["train"]
     recipe = {"lr_scale": training["lr_scale"], "warmup_steps": training["warmup_steps"],
-              **PEER_RECIPES[recipe_name]}
+              "label_smoothing": training["label_smoothing"], **PEER_RECIPES[recipe_name]}
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "model.py"), "w") as f:
         f.write(PEER_MODEL.format(
@@ -363,6 +365,7 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
         with open(config, "w") as f:
             f.write(PEER_CONFIG.format(work=run_dir, data=data_work, learning_rate=learning_rate,
                                        schedule=schedule, batch_tokens=training["batch_tokens"],
+                                       label_smoothing=recipe["label_smoothing"],
                                        checkpoint_steps=FLAGS.checkpoint_steps,
                                        max_step=max_step or 100000000))
         launcher = [FLAGS.onmt_python, os.path.join(work, "launcher.py"), "--model",

@@ -108,3 +108,20 @@ def test_a_new_time_budget_for_a_trained_run_is_refused_and_the_same_one_resumes
     further = resolve_settings(requested(train_minutes=0.0, train_steps=3000),
                                {"train.train_minutes", "train.train_steps"}, model_dir)
     assert further["train"]["train_steps"] == 3000 and further["train"]["train_minutes"] == 0.0
+
+
+@pytest.mark.parametrize("argv, smoothing", [
+    ([], 0.0),  # the main job (cpu preset): no label smoothing
+    (["--preset=small"], 0.1), (["--preset=base"], 0.1), (["--preset=big"], 0.1),
+    (["--label_smoothing=0.2"], 0.2), (["--preset=base", "--label_smoothing=0"], 0.0)])
+def test_label_smoothing_is_the_presets_unless_a_flag_gives_it(argv, smoothing, tmp_path):
+    from absl.testing import flagsaver
+
+    from tfnmt.programs import train
+
+    with flagsaver.flagsaver():
+        train.FLAGS.unparse_flags()
+        train.FLAGS(["train.py", f"--model_dir={tmp_path}", *argv])
+        settings, explicit = train.requested_settings()
+    assert settings["train"]["label_smoothing"] == smoothing
+    assert ("train.label_smoothing" in explicit) == any("label_smoothing" in a for a in argv)

@@ -104,7 +104,8 @@ flags.DEFINE_float("lr_scale", None, "Multiplier of the Noam learning rate (defa
                    "preset's).")
 flags.DEFINE_enum("lr_decay", None, ["rsqrt", "linear"], "After warm-up: rsqrt (the paper's "
                   "1/sqrt(step)) or linear (to zero at --train_steps); default: the preset's.")
-flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing epsilon.")
+flags.DEFINE_float("label_smoothing", None, "Label smoothing epsilon of the loss (default: the "
+                   "preset's: 0 for cpu, the paper's 0.1 for the others).")
 flags.DEFINE_float("clip_norm", 0.0, "Scale each update's gradients down to this global norm "
                    "when larger (default 0: no clipping; the paper does not clip).")
 flags.DEFINE_enum("strategy", "auto", ["auto", "one_device", "mirrored", "multi_worker"],
@@ -178,7 +179,7 @@ for _name in ("eval_every", "bleu_sentences", "average_last", "early_stopping"):
     flags.register_validator(_name, lambda v: v is None or v >= 0, f"--{_name} must be >= 0")
 flags.register_validator("alpha", lambda v: _valid_alpha(v),  # defined below
                          "--alpha: give auto or a number >= 0")
-flags.register_validator("label_smoothing", lambda v: 0.0 <= v < 1.0,
+flags.register_validator("label_smoothing", lambda v: v is None or 0.0 <= v < 1.0,
                          "--label_smoothing must be in [0, 1)")
 flags.register_validator("clip_norm", lambda v: v >= 0.0, "--clip_norm must be >= 0")
 flags.register_validator("train_minutes", lambda v: v is None or v >= 0.0,
