@@ -13,7 +13,8 @@ from tfnmt.data.vocabulary import Vocabulary
 from tfnmt.inference import length_penalty, loading
 from tfnmt.inference.evaluation import Translator
 from tfnmt.inference.serving import TranslationModule
-from tfnmt.training.report import ServedTranslator, test_report
+from tfnmt.training import report
+from tfnmt.training.report import ServedTranslator
 
 REFERENCES = ["the house is red and old .", "he spoke to them at night .", "good morning to all ."]
 # Translations that grow with alpha: too short, right, too long.
@@ -124,6 +125,6 @@ def test_an_end_of_run_that_translates_nothing_loads_nothing(tmp_path):
     # end: the translator must not load (here it could not: the model_dir holds no model).
     translator = ServedTranslator(str(tmp_path))
     settings = {"data": {"dataset": "files", "files": {"train": "x.de,x.en"}}}
-    assert test_report(translator, settings, alpha=1.0) is None
+    assert report.test_report(translator, settings, alpha=1.0) is None
     with pytest.raises(ModelDirError, match="holds no trained model"):  # the first use loads
         translator.translate(["Das ist ein Haus."], 1.0)
