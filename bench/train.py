@@ -57,15 +57,19 @@ def main(argv):
 
     from tfnmt.data import pipeline
     from tfnmt.data.special_tokens import PAD_ID
-    from tfnmt.training.distribute import batch_iterator, resolve_mixed_precision
+    from tfnmt.training.distribute import batch_iterator, cpu_has_bf16, resolve_mixed_precision
 
     result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS, "tensorflow": tf.__version__,
               "preset": FLAGS.preset, "batch_tokens": FLAGS.batch_tokens,
               "shape_stable": FLAGS.shape_stable, "bucket_growth": FLAGS.bucket_growth,
               "jit_compile": FLAGS.jit_compile}
     if FLAGS.ceiling:
-        result["ceiling_gflops"] = {"fp32": round(matmul_ceiling(tf.float32), 1),
-                                    "bf16": round(matmul_ceiling(tf.bfloat16), 1)}
+        # bf16 only where oneDNN may run it: under an ISA cap below bf16 (ONEDNN_MAX_CPU_ISA=AVX2
+        # on a bf16 CPU) a bf16 matmul aborts the process instead of raising.
+        result["ceiling_gflops"] = {
+            "fp32": round(matmul_ceiling(tf.float32), 1),
+            "bf16": (round(matmul_ceiling(tf.bfloat16), 1)
+                     if cpu_has_bf16() or FLAGS.mixed_precision == "bf16" else None)}
     manifest = prepared_data(FLAGS.data_dir)
     precision = resolve_mixed_precision(FLAGS.mixed_precision)
     result["precision"] = precision
