@@ -492,11 +492,13 @@ def combine(paths):
 
 
 def plot(path, curves, result):
+    """Writes the PNG of test BLEU against minutes to `path`; False (with a message) when
+    matplotlib is missing."""
     try:
         import matplotlib
     except ImportError:
         print("no plot: pip install -r bench/requirements.txt (matplotlib)", file=sys.stderr)
-        return
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -516,6 +518,7 @@ def plot(path, curves, result):
     figure.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     figure.savefig(path, dpi=120)
+    return True
 
 
 def train_and_score(budgets):
@@ -556,9 +559,8 @@ def main(argv):
     else:
         result = train_and_score(sorted(float(m) for m in FLAGS.minutes))
     curves = summarise(result)
-    if FLAGS.plot and curves:
-        plot(FLAGS.plot, curves, result)
-        result["plot"] = FLAGS.plot
+    if FLAGS.plot and curves and plot(FLAGS.plot, curves, result):
+        result["plot"] = FLAGS.plot  # only a plot that was written
     print(json.dumps(result))
 
 
