@@ -1,7 +1,8 @@
 """Training speed against this machine's matmul ceiling, in one run.
 
-Prints, as one JSON line: the fp32 and bf16 matmul ceilings measured in this process, then
-target tokens/s and model-FLOP utilisation of the real training step (tfnmt.training.trainer.Trainer
+Prints, as one JSON line: the fp32 and bf16 matmul ceilings measured in this process (bf16
+where oneDNN may run it natively or --mixed_precision=bf16 asks for it, else null), then target
+tokens/s and model-FLOP utilisation of the real training step (tfnmt.training.trainer.Trainer
 over the real tf.data pipeline on the embedded corpus) as the median of several windows after
 warm-up, plus the RSS after each window and the peak RSS.
 
