@@ -204,10 +204,11 @@ def define_trainer_flags():
 
 def build_trainer(preset, precision, vocab_size, jit_compile=False):
     """The train.py training set-up on one device: (model, Trainer), with Keras's global dtype
-    policy set for `precision` ("bf16" or "none") and seed 1."""
+    policy set for `precision` ("bf16" or "none") and seed 1; a preset whose dropout starts
+    after some epochs (`cpu`) trains without it, as its runs start."""
     import keras
 
-    from tfnmt.model.presets import get_preset
+    from tfnmt.model.presets import get_preset, get_training
     from tfnmt.model.transformer import Transformer
     from tfnmt.training.distribute import PreReducedAdam, make_strategy
     from tfnmt.training.experiment import POLICIES
@@ -220,6 +221,9 @@ def build_trainer(preset, precision, vocab_size, jit_compile=False):
     with strategy.scope():
         model = Transformer(**dict(get_preset(preset), vocab_size=vocab_size))
         model.build()
+        if get_training(preset)["dropout_from_epoch"]:
+            for layer in model.residual_dropouts():
+                layer.rate = 0.0
         optimizer = paper_adam(model.d_model, 4000, 1.0, PreReducedAdam)
         optimizer.build(model.trainable_variables)
     return model, Trainer(model, optimizer, strategy, jit_compile=jit_compile)

@@ -332,6 +332,14 @@ def write_peer_data(work, spm_path):
         f.writelines(processor.id_to_piece(i) + "\n" for i in range(4, processor.get_piece_size()))
 
 
+def peer_dropout(settings):
+    """The peer's residual dropout: tfnmt's where it is on from the start; 0 where tfnmt starts
+    it after some epochs (`--dropout_from_epoch`), which OpenNMT-tf cannot (tfnmt's runs up
+    to that epoch train without it)."""
+    late = settings["train"].get("dropout_from_epoch", 0.0)
+    return 0.0 if late else settings["model"]["dropout"]
+
+
 def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
     """Trains OpenNMT-tf with one recipe and scores it: per budget for the budgeted recipe
     (calibrated on `calibration`, else on a calibration run of its own), else once for the
@@ -343,7 +351,7 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
     with open(os.path.join(work, "model.py"), "w") as f:
         f.write(PEER_MODEL.format(
             d_model=model["d_model"], num_layers=model["num_layers"],
-            num_heads=model["num_heads"], d_ff=model["d_ff"], dropout=model["dropout"],
+            num_heads=model["num_heads"], d_ff=model["d_ff"], dropout=peer_dropout(settings),
             attention_dropout=model.get("attention_dropout", 0.0),
             norm_first=bool(model.get("norm_first", False))))
     with open(os.path.join(work, "launcher.py"), "w") as f:

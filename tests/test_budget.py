@@ -68,3 +68,20 @@ def test_a_budget_already_spent_ends_at_the_next_update():
     assert plans and all(planned == step + 1 for step, planned in plans)
     with pytest.raises(ValueError):
         TrainingBudget(0)
+
+
+@pytest.mark.parametrize("restart_seconds", [20.0, 40.0])
+def test_a_restart_plans_from_the_new_pace(restart_seconds):
+    # 10 updates/s, then (a retraced, slower step) 5 updates/s from the restart on: before the
+    # plan froze at 30 s, or after it (re-planned for a tenth of the budget, 6 s, from there).
+    clock = Clock()
+    budget = TrainingBudget(1.0, clock=clock)
+    first = int(restart_seconds * 10)
+    run(budget, clock, 0.1, first)
+    budget.restart(first)
+    assert not budget.frozen
+    run(budget, clock, 0.2, 1000, first=first)
+    assert budget.frozen
+    freeze = max(30.0, restart_seconds + 6.0)
+    at_freeze = first + 5 * (freeze - restart_seconds)
+    assert budget.planned == pytest.approx(at_freeze + 5 * (60 - freeze) * 0.98, abs=3)

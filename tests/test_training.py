@@ -14,6 +14,7 @@ import tensorflow as tf
 from helpers import ROOT, python, teacher_forced_log_prob, train_flags
 from tfnmt import cpu_kernels, fast_ops
 from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes
+from tfnmt.data import records
 from tfnmt.inference import length_penalty
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
@@ -380,6 +381,31 @@ def test_a_time_budget_plans_the_run_and_a_resumed_run_keeps_the_plan(small_corp
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout and f"at step {steps}" in again.stdout
     assert "planned" not in again.stdout and "planning" not in again.stdout
+
+
+def test_late_dropout_starts_at_its_epoch_and_a_resumed_run_at_the_same_update(
+        small_corpus, train_data, tmp_path):
+    # --dropout_from_epoch: the start is measured from the first 100 updates (each <= 512 target
+    # tokens here), saved, and a resumed run starts dropout at that update.
+    epoch_tokens = records.load_manifest(train_data)["splits"]["train"]
+    epoch_tokens = epoch_tokens["tokens"]["target"] + epoch_tokens["examples"]
+    epochs = 130 * 400 / epoch_tokens  # starts after 102-239 updates of 218-512 tokens
+    model_dir = str(tmp_path / "run")
+    flags = train_flags(small_corpus, train_data, model_dir, train_steps=101, dropout=0.1,
+                        dropout_from_epoch=epochs, log_every=50, checkpoint_every=101,
+                        eval_every=0, bleu_sentences=2, average_last=0, test_report="false")
+    first = python(*flags)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = json.load(open(os.path.join(model_dir, "settings.json")))["train"]
+    start = saved["dropout_from_step"]
+    assert 101 < start < 240 and saved["dropout_from_epoch"] == pytest.approx(epochs)
+    assert f"dropout 0.1 starts at update {start:,d}" in first.stdout
+    assert "dropout 0.1 on" not in first.stdout
+    resumed = python("train.py", f"--model_dir={model_dir}", f"--data_dir={train_data}",
+                     f"--train_steps={start + 1}", "--alpha=0.6")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert re.findall(r"^step ([\d,]+): dropout 0.1 on$", resumed.stdout, re.M) == [str(start)]
+    assert "starts at update" not in resumed.stdout
 
 
 def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus, tmp_path):

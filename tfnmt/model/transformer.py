@@ -252,6 +252,12 @@ class Transformer(keras.Model):
                  "memory": layer.memory_cache(memory)}
                 for layer in self.decoder_layers]
 
+    def residual_dropouts(self):
+        """The dropout layers whose rate is `dropout`: the embeddings' and each layer's on its
+        sublayer outputs (not attention_dropout's or ffn_dropout's)."""
+        return [self.embedding_dropout] + [layer.dropout for layer in
+                                           self.encoder_layers + self.decoder_layers]
+
     def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
         """One incremental decoding step: attends to the cached prefix only, so no earlier
         position is recomputed.

@@ -73,6 +73,9 @@ flags.DEFINE_integer("d_model", None, "Override: model width.")
 flags.DEFINE_integer("num_heads", None, "Override: attention heads.")
 flags.DEFINE_integer("d_ff", None, "Override: feed-forward inner width.")
 flags.DEFINE_float("dropout", None, "Override: residual/embedding dropout.")
+flags.DEFINE_float("dropout_from_epoch", None, "Residual/embedding dropout starts once the run has "
+                   "trained on this many epochs of its training data (0: from the start; "
+                   "default: the preset's: 7.5 for cpu, else 0).")
 flags.DEFINE_float("attention_dropout", None, "Override: dropout on attention weights.")
 flags.DEFINE_float("ffn_dropout", None, "Override: dropout inside the feed-forward block "
                    "(default 0).")
@@ -165,7 +168,8 @@ DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type"
               "filter_identical")
 TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "train_minutes", "warmup_steps",
                "lr_scale",
-               "lr_decay", "label_smoothing", "clip_norm", "mixed_precision", "shape_stable",
+               "lr_decay", "label_smoothing", "dropout_from_epoch", "clip_norm",
+               "mixed_precision", "shape_stable",
                "bucket_growth", "jit_compile", "seed", "log_every", "eval_every",
                "bleu_sentences", "eval_beam_size", "best_metric", "early_stopping",
                "checkpoint_every", "keep_checkpoints", "average_last")
@@ -182,6 +186,8 @@ flags.register_validator("alpha", lambda v: _valid_alpha(v),  # defined below
 flags.register_validator("label_smoothing", lambda v: v is None or 0.0 <= v < 1.0,
                          "--label_smoothing must be in [0, 1)")
 flags.register_validator("clip_norm", lambda v: v >= 0.0, "--clip_norm must be >= 0")
+flags.register_validator("dropout_from_epoch", lambda v: v is None or v >= 0.0,
+                         "--dropout_from_epoch must be >= 0")
 flags.register_validator("train_minutes", lambda v: v is None or v >= 0.0,
                          "--train_minutes must be >= 0")
 flags.register_validator("filter_length_ratio", lambda v: v == 0.0 or v >= 1.0,

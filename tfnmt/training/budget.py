@@ -43,6 +43,7 @@ class TrainingBudget:
         self.planned = None
         self.planned_count = 0  # plans made (each a change)
         self.frozen = False
+        self.freeze_after = freeze_fraction * self.seconds  # training seconds
 
     def elapsed(self):
         """Training seconds so far (evaluations left out)."""
@@ -51,6 +52,18 @@ class TrainingBudget:
     def pause(self, seconds):
         """Leaves `seconds` (a dev evaluation) out of the training time."""
         self.paused += seconds
+
+    def restart(self, step):
+        """Plans again from the pace of the updates after `step`, whose pace differs from
+        before (the train step changed): the history is dropped, and the plan is revised until
+        half the budget, or for a tenth of it from here if that is later.
+
+        Args:
+          step: the optimizer's step where the new pace starts.
+        """
+        self.first_step, self.history, self.frozen = int(step), [], False
+        self.freeze_after = min(max(self.freeze_fraction * self.seconds,
+                                    self.elapsed() + 0.1 * self.seconds), self.seconds)
 
     def plan(self, step):
         """Called after each update.
@@ -74,7 +87,7 @@ class TrainingBudget:
         pace = (step - first[0]) / max(elapsed - first[1], 1e-6)  # updates per second
         remaining = max(self.seconds - elapsed, 0.0) * (1.0 - self.margin)
         planned = max(step + int(pace * remaining), step + 1)
-        self.frozen = elapsed >= self.freeze_fraction * self.seconds
+        self.frozen = elapsed >= self.freeze_after
         if planned == self.planned:
             return None
         self.planned = planned

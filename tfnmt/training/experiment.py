@@ -25,11 +25,12 @@ from tfnmt.data import pipeline, records, vocabulary
 from tfnmt.model.transformer import Transformer
 from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS
 from tfnmt.training import fine_tune
-from tfnmt.training.budget import TrainingBudget
 from tfnmt.training.best import BestCheckpoint
+from tfnmt.training.budget import TrainingBudget
 from tfnmt.training.distribute import (PreReducedAdam, batch_iterator, resolve_mixed_precision,
                                        task_role)
 from tfnmt.training.evaluator import Evaluator
+from tfnmt.training.late_dropout import DropoutStart
 from tfnmt.training.schedule import make_schedule, paper_adam
 from tfnmt.training.settings import SettingsError, load_settings, write_json
 from tfnmt.training.stats import TrainingStats
@@ -182,6 +183,21 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         if t.get("train_minutes") and not restored else None
 
     configured_warmup = t["warmup_steps"]
+    dropout_start = _dropout_start(model, settings, manifest, first_step)
+
+    def after_update(step, outputs):
+        started = dropout_start.update(step, float(outputs["target_tokens"]))
+        if t.get("dropout_from_step") is None and dropout_start.start_step is not None:
+            t["dropout_from_step"] = dropout_start.start_step
+            log(f"dropout {dropout_start.rate:g} starts at update {dropout_start.start_step:,d} "
+                f"(epoch {dropout_start.epochs:g} of the training data), if the run gets there")
+            if is_chief:  # a resumed run starts it at the same update
+                write_json(os.path.join(model_dir, SETTINGS), settings)
+        if started:
+            trainer.retrace()
+            if budget is not None:  # updates with dropout have their own pace
+                budget.restart(step)
+            log(f"step {step:,d}: dropout {dropout_start.rate:g} on")
 
     def on_plan(planned):
         t["train_steps"] = stats.train_steps = planned
@@ -206,7 +222,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         step = trainer(iterator, t["train_steps"], keeper=keeper, stats=stats,
                        evaluate=evaluate, log_every=t["log_every"],
                        checkpoint_every=t["checkpoint_every"], eval_every=t["eval_every"],
-                       budget=budget, on_plan=on_plan)
+                       budget=budget, on_plan=on_plan,
+                       after_update=after_update if dropout_start else None)
         if step < t["train_steps"]:
             log(f"stopped early at step {step}: {_early_stop_reason(best)}")
     train_writer.flush()
@@ -227,6 +244,18 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         final_name += f", best {best.metric}" if improved else ""
     log(_format_metrics(step, metrics, final_name))
     return metrics
+
+
+def _dropout_start(model, settings, manifest, first_step):
+    """The run's `DropoutStart`, or None where dropout is on from the start (or off)."""
+    t, rate = settings["train"], settings["model"].get("dropout", 0.0)
+    epochs = t.get("dropout_from_epoch", 0.0)
+    if not rate or not epochs:
+        return None
+    train = manifest["splits"]["train"]
+    epoch_tokens = train["tokens"]["target"] + train["examples"]  # EOS ends each target
+    return DropoutStart(model.residual_dropouts(), rate, epochs, epoch_tokens, first_step,
+                        start_step=t.get("dropout_from_step"))
 
 
 def _early_stop_reason(best):

@@ -42,7 +42,7 @@ MODEL_DEFAULTS = {name: parameter.default for name, parameter
                   if parameter.default is not inspect.Parameter.empty and name != "dtype"}
 
 # What a saved run that does not record these settings trained with.
-TRAIN_DEFAULTS_BEFORE = {"lr_decay": "rsqrt", "train_minutes": 0.0}
+TRAIN_DEFAULTS_BEFORE = {"lr_decay": "rsqrt", "train_minutes": 0.0, "dropout_from_epoch": 0.0}
 DATA_DEFAULTS_BEFORE = {"separate_vocabularies": False}
 
 

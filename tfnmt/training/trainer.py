@@ -53,16 +53,21 @@ class Trainer:
         self.accum_steps = accum_steps
         self.clip_norm = clip_norm
         self.jit_compile = jit_compile
+        self.retrace()
+
+    def retrace(self):
+        """A new trace of the train step at its next call (after a change to what the trace
+        holds as constants, such as a dropout rate)."""
         # XLA can compile the replica's work (not the iterator reads around it). autograph=False
         # here and on every tfnmt tf.function: their loops and branches are written as
         # tf.while_loop/tf.cond, and converting the code they call cost ~5 s per process.
         self.replica_step = tf.function(self._replica_step, jit_compile=True, autograph=False) \
-            if jit_compile else self._replica_step
+            if self.jit_compile else self._replica_step
         self.train_step = tf.function(self._train_step, autograph=False)
 
     def __call__(self, iterator, train_steps, keeper=None, stats=None, evaluate=None,
                  log_every=100, checkpoint_every=1000, eval_every=0, budget=None,
-                 on_plan=None):
+                 on_plan=None, after_update=None):
         """Runs updates until the optimizer has applied `train_steps` (or `evaluate` stops
         it); returns the update count reached.
 
@@ -76,6 +81,8 @@ class Trainer:
             loop saves a checkpoint and stops there.
           budget: a `budget.TrainingBudget`: after each update it may plan a new last update,
             which replaces `train_steps` and is passed to `on_plan`.
+          after_update: called with the step and the update's outputs after each applied
+            update, before the budget plans.
 
         Raises:
           TrainingError: fp16 loss scaling skipped more than MAX_SKIPPED_IN_A_ROW updates in a
@@ -101,6 +108,8 @@ class Trainer:
                         "--mixed_precision=bf16|none)")
                 continue
             step, streak = applied, 0
+            if after_update is not None:
+                after_update(step, outputs)
             planned = budget.plan(step) if budget is not None else None
             if planned is not None:
                 train_steps = planned
