@@ -220,14 +220,17 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
                                                          str(tmp_path / "ckpt-2")]
 
 
-def events(directory):
-    """{tag: its description} of the summaries in a directory's event files."""
+def events(directory, steps=None):
+    """{tag: its description} of the summaries in a directory's event files; `steps`, a dict,
+    gets {tag: [the steps it was written at]}."""
     tags = {}
     for name in os.listdir(directory):
         if name.startswith("events.out.tfevents"):
             for event in tf.compat.v1.train.summary_iterator(os.path.join(directory, name)):
                 for value in event.summary.value:
                     tags.setdefault(value.tag, value.metadata.summary_description)
+                    if steps is not None:
+                        steps.setdefault(value.tag, []).append(event.step)
     return tags
 
 
@@ -288,17 +291,22 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     assert tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")).endswith("ckpt-12")
     # TensorBoard: tags grouped by kind, each scalar with its description; the settings for
     # the HParams tab in the model_dir's own event file.
-    train_events = events(os.path.join(model_dir, "train"))
+    train_steps, eval_steps = {}, {}
+    train_events = events(os.path.join(model_dir, "train"), train_steps)
     assert set(train_events) >= {"metrics/loss", "optim/learning_rate", "optim/grad_norm",
                                  "system/target_tokens_per_sec", "system/padding_fraction",
                                  "system/rss_gib"}
-    eval_events = events(os.path.join(model_dir, "eval"))
+    eval_events = events(os.path.join(model_dir, "eval"), eval_steps)
     assert set(eval_events) >= {"metrics/loss", "metrics/perplexity", "metrics/accuracy",
                                 "metrics/bleu", "metrics/chrf", "samples/translations",
                                 "samples/attention/encoder_self/layer_0",
                                 "samples/attention/decoder_self/layer_1",
                                 "samples/attention/decoder_cross/layer_1"}
     assert "dev split" in eval_events["metrics/perplexity"]
+    # Nothing written last is lost at exit: the last logged update (every 4th) and both dev
+    # evaluations, at step 8 and of the average at step 12.
+    assert sorted(train_steps["metrics/loss"]) == [4, 8, 12]
+    assert sorted(eval_steps["metrics/bleu"]) == [8, 12]
     # Attention pictures carry the sentence's pieces as text: black pixels, which no heatmap
     # colour has (its darkest is (25, 76, 178)).
     picture = tf.io.decode_png(image_bytes(os.path.join(model_dir, "eval"),
