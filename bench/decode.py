@@ -52,6 +52,9 @@ flags.DEFINE_enum("loader", "session", ["session", "python"], "How the exports a
 flags.DEFINE_list("ctranslate2", ["float32", "int8"], "CTranslate2 weight types also timed "
                   "(export.py --format=ctranslate2; empty: none).")
 flags.DEFINE_integer("ct2_threads", 0, "CTranslate2 intra-op threads (0: one per core).")
+flags.DEFINE_integer("session_threads", 0, "Intra- and inter-op threads of the C++ loader's "
+                     "session (TF Serving's --tensorflow_intra_op_parallelism and "
+                     "--tensorflow_inter_op_parallelism); 0: TensorFlow's default, one per core.")
 flags.DEFINE_integer("parallel_searches", 2, "export.py's --parallel_searches (1: a batch is "
                      "one search).")
 
@@ -81,6 +84,7 @@ def main(argv):
     tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, paths.VOCAB))
     result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS, "model_dir": FLAGS.model_dir,
               "split": FLAGS.split, "loader": FLAGS.loader,
+              "session_threads": FLAGS.session_threads,
               "rss_gib_before_loading": round(rss_bytes() / 2 ** 30, 2)}
     scratch = tempfile.mkdtemp(prefix="tfnmt-bench-")
     beam_translators = {}  # matmul dtype -> the export's translate function
@@ -172,7 +176,7 @@ def load_translate(path):
     if FLAGS.loader == "session":
         from tfnmt.inference.session_loader import SessionModel
 
-        served = SessionModel(path)
+        served = SessionModel(path, threads=FLAGS.session_threads)
 
         def translate(sentences):
             out = served.run("serving_default", {"sentences": np.array(

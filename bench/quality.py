@@ -58,7 +58,8 @@ flags.DEFINE_enum("mixed_precision", "none", ["none", "bf16"], "Training compute
 flags.DEFINE_string("work_dir", "runs/quality", "Where both systems train (emptied first).")
 flags.DEFINE_list("peer_configs", ["budgeted", "noam4000"], "OpenNMT-tf recipes to run: "
                   "budgeted (tfnmt's warm-up, peak and label smoothing, cosine to zero at the "
-                  "budget's last step), budgeted_smoothed (the same, label smoothing 0.1), noam "
+                  "budget's last step), budgeted_smoothed (the same, label smoothing 0.1), "
+                  "budgeted_dropout (the same, tfnmt's dropout from the first update), noam "
                   "(tfnmt's warm-up and scale on Noam's decay), noam4000 (the paper's).")
 flags.DEFINE_float("calibration_minutes", 4.0, "Length of the run that measures a system's steps "
                    "per minute for its budgeted recipes.")
@@ -122,8 +123,11 @@ infer:
 # the budget's last step (OpenNMT-tf's CosineAnnealing); the same with the paper's label
 # smoothing 0.1; the same on Noam's open-ended decay; and the paper-style Noam recipe OpenNMT-tf's
 # own Transformer auto_config starts from (learning rate 2, 4,000 warm-up steps, smoothing 0.1).
+# `budgeted_dropout` has tfnmt's dropout rate on from the first update: where tfnmt starts it
+# late, the peer's nearest recipe for budgets long enough to reach that start.
 PEER_RECIPES = {"budgeted": {"budgeted": True},
-                "budgeted_smoothed": {"budgeted": True, "label_smoothing": 0.1}, "noam": {},
+                "budgeted_smoothed": {"budgeted": True, "label_smoothing": 0.1},
+                "budgeted_dropout": {"budgeted": True, "dropout_from_start": True}, "noam": {},
                 "noam4000": {"lr_scale": 2.0, "warmup_steps": 4000, "label_smoothing": 0.1}}
 NOAM = ("decay_type: NoamDecay\n  decay_params: {{model_dim: {d_model}, "
         "warmup_steps: {warmup_steps}}}")
@@ -332,12 +336,13 @@ def write_peer_data(work, spm_path):
         f.writelines(processor.id_to_piece(i) + "\n" for i in range(4, processor.get_piece_size()))
 
 
-def peer_dropout(settings):
-    """The peer's residual dropout: tfnmt's where it is on from the start; 0 where tfnmt starts
-    it after some epochs (`--dropout_from_epoch`), which OpenNMT-tf cannot (tfnmt's runs up
-    to that epoch train without it)."""
+def peer_dropout(settings, from_start=False):
+    """The peer's residual dropout: tfnmt's where it is on from the start, or where the recipe
+    asks for it from the start (`from_start`); else 0 where tfnmt starts it after some epochs
+    (`--dropout_from_epoch`), which OpenNMT-tf cannot (tfnmt's runs up to that epoch train
+    without it)."""
     late = settings["train"].get("dropout_from_epoch", 0.0)
-    return 0.0 if late else settings["model"]["dropout"]
+    return 0.0 if late and not from_start else settings["model"]["dropout"]
 
 
 def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
@@ -347,11 +352,12 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
     model, training = settings["model"], settings["train"]
     recipe = {"lr_scale": training["lr_scale"], "warmup_steps": training["warmup_steps"],
               "label_smoothing": training["label_smoothing"], **PEER_RECIPES[recipe_name]}
+    recipe["dropout"] = peer_dropout(settings, recipe.pop("dropout_from_start", False))
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "model.py"), "w") as f:
         f.write(PEER_MODEL.format(
             d_model=model["d_model"], num_layers=model["num_layers"],
-            num_heads=model["num_heads"], d_ff=model["d_ff"], dropout=peer_dropout(settings),
+            num_heads=model["num_heads"], d_ff=model["d_ff"], dropout=recipe["dropout"],
             attention_dropout=model.get("attention_dropout", 0.0),
             norm_first=bool(model.get("norm_first", False))))
     with open(os.path.join(work, "launcher.py"), "w") as f:
