@@ -172,8 +172,10 @@ def prepared_data(data_dir):
 
 
 def cpu_description():
-    """The CPU as /proc/cpuinfo names it, with what tells same-named models apart: e.g.
-    "AMD EPYC (family 25, model 1; AVX2), 2 cores"."""
+    """The CPU as /proc/cpuinfo names it, with what tells same-named models apart, and the cap
+    on oneDNN's instruction set where ONEDNN_MAX_CPU_ISA sets one: e.g. "AMD EPYC (family 25,
+    model 1; AVX2), 2 cores" or "AMD EPYC (family 26, model 2; AVX2 AVX-512 AVX512-BF16),
+    2 cores, oneDNN capped at AVX2"."""
     fields = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -190,7 +192,8 @@ def cpu_description():
     if "cpu family" in fields:
         model += (f" (family {fields['cpu family']}, model {fields.get('model', '?')}; "
                   f"{' '.join(isa) or 'no AVX2'})")
-    return f"{model}, {os.cpu_count()} cores"
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip()
+    return f"{model}, {os.cpu_count()} cores" + (f", oneDNN capped at {cap}" if cap else "")
 
 
 def define_trainer_flags():
