@@ -186,6 +186,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     dropout_start = _dropout_start(model, settings, manifest, first_step)
 
     def after_update(step, outputs):
+        if dropout_start.started:  # nothing left to measure or start
+            return
         started = dropout_start.update(step, float(outputs["target_tokens"]))
         if t.get("dropout_from_step") is None and dropout_start.start_step is not None:
             t["dropout_from_step"] = dropout_start.start_step
@@ -223,7 +225,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
                        evaluate=evaluate, log_every=t["log_every"],
                        checkpoint_every=t["checkpoint_every"], eval_every=t["eval_every"],
                        budget=budget, on_plan=on_plan,
-                       after_update=after_update if dropout_start else None)
+                       after_update=None if dropout_start is None or dropout_start.started
+                       else after_update)
         if step < t["train_steps"]:
             log(f"stopped early at step {step}: {_early_stop_reason(best)}")
     train_writer.flush()
