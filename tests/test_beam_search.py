@@ -94,6 +94,7 @@ class EosLikely:
     def __init__(self, model):
         self.model, self.settings = model, model.settings
         self.encode, self.initial_cache = model.encode, model.initial_cache
+        self.decoding_products = model.decoding_products
         self.bonus = tf.one_hot(EOS_ID, VOCAB)
 
     def decode(self, target_ids, memory, source_padding):
@@ -205,6 +206,7 @@ class EndsAtSourceLength:
     def __init__(self, model):
         self.model, self.settings = model, model.settings
         self.encode, self.initial_cache = model.encode, model.initial_cache
+        self.decoding_products = model.decoding_products
 
     def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
         logits, cache = self.model.decode_step(token_ids, step, cache, source_padding)
@@ -326,6 +328,7 @@ class NoEos:
     def __init__(self, model):
         self.model, self.settings = model, model.settings
         self.encode, self.initial_cache = model.encode, model.initial_cache
+        self.decoding_products = model.decoding_products
 
     def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
         logits, cache = self.model.decode_step(token_ids, step, cache, source_padding)

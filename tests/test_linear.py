@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfnmt.layers.linear import linear, low_precision_matmuls
+from tfnmt.layers.linear import linear, low_precision_matmuls, pretransposed_kernels
 
 
 def test_matches_batched_matmul_and_its_gradients():
@@ -130,3 +130,43 @@ def test_low_precision_kernels_are_cast_once_before_a_loop():
     assert sorted(node.attr["DstT"].type for node in body.node_def if node.op == "Cast") == \
         sorted([tf.bfloat16.as_datatype_enum, tf.float32.as_datatype_enum])
     assert not [node for node in body.node_def if node.op == "ReadVariableOp"]
+
+
+def test_pretransposed_kernels_multiply_by_a_copy_made_once_before_a_loop():
+    embedding = tf.Variable(tf.random.normal([12, 8]))  # [V, D], the tied output layer's
+    x = tf.random.normal([2, 3, 8])
+    expected = np.einsum("btd,vd->btv", x.numpy().astype(np.float64),
+                         embedding.numpy().astype(np.float64))
+    with pretransposed_kernels([embedding]):
+        np.testing.assert_allclose(linear(x, embedding, transpose_kernel=True), expected,
+                                   rtol=1e-5, atol=1e-5)
+        # Training, and products with the kernel untransposed, are left alone.
+        np.testing.assert_array_equal(linear(x, embedding, transpose_kernel=True, training=True),
+                                      linear(x, tf.convert_to_tensor(embedding),
+                                             transpose_kernel=True, training=True))
+    with low_precision_matmuls([embedding]):  # the bf16 copy is the one transposed
+        with pretransposed_kernels([embedding]):
+            low = linear(x, embedding, transpose_kernel=True)
+        rounded = tf.matmul(tf.cast(tf.reshape(x, [6, 8]), tf.bfloat16),
+                            tf.transpose(tf.cast(embedding, tf.bfloat16)))
+        np.testing.assert_array_equal(low, tf.reshape(tf.cast(rounded, tf.float32), [2, 3, 12]))
+
+    @tf.function
+    def iterate(x):  # [4, 8]: x <- tanh(x Eᵀ)[:, :8], three times
+        with pretransposed_kernels([embedding]):
+            return tf.while_loop(
+                lambda i, x: i < 3,
+                lambda i, x: (i + 1, tf.tanh(linear(x, embedding, transpose_kernel=True))[:, :8]),
+                (0, x))[1]
+
+    start = tf.random.normal([4, 8])
+    reference = start.numpy().astype(np.float64)
+    for _ in range(3):
+        reference = np.tanh(reference @ embedding.numpy().astype(np.float64).T)[:, :8]
+    np.testing.assert_allclose(iterate(start), reference, rtol=1e-5, atol=1e-5)
+    graph_def = iterate.get_concrete_function(start).graph.as_graph_def()
+    body = next(f for f in graph_def.library.function if "body" in f.signature.name)
+    # In the loop: one product by the copy, no transpose and no variable read.
+    products = [node for node in body.node_def if node.op == "MatMul"]
+    assert len(products) == 1 and not products[0].attr["transpose_b"].b
+    assert not [node for node in body.node_def if node.op in ("Transpose", "ReadVariableOp")]

@@ -288,7 +288,8 @@ def dynamic_decode(model, strategy, source_ids, max_length=None):
     its limit, `decode_limits`). Works eagerly and inside tf.function (one tf.while_loop).
 
     Args:
-      model: a `Transformer` (its `encode`, `initial_cache`, `decode_step`, `settings`).
+      model: a `Transformer` (its `encode`, `initial_cache`, `decode_step`,
+        `decoding_products`, `settings`).
       strategy: a `DecodingStrategy` (`GreedySearch`, `BeamSearch`).
       source_ids: [B, S] int32, PAD-padded, EOS-terminated.
       max_length: output limit, a scalar or [B] (`decode_limits`).
@@ -338,8 +339,9 @@ def dynamic_decode(model, strategy, source_ids, max_length=None):
         return step + 1, sentences, results, cache_state
 
     loop_vars = (tf.constant(0), sentences, results, cache.state)
-    _, _, results, _ = tf.while_loop(not_done, one_step, loop_vars,
-                                     shape_invariants=loop_shape_invariants(loop_vars))
+    with model.decoding_products():  # what the steps multiply by, prepared once
+        _, _, results, _ = tf.while_loop(not_done, one_step, loop_vars,
+                                         shape_invariants=loop_shape_invariants(loop_vars))
     return strategy.finalize(results, batch, source_length)
 
 

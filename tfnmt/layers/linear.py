@@ -7,7 +7,8 @@ one axis makes both directions plain GEMMs, and MatMul + BiasAdd (+ ReLU) fuse i
 oneDNN kernel.
 
 Inside `low_precision_matmuls(kernels, dtype)` (inference only) the products with those
-kernels run in `dtype`, e.g. bfloat16 on AMX, with everything around them left in float32.
+kernels run in `dtype`, e.g. bfloat16 on AMX, with everything around them left in float32;
+inside `pretransposed_kernels(kernels)` products with their transposes use a copy transposed once.
 """
 import contextlib
 import threading
@@ -50,6 +51,42 @@ def low_precision_matmuls(kernels, dtype=tf.bfloat16):
         _low_precision.kernels = outer
 
 
+@contextlib.contextmanager
+def pretransposed_kernels(kernels):
+    """A scope in which `linear`, outside training, multiplies by the transpose of any of
+    `kernels` (`transpose_kernel=True`, the tied output layer's x · Eᵀ) through a copy transposed
+    here, once, instead of a MatMul with transpose_b. Eigen's MatMul reads a transposed [V, D]
+    operand 2-7x slower than a [D, V] one at a decoding step's few rows (bench/README.md,
+    "Decoding"); a search traced inside the scope takes the copy into its loop as a
+    loop-invariant input. Inside `low_precision_matmuls`, the low-precision copy is the one
+    transposed.
+
+    Args:
+      kernels: [D_out, D_in] variables that `linear` multiplies by transposed.
+
+    Example:
+      with pretransposed_kernels([model.target_embedding.embeddings]):
+          ids, scores = beam_search(model, source_ids)
+    """
+    outer = getattr(_low_precision, "transposed", None)
+    low_precision = getattr(_low_precision, "kernels", None) or {}
+    _low_precision.transposed = dict(outer or {})
+    for kernel in kernels:
+        entry = low_precision.get(id(kernel))
+        source = entry[1] if entry is not None and entry[0] is kernel else kernel
+        _low_precision.transposed[id(kernel)] = (kernel, tf.transpose(source))  # [D_in, D_out]
+    try:
+        yield
+    finally:
+        _low_precision.transposed = outer
+
+
+def _registered(registry, kernel):
+    """The copy of `kernel` in one of the inference scopes' registries, or None."""
+    entry = (getattr(_low_precision, registry, None) or {}).get(id(kernel))
+    return entry[1] if entry is not None and entry[0] is kernel else None
+
+
 def linear(x, kernel, bias=None, transpose_kernel=False, activation=None, training=False):
     """activation(x · kernel + bias) on the last axis, as one 2-D MatMul (+ BiasAdd), computed in
     x's dtype (the float32 variables are cast, as Keras mixed precision does). The activation is
@@ -75,9 +112,14 @@ def linear(x, kernel, bias=None, transpose_kernel=False, activation=None, traini
         if bias is not None:
             y = y + tf.cast(bias, x.dtype)
         return y if activation is None else activation(y)
-    entry = None if training else \
-        (getattr(_low_precision, "kernels", None) or {}).get(id(kernel))
-    low_precision_kernel = entry[1] if entry is not None and entry[0] is kernel else None
+    low_precision_kernel = None if training else _registered("kernels", kernel)
+    transposed = None if training or not transpose_kernel else _registered("transposed", kernel)
+    if transposed is not None:  # [D_in, D_out], in the low-precision dtype if registered so
+        transpose_kernel = False
+        if tf.as_dtype(transposed.dtype) == tf.as_dtype(kernel.dtype):
+            kernel, low_precision_kernel = transposed, None
+        else:
+            low_precision_kernel = transposed
     kernel = tf.cast(kernel, x.dtype) if low_precision_kernel is None else low_precision_kernel
     out_dim = kernel.shape[0] if transpose_kernel else kernel.shape[1]
     flat = tf.reshape(x, [-1, x.shape[-1]])  # [N, D_in]

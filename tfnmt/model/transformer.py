@@ -1,4 +1,6 @@
 """The encoder-decoder Transformer (paper §3) as a Keras model with encode / decode / call."""
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -7,7 +9,7 @@ from tfnmt.layers import (PositionalEncoding, TokenEmbedding, TransformerDecoder
                           TransformerEncoderLayer)
 from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.layer_norm import LayerNorm
-from tfnmt.layers.linear import linear
+from tfnmt.layers.linear import linear, pretransposed_kernels
 from tfnmt.model import kv_cache
 
 
@@ -251,6 +253,18 @@ class Transformer(keras.Model):
         return [{"self": kv_cache.AppendCache.empty(batch, heads, head_dim, memory.dtype),
                  "memory": layer.memory_cache(memory)}
                 for layer in self.decoder_layers]
+
+    def decoding_products(self):
+        """A scope for a decoding loop: with a tied output layer, its logits multiply by a
+        [D, V] copy of the embedding transposed once per search (`linear.pretransposed_kernels`),
+        not by the [V, D] matrix transposed at every step.
+
+        Returns:
+          A context manager.
+        """
+        if self.output_projection is not None:
+            return contextlib.nullcontext()
+        return pretransposed_kernels([self.target_embedding.embeddings])
 
     def residual_dropouts(self):
         """The dropout layers whose rate is `dropout`: the embeddings' and each layer's on its
