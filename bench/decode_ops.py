@@ -38,6 +38,8 @@ def op_type(node_stats):
 
 
 def main(_):
+    if FLAGS.requests < 1 or FLAGS.batch < 1:
+        raise app.UsageError("--requests and --batch must be at least 1")
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the export's tokenizer ops)
 
