@@ -56,7 +56,7 @@ def pretransposed_kernels(kernels):
     """A scope in which `linear`, outside training, multiplies by the transpose of any of
     `kernels` (`transpose_kernel=True`, the tied output layer's x · Eᵀ) through a copy transposed
     here, once, instead of a MatMul with transpose_b. Eigen's MatMul reads a transposed [V, D]
-    operand 2-7x slower than a [D, V] one at a decoding step's few rows (bench/README.md,
+    operand 2-8x slower than a [D, V] one at a decoding step's few rows (bench/README.md,
     "Decoding"); a search traced inside the scope takes the copy into its loop as a
     loop-invariant input. Inside `low_precision_matmuls`, the low-precision copy is the one
     transposed.
