@@ -170,3 +170,15 @@ def test_pretransposed_kernels_multiply_by_a_copy_made_once_before_a_loop():
     products = [node for node in body.node_def if node.op == "MatMul"]
     assert len(products) == 1 and not products[0].attr["transpose_b"].b
     assert not [node for node in body.node_def if node.op in ("Transpose", "ReadVariableOp")]
+
+    @tf.function
+    def nested(x):  # an inner function inside an enclosing scope uses the enclosing copy
+        with pretransposed_kernels([embedding]):
+            inner = tf.function(lambda x: iterate.python_function(x), autograph=False)
+            return inner(x)
+
+    np.testing.assert_allclose(nested(start), reference, rtol=1e-5, atol=1e-5)
+    graph_def = nested.get_concrete_function(start).graph.as_graph_def()
+    assert sum(node.op == "Transpose" for node in graph_def.node) == 1
+    assert not [node for f in graph_def.library.function for node in f.node_def
+                if node.op == "Transpose"]

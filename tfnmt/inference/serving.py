@@ -209,7 +209,10 @@ class TranslationModule:
             # Weight matrices (rank 2) cast once per call, before the loop.
             kernels = [v for v in self.model.trainable_variables if len(v.shape) == 2] \
                 if matmul_dtype != "float32" else []
-            with low_precision_matmuls(kernels, tf.as_dtype(matmul_dtype)):
+            # The searches' transposed output kernel too, once per call (however many
+            # chunks and parallel searches).
+            with low_precision_matmuls(kernels, tf.as_dtype(matmul_dtype)), \
+                    self.model.decoding_products():
                 batch, size = tf.shape(inputs[0])[0], self.chunk_size
                 count = (batch + size - 1) // size
 

@@ -59,7 +59,8 @@ def pretransposed_kernels(kernels):
     operand 2-8x slower than a [D, V] one at a decoding step's few rows (bench/README.md,
     "Decoding"); a search traced inside the scope takes the copy into its loop as a
     loop-invariant input. Inside `low_precision_matmuls`, the low-precision copy is the one
-    transposed.
+    transposed; inside an enclosing scope of the same kernels, its copy is used (a server
+    transposes once per request, however many searches the request runs).
 
     Args:
       kernels: [D_out, D_in] variables that `linear` multiplies by transposed.
@@ -69,11 +70,13 @@ def pretransposed_kernels(kernels):
           ids, scores = beam_search(model, source_ids)
     """
     outer = getattr(_low_precision, "transposed", None)
-    low_precision = getattr(_low_precision, "kernels", None) or {}
     _low_precision.transposed = dict(outer or {})
     for kernel in kernels:
-        entry = low_precision.get(id(kernel))
-        source = entry[1] if entry is not None and entry[0] is kernel else kernel
+        source = _registered("kernels", kernel)
+        source = kernel if source is None else source
+        copy = _registered("transposed", kernel)
+        if copy is not None and tf.as_dtype(copy.dtype) == tf.as_dtype(source.dtype):
+            continue  # an enclosing scope's copy serves
         _low_precision.transposed[id(kernel)] = (kernel, tf.transpose(source))  # [D_in, D_out]
     try:
         yield
