@@ -12,15 +12,20 @@ Minutes are measured from each training process' start: tfnmt's count its start-
 data preparation (SentencePiece training, TFRecords), as the main job's do; the peer is given
 the pieces of tfnmt's SentencePiece model, prepared outside its budget.
 
-A recipe whose learning rate falls to zero at its last step (tfnmt's main job, `lr_decay=linear`;
-the peer's `budgeted` recipe, OpenNMT-tf's CosineAnnealing with the same warm-up and peak) is
-trained once per budget, for the number of steps that fits the budget: the first budget is
-planned from the pace of a calibration run (`--calibration_minutes`) on this machine, each
-later one from the run before it; a run that ends well before its budget (`--replan_unused`)
-is trained again, planned from its own pace, and a run still going at its budget is stopped
-there and its last checkpoint scored (`"cut": true`). `"planned_from"` lists the paces used. A recipe of open
-length (the peer's `noam` recipes) trains once, for the largest budget, and the checkpoint saved
-last before each budget is scored; its checkpoints every --checkpoint_minutes draw its curve.
+tfnmt trains as its main job does: for a time (`--train_minutes`), planning its number of
+updates from its own pace as it goes, again once its late dropout starts
+(`training/budget.py`). It is given the budget less its start-up (data preparation, model
+building, tracing: measured on a calibration run of --calibration_minutes), less
+--tfnmt_margin of that for its last checkpoint.
+A peer recipe whose learning rate falls to zero at its last step (`budgeted`: OpenNMT-tf's
+CosineAnnealing with tfnmt's warm-up and peak) is trained once per budget, for the number of
+steps that fits the budget: the first budget is planned from the pace of a calibration run
+(--calibration_minutes, one per dropout rate) on this machine, each later one from the run before
+it; a run that ends well before its budget (`--replan_unused`) is trained again, planned from
+its own pace. A run still going at its budget is stopped there and its last checkpoint scored
+(`"cut": true`); `"planned_from"` lists the paces used. A recipe of open length (the peer's `noam`
+recipes) trains once, for the largest budget, and the checkpoint saved last before each budget
+is scored; its checkpoints every --checkpoint_minutes draw its curve.
 
 Prints one JSON line (per system, recipe and budget: step, minutes, BLEU, chrF, signatures) and
 writes --plot (PNG: test BLEU against training minutes). Budgets can be run one command at a
@@ -35,7 +40,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -63,8 +67,10 @@ flags.DEFINE_list("peer_configs", ["budgeted", "noam4000"], "OpenNMT-tf recipes 
                   "(tfnmt's warm-up and scale on Noam's decay), noam4000 (the paper's).")
 flags.DEFINE_float("calibration_minutes", 4.0, "Length of the run that measures a system's steps "
                    "per minute for its budgeted recipes.")
-flags.DEFINE_float("budget_margin", 0.05, "Budgeted runs plan this fraction fewer steps than the "
-                   "calibration predicts (their final checkpoint and evaluation).")
+flags.DEFINE_float("budget_margin", 0.05, "The peer's budgeted runs plan this fraction fewer "
+                   "steps than the calibration predicts (their final checkpoint).")
+flags.DEFINE_float("tfnmt_margin", 0.02, "tfnmt's runs train for this fraction less than the "
+                   "budget leaves after start-up (on top of the 2% its own plan keeps).")
 flags.DEFINE_float("replan_unused", 0.1, "A budgeted run that ends with more than this fraction "
                    "of its budget unused is trained again, planned from its own pace.")
 flags.DEFINE_list("systems", ["tfnmt", "opennmt"], "Which systems to train and score (the peer "
@@ -139,7 +145,8 @@ flags.register_validator("peer_configs", lambda names: set(names) <= set(PEER_RE
 
 def train_until(command, budget_seconds, log_path, env):
     """Runs `command` until it exits or `budget_seconds` have passed since it started (then
-    SIGINT, then SIGKILL); returns its start time."""
+    SIGTERM, then SIGKILL); returns its start time. (Not SIGINT: a shell starting this script
+    in the background makes its children ignore SIGINT.)"""
     start = time.time()
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -147,7 +154,7 @@ def train_until(command, budget_seconds, log_path, env):
         try:
             process.wait(timeout=budget_seconds)
         except subprocess.TimeoutExpired:
-            process.send_signal(signal.SIGINT)
+            process.terminate()
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -276,15 +283,24 @@ def load_scorer(model_dir):
     return hypotheses
 
 
+def start_up_minutes(calibration):
+    """Minutes from a run's start to where its steady pace would have had it at step 0: data
+    preparation, model building and tracing."""
+    return max(calibration["minutes"] - calibration["step"] / calibration["steps_per_minute"],
+               0.0)
+
+
 def run_tfnmt(work, budgets):
     """Trains the main job's recipe per budget (or once, for an open-ended schedule) and scores
     it; -> ({"calibration", "checkpoints"}, settings, SentencePiece model path)."""
     from tfnmt.model.presets import get_training
 
-    def train(name, minutes, steps=100000000):
+    def train(name, minutes, steps=None, train_minutes=None):
         model_dir = os.path.join(work, name)
+        length = (f"--train_minutes={train_minutes:.3f}" if train_minutes
+                  else f"--train_steps={steps or 100000000}")
         command = [sys.executable, os.path.join(ROOT, "train.py"), f"--model_dir={model_dir}",
-                   f"--train_steps={steps}", "--eval_every=0",
+                   length, "--eval_every=0",
                    f"--checkpoint_every={FLAGS.checkpoint_steps}", "--keep_checkpoints=10000",
                    f"--mixed_precision={FLAGS.mixed_precision}", "--test_report=false",
                    "--alpha=0.6"]  # both systems are scored with alpha 0.6
@@ -295,15 +311,25 @@ def run_tfnmt(work, budgets):
     references = [t for _, t in test_pairs()]
     result = {"checkpoints": []}
     if get_training("cpu")["lr_decay"] == "linear":
+        # The main job's way: a time budget, its updates planned from its own pace.
         model_dir, checkpoints = train("tfnmt-calibration", FLAGS.calibration_minutes)
         result["calibration"] = calibrate(checkpoints)
-        runs = budgeted_runs(lambda name, minutes, steps: train(f"tfnmt-{name}", minutes, steps),
-                             result["calibration"], budgets)
-        for model_dir, (step, minutes), cut, plans in runs:
-            hypotheses = load_scorer(model_dir)(step)
+        start_up = result["calibration"]["start_up_minutes"] = round(
+            start_up_minutes(result["calibration"]), 2)
+        for budget in budgets:
+            train_minutes = (budget - start_up) * (1 - FLAGS.tfnmt_margin)
+            if train_minutes <= 0:
+                raise app.UsageError(f"a {budget:g}-minute budget leaves no training time after "
+                                     f"tfnmt's {start_up:g} minutes of start-up")
+            model_dir, checkpoints = train(f"tfnmt-{budget:g}min", budget,
+                                           train_minutes=train_minutes)
+            with open(os.path.join(model_dir, paths.SETTINGS)) as f:
+                planned = json.load(f)["train"]["train_steps"]
+            (step, minutes), cut = budget_result(checkpoints, planned, budget)
             result["checkpoints"].append({"step": step, "minutes": round(minutes, 2),
-                                          "cut": cut, "planned_from": plans,
-                                          **score(hypotheses, references)})
+                                          "cut": cut, "planned_steps": planned,
+                                          "train_minutes": round(train_minutes, 2),
+                                          **score(load_scorer(model_dir)(step), references)})
     else:
         model_dir, checkpoints = train("tfnmt", max(budgets))
         scorer = load_scorer(model_dir)
@@ -345,14 +371,21 @@ def peer_dropout(settings, from_start=False):
     return 0.0 if late and not from_start else settings["model"]["dropout"]
 
 
-def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
-    """Trains OpenNMT-tf with one recipe and scores it: per budget for the budgeted recipe
-    (calibrated on `calibration`, else on a calibration run of its own), else once for the
-    largest budget. -> {"recipe", "checkpoints", "calibration"}."""
-    model, training = settings["model"], settings["train"]
+def peer_recipe(settings, recipe_name):
+    """The peer's settings for a recipe of PEER_RECIPES, from tfnmt's run's settings."""
+    training = settings["train"]
     recipe = {"lr_scale": training["lr_scale"], "warmup_steps": training["warmup_steps"],
               "label_smoothing": training["label_smoothing"], **PEER_RECIPES[recipe_name]}
     recipe["dropout"] = peer_dropout(settings, recipe.pop("dropout_from_start", False))
+    return recipe
+
+
+def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
+    """Trains OpenNMT-tf with one recipe and scores it: per budget for the budgeted recipe
+    (calibrated on `calibration`, a run at the same dropout, else on a calibration run of its
+    own), else once for the largest budget. -> {"recipe", "checkpoints", "calibration"}."""
+    model, training = settings["model"], settings["train"]
+    recipe = peer_recipe(settings, recipe_name)
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "model.py"), "w") as f:
         f.write(PEER_MODEL.format(
@@ -556,12 +589,14 @@ def train_and_score(budgets):
         data_work = os.path.join(work, "opennmt-data")
         os.makedirs(data_work)
         write_peer_data(data_work, spm_path)
-        peers, calibration = {}, None
-        # Open-ended recipes first: their runs calibrate the budgeted one.
+        peers, calibrations = {}, {}  # dropout rate -> the pace of a run at that rate
+        # Open-ended recipes first: their runs calibrate the budgeted ones of their dropout
+        # (dropout slows a step).
         for name in sorted(FLAGS.peer_configs, key=lambda n: PEER_RECIPES[n].get("budgeted", 0)):
+            dropout = peer_recipe(settings, name)["dropout"]
             peers[name] = run_peer(os.path.join(work, f"opennmt-{name}"), data_work, settings,
-                                   name, budgets, calibration)
-            calibration = peers[name]["calibration"]
+                                   name, budgets, calibrations.get(dropout))
+            calibrations[dropout] = peers[name]["calibration"]
         result["opennmt"] = peers
     return result
 
