@@ -75,8 +75,9 @@ def top_log_probs(logits, count, width=32):
     and one max per chunk is taken. The `count` chunks with the largest maxima hold the row's
     `count` best tokens (a chunk holding one of them has a maximum at least the count-th best
     value, and at most `count` chunks do), so the top-k runs over count * width candidates.
-    The log-normaliser comes from one softmax (a fused oneDNN kernel): log p = (x - max) +
-    log softmax(x)[argmax], where softmax(x)[argmax] >= 1 / V never underflows.
+    The log-normaliser is log sum exp(x - max), max being the row's best logit (the first
+    candidate): one subtraction, exponential and sum over [R, V] (oneDNN's fused softmax costs
+    more than these three at a decoding step's sizes).
 
     Args:
       logits: [R, V] float32.
@@ -104,8 +105,9 @@ def top_log_probs(logits, count, width=32):
     candidate_ids = best_chunks[:, :, None] * width + tf.range(width)
     top_logits, position = tf.math.top_k(tf.reshape(candidates, [rows, -1]), k=count)
     ids = tf.gather(tf.reshape(candidate_ids, [rows, -1]), position, batch_dims=1)
-    max_probs = tf.gather(tf.nn.softmax(logits), ids[:, :1], batch_dims=1)  # [R, 1]
-    return top_logits - top_logits[:, :1] + tf.math.log(max_probs), ids
+    best = top_logits[:, :1]  # [R, 1]
+    log_normaliser = tf.math.log(tf.reduce_sum(tf.exp(logits - best), axis=1, keepdims=True))
+    return top_logits - best - log_normaliser, ids
 
 
 class StepLogProbs:
