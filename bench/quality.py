@@ -555,13 +555,14 @@ def plot(path, curves, result):
                   marker="o", label=label)
     # From zero on both axes: a single budget's points are not stretched over the plot.
     axes.set_xlim(0, max(result["budgets_minutes"]) * 1.05)
-    axes.set_ylim(bottom=0)
+    top = max((c["bleu"] for checkpoints in curves.values() for c in checkpoints), default=1)
+    axes.set_ylim(0, top * 1.15)  # headroom: the legend sits above the points
     axes.set_xlabel("training wall-clock minutes")
     axes.set_ylabel("test sacreBLEU (beam 4)")
     precision = {"none": "float32", "bf16": "bfloat16"}[result["mixed_precision"]]
     axes.set_title(f"{result['machine']}, {precision}", fontsize=9)
     axes.grid(alpha=0.3)
-    axes.legend()
+    axes.legend(loc="lower right")
     figure.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     figure.savefig(path, dpi=120)
