@@ -10,7 +10,8 @@ sacreBLEU of the full split's translations. Sentences are batched by length, as 
 does; one batch is decoded first as warm-up, then --rounds timed passes, of which the median is
 reported (and each pass's tokens/s). Also prints the RSS with the exports loaded, and checks
 each exported beam search against the plain eager one (same checkpoint and dtype, no
-tf.function) on the first --check sentences.
+tf.function) on the first --check sentences. The exports search with the GNMT length penalty
+--alpha (0.6), not the one train.py chose for the model_dir.
 With --ctranslate2 it also converts the same checkpoint with export.py --format=ctranslate2
 (float32 and/or int8 weights) and times CTranslate2's translate_batch the same way (beam 4,
 CTranslate2's own length penalty 0.6, --ct2_threads threads for one translator), so both engines
@@ -55,6 +56,9 @@ flags.DEFINE_integer("ct2_threads", 0, "CTranslate2 intra-op threads (0: one per
 flags.DEFINE_integer("session_threads", 0, "Intra- and inter-op threads of the C++ loader's "
                      "session (TF Serving's --tensorflow_intra_op_parallelism and "
                      "--tensorflow_inter_op_parallelism); 0: TensorFlow's default, one per core.")
+flags.DEFINE_float("alpha", 0.6, "GNMT length penalty of the exports and of the eager search "
+                   "they are checked against (not the model_dir's decoding.json, so that every "
+                   "engine decodes with 0.6).")
 flags.DEFINE_integer("parallel_searches", 2, "export.py's --parallel_searches (1: a batch is "
                      "one search).")
 
@@ -62,6 +66,7 @@ flags.DEFINE_integer("parallel_searches", 2, "export.py's --parallel_searches (1
 def export(model_dir, export_dir, beam_size, matmul_dtype):
     subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), f"--model_dir={model_dir}",
                     f"--export_dir={export_dir}", f"--beam_size={beam_size}", "--n_best=1",
+                    f"--alpha={FLAGS.alpha}",
                     f"--matmul_dtype={matmul_dtype}",
                     f"--parallel_searches={FLAGS.parallel_searches}"],
                    check=True, stdout=subprocess.DEVNULL)
@@ -83,7 +88,7 @@ def main(argv):
     sources, references = [s for s, _ in pairs], [r for _, r in pairs]
     tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, paths.VOCAB))
     result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS, "model_dir": FLAGS.model_dir,
-              "split": FLAGS.split, "loader": FLAGS.loader,
+              "split": FLAGS.split, "loader": FLAGS.loader, "alpha": FLAGS.alpha,
               "session_threads": FLAGS.session_threads,
               "rss_gib_before_loading": round(rss_bytes() / 2 ** 30, 2)}
     scratch = tempfile.mkdtemp(prefix="tfnmt-bench-")
@@ -201,8 +206,8 @@ def same_as_eager(sources, translate_exported, matmul_dtype):
     from tfnmt.inference.serving import TranslationModule
 
     model, proto, _ = load_model(FLAGS.model_dir)
-    module = TranslationModule(model, proto, beam_size=4, n_best=1, parallel_searches=1,
-                               matmul_dtype=matmul_dtype)
+    module = TranslationModule(model, proto, beam_size=4, alpha=FLAGS.alpha, n_best=1,
+                               parallel_searches=1, matmul_dtype=matmul_dtype)
 
     def eager(sentences):  # translate_batch itself, not the tf.function around it
         translations, scores = module.translate_batch(tf.constant(sentences, tf.string), 1)
