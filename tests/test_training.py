@@ -419,7 +419,7 @@ def test_late_dropout_starts_at_its_epoch_and_a_resumed_run_at_the_same_update(
 def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus, tmp_path):
     # Separate source/target vocabularies (and so embeddings), pre-norm, learned positions,
     # GELU, FFN dropout, a shallower decoder, an untied output layer, clipping, linear decay,
-    # 2 micro-batches, 2 replicas at once, then stock ops
+    # subword sampling, 2 micro-batches, 2 replicas at once, then stock ops
     # (test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy checks their
     # gradients in every combination; test_train_py_end_to_end runs the defaults).
     import ctranslate2
@@ -439,12 +439,15 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
                      separate_vocabularies="true", vocab_size=500, accum_steps=2,
                      strategy="mirrored", cpu_devices=2, activation="gelu", ffn_dropout=0.1,
                      num_decoder_layers=1, tie_output="false", clip_norm=1.0,
-                     lr_decay="linear", warmup_steps=1)
+                     lr_decay="linear", warmup_steps=1, subword_alpha=0.1, subword_nbest=-1)
     first = python(*train_flags(small_corpus, None, model_dir, **overrides))
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 replica(s)" in first.stdout and "step      1/1 | loss" in first.stdout
     assert "vocabulary 500 source, 500 target" in first.stdout
     assert "| lr 0.00e+00 |" in first.stdout  # the rate after the last step (Noam's: 8.84e-02)
+    with open(os.path.join(model_dir, "settings.json")) as f:
+        saved = json.load(f)["train"]
+    assert (saved["subword_alpha"], saved["subword_nbest"]) == (0.1, -1)
     # Resumed with stock ops: the same variables, so the fast run's checkpoint reads back.
     resumed = python(*train_flags(small_corpus, None, model_dir,
                                   **dict(overrides, train_steps=2)), "--plain_ops")
@@ -506,6 +509,8 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--train_minutes=5 --strategy=multi_worker", "the workers of a cluster need --train_steps"),
     ("--train_minutes=-1", "--train_minutes must be >= 0"),
     ("--alpha=short", "--alpha: give auto or a number >= 0"),
+    ("--subword_alpha=-0.1", "--subword_alpha must be >= 0"),
+    ("--subword_nbest=0", "--subword_nbest must be positive or -1"),
 ])
 def test_bad_flags_fail_fast(flag, message, tmp_path):
     result = python("train.py", f"--model_dir={tmp_path}", *flag.split(), timeout=60)

@@ -70,10 +70,13 @@ _FEATURES = {"source": tf.io.RaggedFeature(tf.int64), "target": tf.io.RaggedFeat
 
 
 @tf.autograph.experimental.do_not_convert  # plain ops: no conversion cost per pipeline
-def _to_model_inputs(serialized):
+def _parse(serialized):
     example = tf.io.parse_single_example(serialized, _FEATURES)
-    source = tf.cast(example["source"], tf.int32)
-    target = tf.cast(example["target"], tf.int32)
+    return tf.cast(example["source"], tf.int32), tf.cast(example["target"], tf.int32)
+
+
+@tf.autograph.experimental.do_not_convert
+def _to_model_inputs(source, target):
     eos, bos = tf.constant([EOS_ID]), tf.constant([BOS_ID])
     return {"source": tf.concat([source, eos], 0),        # [S]   ... EOS
             "target_in": tf.concat([bos, target], 0),     # [T]   BOS ...
@@ -147,8 +150,53 @@ def corpus_weights(manifest, weights=None):
     return [w / sum(weights) for w in weights]
 
 
+class SubwordSampler:
+    """Subword regularization (Kudo, 2018): each time a pair is read, both sides are segmented
+    anew, a segmentation sampled from the SentencePiece model's instead of its best one (a
+    unigram model samples among its `nbest` best segmentations, their probabilities raised to
+    `alpha`; a BPE model drops each merge with probability `alpha`, as BPE-dropout). The model
+    then sees words split in several ways, which regularizes a long run on a small corpus.
+    The records keep the best segmentation: a batch of pairs is joined back into its
+    (normalized) text and segmented again. The samples do not follow the pipeline's seed.
+
+    Args:
+      vocabulary: the `Vocabulary` the records were tokenized with.
+      alpha: the unigram model's smoothing (> 0; smaller samples more widely) or the BPE
+        model's merge-dropout probability (0 < alpha < 1).
+      nbest: the unigram model samples among this many best segmentations (-1: all of them).
+
+    Example:
+      sampler = SubwordSampler(vocabulary, alpha=0.1, nbest=64)
+      dataset = make_dataset(data_dir, "train", subword_sampler=sampler, ...)
+    """
+
+    def __init__(self, vocabulary, alpha, nbest=64):
+        import tensorflow_text as tf_text
+
+        if alpha <= 0:
+            raise ValueError(f"subword sampling needs alpha > 0, got {alpha}")
+        if nbest == 0 or nbest < -1:
+            raise ValueError(f"nbest must be positive or -1 (all), got {nbest}")
+        self.alpha, self.nbest = float(alpha), int(nbest)
+        self.vocabulary = vocabulary
+
+        def sampler(tokenizer):
+            return tf_text.SentencepieceTokenizer(model=tokenizer.model_proto, out_type=tf.int32,
+                                                  nbest_size=self.nbest, alpha=self.alpha)
+        self._source = sampler(vocabulary.source)
+        self._target = self._source if vocabulary.target is vocabulary.source \
+            else sampler(vocabulary.target)
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, source, target):
+        """Segments a batch of pairs anew: ragged ids [B, None] each -> ragged ids [B, None]."""
+        return (self._source.tokenize(self.vocabulary.source.detokenize(source)),
+                self._target.tokenize(self.vocabulary.target.detokenize(target)))
+
+
 def model_inputs(data_dir, manifest, split, max_length=256, shuffle=True, seed=None,
-                 shuffle_buffer=20000, repeat=False, input_context=None, weights=None):
+                 shuffle_buffer=20000, repeat=False, input_context=None, weights=None,
+                 subword_sampler=None):
     """A split's pairs as model inputs, one at a time, before batching: those of at most
     `max_length` subwords, and with several training corpora (repeated and shuffled) drawn
     from them at random by `weights`, among the pairs that length leaves.
@@ -159,8 +207,14 @@ def model_inputs(data_dir, manifest, split, max_length=256, shuffle=True, seed=N
       A `tf.data.Dataset` of {"source" [S], "target_in" [T], "target_out" [T]}.
     """
     def usable(records_dataset):
-        pairs = records_dataset.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE,
+        pairs = records_dataset.map(_parse, num_parallel_calls=tf.data.AUTOTUNE,
                                     deterministic=True)
+        if subword_sampler is not None:  # in batches: one tokenizer call per 256 pairs
+            pairs = pairs.ragged_batch(256).map(
+                subword_sampler, num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True).unbatch()
+        pairs = pairs.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE,
+                          deterministic=True)
         return pairs.filter(tf.autograph.experimental.do_not_convert(
             lambda example: _length(example) <= max_length))
 
@@ -177,7 +231,8 @@ def model_inputs(data_dir, manifest, split, max_length=256, shuffle=True, seed=N
 
 def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=True, seed=None,
                  repeat=False, shuffle_buffer=20000, input_context=None, vocab_fingerprint=None,
-                 boundaries=None, shape_stable=False, bucket_growth=1.1, weights=None):
+                 boundaries=None, shape_stable=False, bucket_growth=1.1, weights=None,
+                 subword_sampler=None):
     """The training or evaluation batches of a prepared split, bucketed by length, each within a
     token budget.
 
@@ -199,6 +254,8 @@ def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=Tru
       bucket_growth: the ratio between consecutive bucket edges.
       weights: with several training corpora, repeated and shuffled: how often each is
         sampled (`corpus_weights`); pairs are drawn from them at random in these proportions.
+      subword_sampler: a `SubwordSampler` that segments each pair anew as it is read (the
+        length filter and buckets see the sampled lengths), or None.
 
     Returns:
       A `tf.data.Dataset` of {"source" [B, S], "target_in" [B, T], "target_out" [B, T]},
@@ -214,7 +271,7 @@ def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=Tru
                      manifest["splits"][split]["examples"], max_length)
 
     dataset = model_inputs(data_dir, manifest, split, max_length, shuffle, seed,
-                           shuffle_buffer, repeat, input_context, weights)
+                           shuffle_buffer, repeat, input_context, weights, subword_sampler)
     boundaries = boundaries or bucket_boundaries(max_length, growth=bucket_growth)
     dataset = dataset.bucket_by_sequence_length(
         _length, boundaries, bucket_batch_sizes(boundaries, batch_tokens),

@@ -126,6 +126,11 @@ flags.DEFINE_bool("shape_stable", True, "Pad each batch to its length bucket's u
 flags.DEFINE_float("bucket_growth", 1.1, "Length buckets: each this much wider than the last "
                    "(default 1.1); 1.0: one per length from 8 tokens on (fuller batches, more "
                    "batch shapes; bench/README.md compares them).")
+flags.DEFINE_float("subword_alpha", 0.0, "Subword regularization: each read of a training pair "
+                   "samples a new SentencePiece segmentation of both sides with this smoothing "
+                   "(unigram; BPE: merge-dropout rate). Default 0: the best segmentation.")
+flags.DEFINE_integer("subword_nbest", 64, "With --subword_alpha: sample among this many best "
+                     "segmentations (-1: all). Default 64.")
 flags.DEFINE_bool("jit_compile", False, "XLA-compile the replica's train step (default false: "
                   "slower on the CPUs of bench/README.md).")
 flags.DEFINE_bool("plain_ops", False, "Stock TensorFlow ops instead of tfnmt's hand-written "
@@ -170,7 +175,8 @@ TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "train_minutes", "w
                "lr_scale",
                "lr_decay", "label_smoothing", "dropout_from_epoch", "clip_norm",
                "mixed_precision", "shape_stable",
-               "bucket_growth", "jit_compile", "seed", "log_every", "eval_every",
+               "bucket_growth", "subword_alpha", "subword_nbest", "jit_compile", "seed",
+               "log_every", "eval_every",
                "bleu_sentences", "eval_beam_size", "best_metric", "early_stopping",
                "checkpoint_every", "keep_checkpoints", "average_last")
 
@@ -194,6 +200,9 @@ flags.register_validator("filter_length_ratio", lambda v: v == 0.0 or v >= 1.0,
                          "--filter_length_ratio must be 0 (off) or >= 1")
 flags.register_validator("lr_scale", lambda v: v is None or v > 0,
                          "--lr_scale must be positive")
+flags.register_validator("subword_alpha", lambda v: v >= 0.0, "--subword_alpha must be >= 0")
+flags.register_validator("subword_nbest", lambda v: v == -1 or v > 0,
+                         "--subword_nbest must be positive or -1")
 flags.register_validator("bucket_growth", lambda v: v >= 1.0, "--bucket_growth must be >= 1.0")
 for _name in ("dropout", "attention_dropout", "ffn_dropout"):
     flags.register_validator(_name, lambda v: v is None or 0.0 <= v < 1.0,

@@ -146,6 +146,9 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         write_hparams(model_dir, settings)
     first_step = int(optimizer.iterations.numpy())
 
+    sampler = pipeline.SubwordSampler(vocab, t["subword_alpha"], t.get("subword_nbest", 64)) \
+        if t.get("subword_alpha") else None
+
     def dataset_fn(context):
         # A resumed run reshuffles with a new seed rather than replaying the first batches.
         return pipeline.make_dataset(data_dir, "train", t["batch_tokens"],
@@ -155,7 +158,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
                                      vocab_fingerprint=vocab.fingerprint,
                                      shape_stable=t.get("shape_stable", True),
                                      bucket_growth=t.get("bucket_growth", 1.1),
-                                     weights=settings["data"].get("train_weights"))
+                                     weights=settings["data"].get("train_weights"),
+                                     subword_sampler=sampler)
 
     iterator = batch_iterator(strategy, dataset_fn)
     trainer = Trainer(model, optimizer, strategy, t["label_smoothing"], t["accum_steps"],

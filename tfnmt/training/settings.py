@@ -14,7 +14,7 @@ FIXED_DATA = ("dataset", "files", "vocab_size", "vocab_type", "separate_vocabula
 RESUMABLE_TRAIN = ("train_steps", "train_minutes", "log_every", "eval_every", "bleu_sentences",
                    "checkpoint_every", "keep_checkpoints", "average_last", "jit_compile",
                    "mixed_precision", "best_metric", "early_stopping", "eval_beam_size",
-                   "clip_norm")
+                   "clip_norm", "subword_alpha", "subword_nbest")
 
 
 class SettingsError(ValueError):
