@@ -20,12 +20,17 @@ building, tracing: measured on a calibration run of --calibration_minutes), less
 A peer recipe whose learning rate falls to zero at its last step (`budgeted`: OpenNMT-tf's
 CosineAnnealing with tfnmt's warm-up and peak) is trained once per budget, for the number of
 steps that fits the budget: the first budget is planned from the pace of a calibration run
-(--calibration_minutes, one per dropout rate) on this machine, each later one from the run before
-it; a run that ends well before its budget (`--replan_unused`) is trained again, planned from
-its own pace. A run still going at its budget is stopped there and its last checkpoint scored
+(--calibration_minutes, one per dropout rate and tokenization) on this machine, each later one
+from the run before it; a run that ends well before its budget (`--replan_unused`) is trained
+again, planned from its own pace. A run still going at its budget is stopped there and its last checkpoint scored
 (`"cut": true`); `"planned_from"` lists the paces used. A recipe of open length (the peer's `noam`
 recipes) trains once, for the largest budget, and the checkpoint saved last before each budget
 is scored; its checkpoints every --checkpoint_minutes draw its curve.
+
+`--tfnmt_flags` gives tfnmt's runs more train.py flags (e.g. `--subword_alpha=0.1`, subword
+regularization), and the peer's `budgeted_sampled` recipe samples segmentations the same way with
+OpenNMT-tf's own on-the-fly tokenizer. `--systems=opennmt --tfnmt_model_dir=<an earlier tfnmt
+run>` trains only the peer, sized by that run.
 
 Prints one JSON line (per system, recipe and budget: step, minutes, BLEU, chrF, signatures) and
 writes --plot (PNG: test BLEU against training minutes). Budgets can be run one command at a
@@ -73,6 +78,10 @@ flags.DEFINE_float("tfnmt_margin", 0.02, "tfnmt's runs train for this fraction l
                    "budget leaves after start-up (on top of the 2% its own plan keeps).")
 flags.DEFINE_float("replan_unused", 0.1, "A budgeted run that ends with more than this fraction "
                    "of its budget unused is trained again, planned from its own pace.")
+flags.DEFINE_list("tfnmt_flags", [], "Extra train.py flags of tfnmt's runs (its calibration "
+                  "included), e.g. --tfnmt_flags=--subword_alpha=0.1; default none: the main job.")
+flags.DEFINE_string("tfnmt_model_dir", None, "Without tfnmt in --systems: an earlier tfnmt "
+                    "run's model_dir, whose settings and SentencePiece model size the peer.")
 flags.DEFINE_list("systems", ["tfnmt", "opennmt"], "Which systems to train and score (the peer "
                   "needs tfnmt's run: its model size and SentencePiece model).")
 flags.DEFINE_string("plot", "runs/quality/quality.png", "PNG plot of test BLEU against minutes.")
@@ -94,11 +103,11 @@ def model():
 
 PEER_CONFIG = """model_dir: {work}/model
 data:
-  train_features_file: {data}/train.de
-  train_labels_file: {data}/train.en
+  train_features_file: {data}/train{text}.de
+  train_labels_file: {data}/train{text}.en
   source_vocabulary: {data}/vocab.txt
   target_vocabulary: {data}/vocab.txt
-params:
+{tokenization}params:
   optimizer: Adam
   optimizer_params: {{beta_1: 0.9, beta_2: 0.98, epsilon: 1.0e-9}}
   learning_rate: {learning_rate}
@@ -131,7 +140,11 @@ infer:
 # own Transformer auto_config starts from (learning rate 2, 4,000 warm-up steps, smoothing 0.1).
 # `budgeted_dropout` has tfnmt's dropout rate on from the first update: where tfnmt starts it
 # late, the peer's nearest recipe for budgets long enough to reach that start.
+# `budgeted_sampled` reads raw text and samples each read's segmentation with OpenNMT-tf's own
+# tokenizer (pyonmttok: the same SentencePiece model, tfnmt's --subword_alpha/--subword_nbest,
+# else 0.1 among the 64 best), as tfnmt's runs with --subword_alpha do.
 PEER_RECIPES = {"budgeted": {"budgeted": True},
+                "budgeted_sampled": {"budgeted": True, "sampled": True},
                 "budgeted_smoothed": {"budgeted": True, "label_smoothing": 0.1},
                 "budgeted_dropout": {"budgeted": True, "dropout_from_start": True}, "noam": {},
                 "noam4000": {"lr_scale": 2.0, "warmup_steps": 4000, "label_smoothing": 0.1}}
@@ -146,7 +159,11 @@ flags.register_validator("peer_configs", lambda names: set(names) <= set(PEER_RE
 def train_until(command, budget_seconds, log_path, env):
     """Runs `command` until it exits or `budget_seconds` have passed since it started (then
     SIGTERM, then SIGKILL); returns its start time. (Not SIGINT: a shell starting this script
-    in the background makes its children ignore SIGINT.)"""
+    in the background makes its children ignore SIGINT.)
+
+    Raises:
+      RuntimeError: the command failed before its budget (a full disk, say), naming its log.
+    """
     start = time.time()
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -160,6 +177,13 @@ def train_until(command, budget_seconds, log_path, env):
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+            return start
+    if process.returncode != 0:
+        with open(log_path, encoding="utf-8", errors="replace") as log:
+            last = (log.read().strip().splitlines() or ["(empty log)"])[-1]
+        raise RuntimeError(f"{command[1]} failed (exit {process.returncode}) after "
+                           f"{(time.time() - start) / 60:.1f} of {budget_seconds / 60:g} "
+                           f"minutes; {log_path} ends: {last}")
     return start
 
 
@@ -299,11 +323,14 @@ def run_tfnmt(work, budgets):
         model_dir = os.path.join(work, name)
         length = (f"--train_minutes={train_minutes:.3f}" if train_minutes
                   else f"--train_steps={steps or 100000000}")
+        # A run planned for a time is scored at its end (or its last checkpoint within the
+        # budget): the newest few checkpoints do (each of the cpu preset's is ~70 MB).
+        keep = 20 if train_minutes else 10000
         command = [sys.executable, os.path.join(ROOT, "train.py"), f"--model_dir={model_dir}",
                    length, "--eval_every=0",
-                   f"--checkpoint_every={FLAGS.checkpoint_steps}", "--keep_checkpoints=10000",
+                   f"--checkpoint_every={FLAGS.checkpoint_steps}", f"--keep_checkpoints={keep}",
                    f"--mixed_precision={FLAGS.mixed_precision}", "--test_report=false",
-                   "--alpha=0.6"]  # both systems are scored with alpha 0.6
+                   "--alpha=0.6"] + FLAGS.tfnmt_flags  # both are scored with alpha 0.6
         start = train_until(command, minutes * 60, os.path.join(work, f"{name}.log"), os.environ)
         return model_dir, checkpoint_times(os.path.join(model_dir, "checkpoints"), start,
                                            r"ckpt-(\d+)\.index")
@@ -342,12 +369,14 @@ def run_tfnmt(work, budgets):
 
 
 def write_peer_data(work, spm_path):
-    """The train and test splits as space-separated pieces of tfnmt's SentencePiece model, and
-    the pieces as OpenNMT-tf's vocabulary."""
+    """The train and test splits as space-separated pieces of tfnmt's SentencePiece model (and
+    as raw text, `<split>.raw.<language>`, for the recipes that tokenize on the fly), the pieces
+    as OpenNMT-tf's vocabulary, and the SentencePiece model (spm.model)."""
     import sentencepiece
 
     from tfnmt.data.corpus import read_corpus
 
+    shutil.copyfile(spm_path, os.path.join(work, "spm.model"))
     processor = sentencepiece.SentencePieceProcessor(model_file=spm_path)
     for split in ("train", "test"):
         pairs = list(read_corpus("embedded", split))
@@ -357,6 +386,9 @@ def write_peer_data(work, spm_path):
             with open(os.path.join(work, f"{split}.{language}"), "w", encoding="utf-8") as f:
                 f.writelines(" ".join(processor.encode(pair[side], out_type=str)) + "\n"
                              for pair in pairs)
+            with open(os.path.join(work, f"{split}.raw.{language}"), "w",
+                      encoding="utf-8") as f:
+                f.writelines(" ".join(pair[side].split()) + "\n" for pair in pairs)
     with open(os.path.join(work, "vocab.txt"), "w", encoding="utf-8") as f:
         # OpenNMT-tf adds its own <blank>, <s>, </s> in front; the pieces follow.
         f.writelines(processor.id_to_piece(i) + "\n" for i in range(4, processor.get_piece_size()))
@@ -377,7 +409,22 @@ def peer_recipe(settings, recipe_name):
     recipe = {"lr_scale": training["lr_scale"], "warmup_steps": training["warmup_steps"],
               "label_smoothing": training["label_smoothing"], **PEER_RECIPES[recipe_name]}
     recipe["dropout"] = peer_dropout(settings, recipe.pop("dropout_from_start", False))
+    if recipe.pop("sampled", False):
+        recipe["subword_alpha"] = training.get("subword_alpha") or 0.1
+        recipe["subword_nbest"] = training.get("subword_nbest", 64) \
+            if training.get("subword_alpha") else 64
     return recipe
+
+
+def peer_tokenization(data_work, recipe):
+    """The data section's on-the-fly tokenization of a sampled recipe ("" for the others, which
+    read pieces)."""
+    if "subword_alpha" not in recipe:
+        return ""
+    params = (f"{{type: OpenNMTTokenizer, params: {{mode: none, sp_model_path: "
+              f"{data_work}/spm.model, sp_nbest_size: {recipe['subword_nbest']}, "
+              f"sp_alpha: {recipe['subword_alpha']}}}}}")
+    return f"  source_tokenization: {params}\n  target_tokenization: {params}\n"
 
 
 def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
@@ -397,6 +444,8 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
         f.write(LAUNCHER)
     policy = {"bf16": "mixed_bfloat16", "none": ""}[FLAGS.mixed_precision]
     references = [t for _, t in test_pairs()]
+    # Raw text where OpenNMT-tf tokenizes (and detokenizes its translations) itself.
+    text = ".raw" if "subword_alpha" in recipe else ""
 
     def train(name, minutes, max_step=None):
         run_dir = os.path.join(work, name)
@@ -410,7 +459,9 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
             schedule = COSINE.format(warmup_steps=recipe["warmup_steps"], max_step=max_step)
         config = os.path.join(run_dir, "config.yml")
         with open(config, "w") as f:
-            f.write(PEER_CONFIG.format(work=run_dir, data=data_work, learning_rate=learning_rate,
+            f.write(PEER_CONFIG.format(work=run_dir, data=data_work, text=text,
+                                       tokenization=peer_tokenization(data_work, recipe),
+                                       learning_rate=learning_rate,
                                        schedule=schedule, batch_tokens=training["batch_tokens"],
                                        label_smoothing=recipe["label_smoothing"],
                                        checkpoint_steps=FLAGS.checkpoint_steps,
@@ -429,12 +480,13 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
             # --checkpoint_path is an option of onmt-main itself, before the command.
             subprocess.run([*launcher, "--checkpoint_path",
                             os.path.join(run_dir, "model", f"ckpt-{step}"), "infer",
-                            "--features_file", os.path.join(data_work, "test.de"),
+                            "--features_file", os.path.join(data_work, f"test{text}.de"),
                             "--predictions_file", predictions],
                            check=True, stdout=log, stderr=subprocess.STDOUT,
                            env=peer_environment(FLAGS.peer_malloc))
         with open(predictions, encoding="utf-8") as f:
-            hypotheses = ["".join(line.split()).replace("\u2581", " ").strip() for line in f]
+            hypotheses = [line.strip() if text else
+                          "".join(line.split()).replace("\u2581", " ").strip() for line in f]
         return score(hypotheses, references)
 
     results = []
@@ -580,24 +632,32 @@ def train_and_score(budgets):
               "tfnmt_kernels": cpu_kernels.use_onednn(dict(os.environ)),
               "peer_malloc": FLAGS.peer_malloc,
               "budgets_minutes": budgets}
+    if FLAGS.tfnmt_flags:
+        result["tfnmt_flags"] = FLAGS.tfnmt_flags
     settings = None
     if "tfnmt" in FLAGS.systems:
         result["tfnmt"], settings, spm_path = run_tfnmt(work, budgets)
+    elif FLAGS.tfnmt_model_dir:
+        with open(os.path.join(FLAGS.tfnmt_model_dir, paths.SETTINGS)) as f:
+            settings = json.load(f)
+        spm_path = os.path.join(FLAGS.tfnmt_model_dir, paths.VOCAB)
+        result["peer_sized_from"] = os.path.abspath(FLAGS.tfnmt_model_dir)
     if "opennmt" in FLAGS.systems and FLAGS.onmt_python:
         if settings is None:
             raise app.UsageError("the peer is sized from tfnmt's run: include tfnmt in "
-                                 "--systems")
+                                 "--systems or give --tfnmt_model_dir")
         data_work = os.path.join(work, "opennmt-data")
         os.makedirs(data_work)
         write_peer_data(data_work, spm_path)
-        peers, calibrations = {}, {}  # dropout rate -> the pace of a run at that rate
-        # Open-ended recipes first: their runs calibrate the budgeted ones of their dropout
-        # (dropout slows a step).
+        peers, calibrations = {}, {}  # (dropout, sampled) -> the pace of a run with them
+        # Open-ended recipes first: their runs calibrate the budgeted ones of their dropout and
+        # tokenization (dropout and sampled segmentations slow a step).
         for name in sorted(FLAGS.peer_configs, key=lambda n: PEER_RECIPES[n].get("budgeted", 0)):
-            dropout = peer_recipe(settings, name)["dropout"]
+            recipe = peer_recipe(settings, name)
+            pace = (recipe["dropout"], "subword_alpha" in recipe)
             peers[name] = run_peer(os.path.join(work, f"opennmt-{name}"), data_work, settings,
-                                   name, budgets, calibrations.get(dropout))
-            calibrations[dropout] = peers[name]["calibration"]
+                                   name, budgets, calibrations.get(pace))
+            calibrations[pace] = peers[name]["calibration"]
         result["opennmt"] = peers
     return result
 
