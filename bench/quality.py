@@ -22,10 +22,10 @@ CosineAnnealing with tfnmt's warm-up and peak) is trained once per budget, for t
 steps that fits the budget: the first budget is planned from the pace of a calibration run
 (--calibration_minutes, one per dropout rate and tokenization) on this machine, each later one
 from the run before it; a run that ends well before its budget (`--replan_unused`) is trained
-again, planned from its own pace. A run still going at its budget is stopped there and its last checkpoint scored
-(`"cut": true`); `"planned_from"` lists the paces used. A recipe of open length (the peer's `noam`
-recipes) trains once, for the largest budget, and the checkpoint saved last before each budget
-is scored; its checkpoints every --checkpoint_minutes draw its curve.
+again, planned from its own pace. A run still going at its budget is stopped there and its
+last checkpoint scored (`"cut": true`); `"planned_from"` lists the paces used. A recipe of open
+length (the peer's `noam` recipes) trains once, for the largest budget, and the checkpoint saved
+last before each budget is scored; its checkpoints every --checkpoint_minutes draw its curve.
 
 `--tfnmt_flags` gives tfnmt's runs more train.py flags (e.g. `--subword_alpha=0.1`, subword
 regularization), and the peer's `budgeted_sampled` recipe samples segmentations the same way with
