@@ -559,7 +559,7 @@ def combine(paths):
         if not lines:
             raise app.UsageError(f"--combine: {path} holds no JSON line of bench/quality.py")
         runs.append(json.loads(lines[-1]))
-    for key in ("machine", "mixed_precision", "tfnmt_kernels"):
+    for key in ("machine", "mixed_precision", "tfnmt_kernels", "tfnmt_flags"):
         values = {str(run.get(key)) for run in runs}
         if key == "machine" and not all("(" in value for value in values):
             # Older runs named the CPU without its family and ISA ("AMD EPYC, 2 cores").
@@ -571,7 +571,8 @@ def combine(paths):
         return sorted(checkpoints, key=lambda c: c["minutes"])
 
     result = {key: runs[0][key] for key in ("machine", "mixed_precision", "tfnmt_malloc",
-                                            "tfnmt_kernels", "peer_malloc") if key in runs[0]}
+                                            "tfnmt_kernels", "peer_malloc", "tfnmt_flags")
+              if key in runs[0]}
     result["machine"] = max((run["machine"] for run in runs), key=lambda m: "(" in m)
     result["budgets_minutes"] = sorted({float(b) for run in runs
                                         for b in run["budgets_minutes"]})
