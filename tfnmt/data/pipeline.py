@@ -84,6 +84,11 @@ def _to_model_inputs(source, target):
 
 
 @tf.autograph.experimental.do_not_convert
+def _record_to_model_inputs(serialized):
+    return _to_model_inputs(*_parse(serialized))
+
+
+@tf.autograph.experimental.do_not_convert
 def _length(example):
     return tf.maximum(tf.shape(example["source"])[0], tf.shape(example["target_in"])[0])
 
@@ -207,14 +212,15 @@ def model_inputs(data_dir, manifest, split, max_length=256, shuffle=True, seed=N
       A `tf.data.Dataset` of {"source" [S], "target_in" [T], "target_out" [T]}.
     """
     def usable(records_dataset):
-        pairs = records_dataset.map(_parse, num_parallel_calls=tf.data.AUTOTUNE,
-                                    deterministic=True)
-        if subword_sampler is not None:  # in batches: one tokenizer call per 256 pairs
-            pairs = pairs.ragged_batch(256).map(
+        if subword_sampler is None:  # one map per record
+            pairs = records_dataset.map(_record_to_model_inputs,
+                                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        else:  # sampled in batches: one tokenizer call per 256 pairs
+            pairs = records_dataset.map(_parse, num_parallel_calls=tf.data.AUTOTUNE,
+                                        deterministic=True).ragged_batch(256).map(
                 subword_sampler, num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True).unbatch()
-        pairs = pairs.map(_to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE,
-                          deterministic=True)
+                deterministic=True).unbatch().map(
+                _to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return pairs.filter(tf.autograph.experimental.do_not_convert(
             lambda example: _length(example) <= max_length))
 
