@@ -6,8 +6,8 @@ Loads an export (`python export.py` first), translates --sentence --requests tim
 the wall time per request, then once traced. Op times are each op's own wall time summed over
 every execution (two threads may overlap, so their sum can exceed the request's wall time).
 The search's steps are the iterations of its longest loop (its `LoopCond` runs - 1).
-Prints one JSON line: wall ms per request, executed ops, loop steps, and the --top op types by
-time with their counts.
+Prints one JSON line: wall ms per request, executed ops, loop steps, the --top op types by
+time with their counts, and the --top most executed op types per search step.
 
   python bench/decode_ops.py --export=runs/de-en/export/1
   TF_ENABLE_ONEDNN_OPTS=0 python bench/decode_ops.py --export=runs/de-en/export/1  # Eigen
@@ -28,7 +28,7 @@ flags.DEFINE_string("sentence", "Und Jesus sprach zu ihnen: Folgt mir nach.",
 flags.DEFINE_integer("batch", 1, "Copies of the sentence per request.")
 flags.DEFINE_integer("requests", 40, "Untimed warm-up requests, then as many timed ones.")
 flags.DEFINE_integer("threads", 0, "Session intra- and inter-op threads (0: TensorFlow's default).")
-flags.DEFINE_integer("top", 20, "Op types listed, by their summed time.")
+flags.DEFINE_integer("top", 20, "Op types listed, by their summed time and by their count.")
 
 
 def op_type(node_stats):
@@ -81,7 +81,9 @@ def main(_):
         "ops_per_step": round(sum(counts.values()) / max(steps, 1)),
         "op_ms_total": round(sum(micros.values()) / 1e3, 2),
         "by_time": [{"op": kind, "count": counts[kind], "ms": round(micros[kind] / 1e3, 2)}
-                    for kind in top]}))
+                    for kind in top],
+        "per_step_by_count": {kind: round(count / max(steps, 1), 1)
+                              for kind, count in counts.most_common(FLAGS.top)}}))
 
 
 if __name__ == "__main__":

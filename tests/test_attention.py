@@ -91,36 +91,44 @@ def test_static_key_value_cache_equals_direct_cross_attention():
     np.testing.assert_allclose(cached, direct, atol=1e-6)
 
 
-def test_a_decoding_step_matches_numpy_without_softmax_or_transpose_kernels():
+@pytest.mark.parametrize("rows", [False, True])
+def test_a_decoding_step_matches_numpy_without_softmax_or_transpose_kernels(rows):
     # A step's query is one position: its heads move by reshapes and its softmax is Eigen's
     # exp and sum (oneDNN's Softmax and Transpose kernels cost more at these sizes), with
-    # the same result as the reference.
+    # the same result as the reference. `rows`: the query as [B, D], one position per row,
+    # as the model's decoding steps give it (the output is [B, D] too).
     layer = MultiHeadAttention(num_heads=2, d_model=8)
     rng = np.random.default_rng(3)
     history = rng.normal(size=(3, 4, 8)).astype("float32")
     query = rng.normal(size=(3, 1, 8)).astype("float32") * 4
+    step_query = tf.constant(query[:, 0] if rows else query)
+    as_step = (lambda x: x[:, 0]) if rows else (lambda x: x)  # the reference's output shape
     mask = np.ones((3, 1, 4), bool)
     mask[2, :, 1:] = False
     memory = layer.project_key_value(tf.constant(history))
-    out, weights = layer.call_memory(tf.constant(query), memory, mask,
-                                     return_attention_scores=True)
+    out, weights = layer.call_memory(step_query, memory, mask, return_attention_scores=True)
     expected, expected_weights = reference_attention(layer, query, history, mask)
-    np.testing.assert_allclose(out, expected, atol=1e-5)
+    np.testing.assert_allclose(out, as_step(expected), atol=1e-5)
     np.testing.assert_allclose(weights, expected_weights, atol=1e-6)
     cache = AppendCache(memory["key"], memory["value"])
-    out, _, weights = layer.call_cached(tf.constant(query), cache)
+    out, _, weights = layer.call_cached(step_query, cache)
     both = np.concatenate([history, query], axis=1)  # the history, then the step itself
     expected, expected_weights = reference_attention(layer, query, both,
                                                      np.ones((3, 1, 5), bool))
-    np.testing.assert_allclose(out, expected, atol=1e-5)
+    np.testing.assert_allclose(out, as_step(expected), atol=1e-5)
     np.testing.assert_allclose(weights, expected_weights, atol=1e-6)
 
-    step = tf.TensorSpec([None, 1, 8], tf.float32)
+    step = tf.TensorSpec([None, 8] if rows else [None, 1, 8], tf.float32)
     for function in (lambda q: layer.call_memory(q, memory, mask)[0],
                      lambda q: layer.call_cached(q, cache)[0]):
         graph = tf.function(function).get_concrete_function(step).graph
         kinds = {op.type for op in graph.get_operations()}
         assert not kinds & {"Softmax", "Transpose"}, kinds
+    if rows:  # one position per row: self-attention needs no shape arithmetic at all
+        graph = tf.function(lambda q: layer.call_cached(q, cache)[0]).get_concrete_function(
+            step).graph
+        kinds = {op.type for op in graph.get_operations()}
+        assert not kinds & {"Shape", "Pack", "StridedSlice"}, kinds
 
 
 def test_heads_must_divide_d_model():

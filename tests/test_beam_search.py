@@ -169,6 +169,20 @@ def test_compiled_equals_eager(model, source):
     np.testing.assert_allclose(scores, eager_scores, rtol=1e-5)
 
 
+def test_a_search_step_projects_queries_keys_and_values_in_one_product(model, source):
+    # Prepared once per search (`Transformer.decoding_products`), a layer's query, key and
+    # value kernels side by side make one product per step: per decoder layer that, the
+    # self-attention output, the cross-attention query and output and the two feed-forward
+    # products; then the output layer.
+    search = tf.function(lambda s: beam_search(model, s, beam_size=3, max_length=8))
+    graph_def = search.get_concrete_function(source).graph.as_graph_def()
+    body = max((f for f in graph_def.library.function if "body" in f.signature.name),
+               key=lambda f: len(f.node_def))  # the search's loop
+    kinds = [node.op for node in body.node_def]
+    assert kinds.count("MatMul") == 6 * len(model.decoder_layers) + 1
+    assert "Transpose" not in kinds
+
+
 def test_bad_n_best_is_refused(model, source):
     with pytest.raises(ValueError, match="n_best"):
         beam_search(model, source, beam_size=2, n_best=3)

@@ -41,6 +41,10 @@ def test_start_offset_gives_the_same_encoding_as_the_full_sequence(kind):
     full = layer(tf.zeros([1, 6, 8]))
     step = layer(tf.zeros([1, 1, 8]), start=4)
     np.testing.assert_allclose(step[0, 0], full[0, 4], atol=1e-6)
+    # A decoding step's encoding of one position, in a graph with the position a tensor.
+    at = tf.function(layer.at)
+    for position in (0, 4, 5):
+        np.testing.assert_allclose(at(tf.constant(position)), full[0, position], atol=1e-6)
 
 
 def test_bad_position_settings_are_refused():

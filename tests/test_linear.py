@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfnmt.layers.linear import linear, low_precision_matmuls, pretransposed_kernels
+from tfnmt.layers.linear import (concatenated_kernels, linear, linear_many,
+                                 low_precision_matmuls, pretransposed_kernels)
 
 
 def test_matches_batched_matmul_and_its_gradients():
@@ -182,3 +183,48 @@ def test_pretransposed_kernels_multiply_by_a_copy_made_once_before_a_loop():
     assert sum(node.op == "Transpose" for node in graph_def.node) == 1
     assert not [node for f in graph_def.library.function for node in f.node_def
                 if node.op == "Transpose"]
+
+
+def test_concatenated_kernels_make_one_product_of_a_group():
+    kernels = [tf.Variable(tf.random.normal([8, width])) for width in (8, 4, 8)]
+    biases = [tf.Variable(tf.random.normal([width])) for width in (8, 4, 8)]
+    x = tf.random.normal([5, 1, 8])
+    expected = [x.numpy().astype(np.float64) @ k.numpy() + b.numpy()
+                for k, b in zip(kernels, biases)]
+
+    @tf.function
+    def project(x):
+        with concatenated_kernels([(kernels, biases)]):
+            return linear_many(x, kernels, biases)
+
+    for out, reference in zip(project(x), expected):
+        assert out.shape == reference.shape
+        np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
+    graph = project.get_concrete_function(x).graph
+    assert sum(op.type == "MatMul" for op in graph.get_operations()) == 1
+    # Without the scope, or with another group, or in training: one product per kernel.
+    for out, reference in zip(linear_many(x, kernels, biases), expected):
+        np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
+    with concatenated_kernels([(kernels[:2], biases[:2])]):
+        graph = tf.function(lambda x: linear_many(x, kernels, biases)).get_concrete_function(
+            x).graph
+        assert sum(op.type == "MatMul" for op in graph.get_operations()) == 3
+        graph = tf.function(lambda x: linear_many(x, kernels[:2], biases[:2], training=True)
+                            ).get_concrete_function(x).graph
+        assert sum(op.type == "MatMul" for op in graph.get_operations()) == 2
+
+    # Inside `low_precision_matmuls` the group's bf16 copies are the ones side by side: the
+    # inputs, kernels and products rounded to bf16 as `linear` rounds them.
+    @tf.function
+    def project_low(x):
+        with low_precision_matmuls(kernels), concatenated_kernels([(kernels, biases)]):
+            return linear_many(x, kernels, biases)
+
+    for out, kernel, bias in zip(project_low(x), kernels, biases):
+        rounded = tf.matmul(tf.cast(tf.reshape(x, [5, 8]), tf.bfloat16),
+                            tf.cast(kernel, tf.bfloat16))
+        np.testing.assert_allclose(out, tf.cast(rounded, tf.float32)[:, None] + bias,
+                                   rtol=1e-2, atol=1e-2)
+    products = [op for op in project_low.get_concrete_function(x).graph.get_operations()
+                if op.type == "MatMul"]
+    assert len(products) == 1 and products[0].get_attr("T") == tf.bfloat16

@@ -36,6 +36,8 @@ def length_penalty(length, alpha):
 
 def _split_beams(x, beam_size):
     """[B*K, ...] -> [B, K, ...]"""
+    if x.shape[1:].is_fully_defined():  # a constant shape: no shape arithmetic at run time
+        return tf.reshape(x, [-1, beam_size] + x.shape[1:].as_list())
     shape = tf.shape(x)
     return tf.reshape(x, tf.concat([[shape[0] // beam_size, beam_size], shape[1:]], 0))
 
@@ -49,6 +51,14 @@ def _pad_time(tracks, length):
     """Tracks [A, K, t, ...] padded along time (axis 2) to `length`."""
     def pad(t):
         padding = [[0, 0], [0, 0], [0, length - tf.shape(t)[2]]] + [[0, 0]] * (t.shape.rank - 3)
+        return tf.pad(t, padding, constant_values=PAD_ID if t.dtype == tf.int32 else 0)
+    return tf.nest.map_structure(pad, tracks)
+
+
+def _one_more_step(tracks):
+    """Tracks [A, K, t, ...] padded by one time step (constant paddings)."""
+    def pad(t):
+        padding = [[0, 0], [0, 0], [0, 1]] + [[0, 0]] * (t.shape.rank - 3)
         return tf.pad(t, padding, constant_values=PAD_ID if t.dtype == tf.int32 else 0)
     return tf.nest.map_structure(pad, tracks)
 
@@ -124,10 +134,10 @@ class BeamSearch(DecodingStrategy):
 
     def step(self, step, log_probs_of, attention, sentences, results):
         k, per_beam, alpha = self.k, self.per_beam, self.alpha
-        active = tf.shape(sentences["index"])[0]
         # 2k candidates: even if k of them end in EOS, k remain to continue.
         row_log_probs, row_tokens = log_probs_of(per_beam)  # [A*K, P]
         if self.prefix is not None:  # a forced row's one candidate: its prefix token
+            active = tf.shape(sentences["index"])[0]
             prefix_tokens, forced = forced_tokens(step, sentences)  # [A]
             rows_token = tf.repeat(prefix_tokens, k)
             rows_forced = tf.repeat(forced, k)[:, None]
@@ -138,10 +148,10 @@ class BeamSearch(DecodingStrategy):
                                   row_tokens)
         candidates = (sentences["alive_log_probs"][:, :, None]
                       + _split_beams(row_log_probs, k))  # [A, K, P]
-        flat = tf.reshape(candidates, [active, k * per_beam])
+        flat = tf.reshape(candidates, [-1, k * per_beam])
         best_log_probs, top_index = tf.math.top_k(flat, k=2 * k)  # [A, 2K]
         top_beam = top_index // per_beam
-        top_token = tf.gather(tf.reshape(row_tokens, [active, k * per_beam]), top_index,
+        top_token = tf.gather(tf.reshape(row_tokens, [-1, k * per_beam]), top_index,
                               batch_dims=1)
         step_tracks = {"ids": top_token}  # [A, 2K, ...]: this step's entry of each candidate
         if attention is not None:
@@ -163,8 +173,9 @@ class BeamSearch(DecodingStrategy):
                                 NEG_INF)
         finished_scores, best = tf.math.top_k(
             tf.concat([sentences["finished_scores"], ended_scores], axis=1), k=k)  # [A, K]
+        # Finished tracks hold `step` positions: one more makes them as long as `top`'s.
         all_finished = tf.nest.map_structure(lambda old, new: tf.concat([old, new], axis=1),
-                                             _pad_time(sentences["finished"], length), top)
+                                             _one_more_step(sentences["finished"]), top)
         alive = _gather_tracks(top, keep)
         sentences = dict(sentences, tokens=alive["ids"][:, :, -1], alive=alive,
                          alive_log_probs=continue_scores,

@@ -96,15 +96,16 @@ def top_log_probs(logits, count, width=32):
     if chunks * width != vocab:
         padded = tf.pad(logits, [[0, 0], [0, chunks * width - vocab]],
                         constant_values=float("-inf"))
-    rows = tf.shape(logits)[0]
     count = min(count, vocab)
-    padded = tf.reshape(padded, [rows, chunks, width])  # token = chunk * width + offset
-    _, best_chunks = tf.math.top_k(tf.reduce_max(padded, axis=2), k=min(count, chunks))
-    best_chunks = tf.sort(best_chunks, axis=1)  # so that candidates run in token order
-    candidates = tf.gather(padded, best_chunks, batch_dims=1)  # [R, count, width]
+    padded = tf.reshape(padded, [-1, chunks, width])  # token = chunk * width + offset
+    kept = min(count, chunks)
+    _, best_chunks = tf.math.top_k(tf.reduce_max(padded, axis=2), k=kept)
+    # In ascending order, so that candidates run in token order (tf.sort, without its shape ops).
+    best_chunks = -tf.math.top_k(-best_chunks, k=kept).values
+    candidates = tf.gather(padded, best_chunks, batch_dims=1)  # [R, kept, width]
     candidate_ids = best_chunks[:, :, None] * width + tf.range(width)
-    top_logits, position = tf.math.top_k(tf.reshape(candidates, [rows, -1]), k=count)
-    ids = tf.gather(tf.reshape(candidate_ids, [rows, -1]), position, batch_dims=1)
+    top_logits, position = tf.math.top_k(tf.reshape(candidates, [-1, kept * width]), k=count)
+    ids = tf.gather(tf.reshape(candidate_ids, [-1, kept * width]), position, batch_dims=1)
     best = top_logits[:, :1]  # [R, 1]
     log_normaliser = tf.math.log(tf.reduce_sum(tf.exp(logits - best), axis=1, keepdims=True))
     return top_logits - best - log_normaliser, ids

@@ -3,13 +3,14 @@ import keras
 import tensorflow as tf
 
 from tfnmt.layers.dropout import Dropout
-from tfnmt.layers.linear import linear
+from tfnmt.layers.linear import linear, linear_many
 
 
-def _swap_axes_1_2(x, n0, n1, n2):
-    """x holding [n0, n1, n2, ...] -> [n0, n2, n1, rest] (rest: the remaining axes flattened).
-    A row gather: oneDNN's transpose is slow on the small tensors of a decoding step."""
-    rows = tf.reshape(x, [n0 * n1 * n2, -1])
+def _swap_axes_1_2(x, n0, n1, n2, rest=None):
+    """x holding [n0, n1, n2, ...] -> [n0, n2, n1, rest] (rest: the remaining axes flattened,
+    their size if known). A row gather: oneDNN's transpose is slow on the small tensors of a
+    decoding step."""
+    rows = tf.reshape(x, [n0 * n1 * n2, -1] if rest is None else [-1, rest])
     index = (tf.range(n0)[:, None, None] * n1 + tf.range(n1)) * n2 + tf.range(n2)[:, None]
     return tf.gather(rows, index)  # index [n0, n2, n1]
 
@@ -72,13 +73,24 @@ class MultiHeadAttention(keras.layers.Layer):
         self.built = True
 
     def _project(self, x, kernel, bias, training=None):
-        # [B, T, D] -> [B, H, T, Dh]
+        # [B, T, D] -> [B, H, T, Dh]; a decoding step's [R, D] -> [R, H, 1, Dh]
         y = linear(x, kernel, bias, training=training)
+        if x.shape.rank == 2:  # one position per row: its heads split by a reshape
+            return tf.reshape(y, [-1, self.num_heads, 1, self.head_dim])
         batch, length = tf.shape(x)[0], tf.shape(x)[1]
         if x.shape[1] == 1:  # a decoding step: moving a length-1 axis is a reshape
             return tf.reshape(y, [batch, self.num_heads, 1, self.head_dim])
         y = tf.reshape(y, [batch, length, self.num_heads, self.head_dim])
         return tf.transpose(y, [0, 2, 1, 3])
+
+    def projection_kernels(self):
+        """The query, key and value kernels, each [D, D]: a decoding step's self-attention
+        multiplies by all three (`linear.concatenated_kernels` can make them one product)."""
+        return [self.query_kernel, self.key_kernel, self.value_kernel]
+
+    def projection_biases(self):
+        """The query, key and value biases, each [D]."""
+        return [self.query_bias, self.key_bias, self.value_bias]
 
     def project_key_value(self, value, training=None):
         """Projects keys and values once, for `call_memory` (the encoder's, reused at every
@@ -112,8 +124,12 @@ class MultiHeadAttention(keras.layers.Layer):
         attended = tf.matmul(self.dropout(tf.cast(weights, v.dtype), training=training), v)
         return attended, weights
 
-    def _output(self, attended, training):
-        """[B, H, Tq, Dh] -> [B, Tq, D] through the output projection."""
+    def _output(self, attended, training, rows=False):
+        """[B, H, Tq, Dh] -> [B, Tq, D] through the output projection; with `rows` (a decoding
+        step's queries, one per row) [R, H, 1, Dh] -> [R, D]."""
+        if rows:
+            attended = tf.reshape(attended, [-1, self.d_model])
+            return linear(attended, self.output_kernel, self.output_bias, training=training)
         batch, length = tf.shape(attended)[0], tf.shape(attended)[2]
         if attended.shape[2] != 1:  # a length-1 axis moves by the reshape alone
             attended = tf.transpose(attended, [0, 2, 1, 3])  # [B, Tq, H, Dh]
@@ -150,27 +166,34 @@ class MultiHeadAttention(keras.layers.Layer):
         """Self-attention of new positions over the cached ones and themselves (inference).
 
         Args:
-          query: [B, T, D], the new positions.
+          query: [B, T, D], the new positions, or [B, D]: one new position per row (a
+            decoding step: the output is [B, D] too, and no op moves axes).
           cache: a `kv_cache.AppendCache` or `StoreCache` holding t earlier positions; its
             `append` takes the new keys/values.
           attention_mask: needed only when T > 1 (causal among the new positions).
 
         Returns:
-          (output [B, T, D], the grown cache, weights [B, H, T, t + T]).
+          (output [B, T, D] (or [B, D]), the grown cache, weights [B, H, T, t + T]).
         """
-        q = self._project(query, self.query_kernel, self.query_bias)
-        step_kv = self.project_key_value(query)
-        k, v, cache = cache.append(step_kv["key"], step_kv["value"])
+        if query.shape.rank == 2:  # one product inside `linear.concatenated_kernels`
+            q, k, v = (tf.reshape(y, [-1, self.num_heads, 1, self.head_dim]) for y in linear_many(
+                query, self.projection_kernels(), self.projection_biases()))
+        else:
+            q = self._project(query, self.query_kernel, self.query_bias)
+            step_kv = self.project_key_value(query)
+            k, v = step_kv["key"], step_kv["value"]
+        k, v, cache = cache.append(k, v)
         attended, weights = self._attend(q, k, v, self._mask(attention_mask), training=False,
                                          step=True)
-        return self._output(attended, training=False), cache, weights
+        return self._output(attended, False, rows=query.shape.rank == 2), cache, weights
 
     def call_memory(self, query, memory, attention_mask=None, return_attention_scores=False):
         """Cross-attention over projected memory (inference): each memory row is attended by
         its G consecutive query rows together (a sentence's beams), without copying it.
 
         Args:
-          query: [B, Tq, D] with B = Bc * G.
+          query: [B, Tq, D] with B = Bc * G, or [B, D]: one query per row (the output is
+            [B, D] too, the weights [B, H, 1, Tk]).
           memory: {"key", "value"} [Bc, H, Tk, Dh] from `project_key_value`.
           attention_mask: [Bc, 1 or Tq, Tk] bool, per memory row.
           return_attention_scores: also return the weights (regrouping them costs a gather
@@ -179,28 +202,33 @@ class MultiHeadAttention(keras.layers.Layer):
         Returns:
           (output [B, Tq, D], weights [B, H, Tq, Tk] or None).
         """
+        rows = query.shape.rank == 2  # one query per row
         q = self._project(query, self.query_kernel, self.query_bias)  # [B, H, Tq, Dh]
         k, v = memory["key"], memory["value"]
-        batch, length = tf.shape(q)[0], query.shape[1] or tf.shape(q)[2]  # static when known
+        length = 1 if rows else query.shape[1] or tf.shape(q)[2]  # static when known
+        batch = tf.shape(q)[0]
         # Per head, the group's queries as one [G * Tq, Dh] matrix, so that each cache row
         # and head is one matrix product (a broadcast batched product of single rows is
         # slower on CPU).
         cache_rows = tf.shape(k)[0]
         groups = batch // cache_rows
-        q = tf.reshape(_swap_axes_1_2(q, cache_rows, groups, self.num_heads),
+        row_width = self.head_dim * length if isinstance(length, int) else None
+        q = tf.reshape(_swap_axes_1_2(q, cache_rows, groups, self.num_heads, row_width),
                        [cache_rows, self.num_heads, -1, self.head_dim])  # [Bc, H, G*Tq, Dh]
         mask = attention_mask
         if mask is not None and mask.shape[1] != 1:  # [Bc, Tq, Tk] -> [Bc, G * Tq, Tk]
             mask = tf.tile(tf.cast(mask, tf.bool), [1, groups, 1])
         attended, weights = self._attend(q, k, v, self._mask(mask), training=False, step=True)
         # [Bc, H, G * Tq, .] -> [B, H, Tq, .]
-        attended = tf.reshape(_swap_axes_1_2(attended, cache_rows, self.num_heads, groups),
-                              [batch, self.num_heads, length, self.head_dim])
+        attended = tf.reshape(
+            _swap_axes_1_2(attended, cache_rows, self.num_heads, groups, row_width),
+            [-1, self.num_heads, length, self.head_dim])
+        output = self._output(attended, False, rows)
         if not return_attention_scores:
-            return self._output(attended, training=False), None
+            return output, None
         weights = tf.reshape(_swap_axes_1_2(weights, cache_rows, self.num_heads, groups),
                              [batch, self.num_heads, length, -1])
-        return self._output(attended, training=False), weights
+        return output, weights
 
     def get_config(self):
         config = super().get_config()

@@ -84,7 +84,8 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
         """Incremental decoder layer (inference: no dropout).
 
         Args:
-          x: [B, T, D] new positions (usually T = 1: no self_attention_mask needed).
+          x: [B, T, D] new positions, or [B, D]: one new position per row (a decoding step;
+            no self_attention_mask needed, and the output is [B, D]).
           cache: {"self": a key/value cache, "memory": `memory_cache`'s [Bc, H, S, Dh]} with
             B = Bc * G rows (a sentence's beams query its memory row together).
           memory_mask: [Bc, 1, S] bool (source padding).
@@ -92,7 +93,8 @@ class TransformerDecoderLayer(TransformerEncoderLayer):
           return_attention_scores: also return the weights.
 
         Returns:
-          (x [B, T, D], the cache with the new positions, {"self", "cross"} weights or None).
+          (x [B, T, D] (or [B, D]), the cache with the new positions, {"self", "cross"}
+          weights or None).
         """
         x, (self_cache, self_weights) = residual_block(
             x, lambda h: self.self_attention.call_cached(h, cache["self"], self_attention_mask),

@@ -78,13 +78,19 @@ def sinusoid_table(positions, d_model):
     Returns:
       [T, D] float32.
     """
-    positions = tf.cast(positions, tf.float32)[:, None]  # [T, 1]
-    dims = tf.range(d_model // 2, dtype=tf.float32)  # [D/2]
-    inverse_freq = tf.exp(-math.log(10000.0) * 2.0 * dims / d_model)
-    angles = positions * inverse_freq[None, :]  # [T, D/2]
-    # Interleave sin/cos so column 2i is sin and 2i+1 is cos, as written in the paper.
-    table = tf.stack([tf.sin(angles), tf.cos(angles)], axis=-1)  # [T, D/2, 2]
-    return tf.reshape(table, [-1, d_model])
+    angles = tf.cast(positions, tf.float32)[:, None] * _inverse_frequencies(d_model)  # [T, D/2]
+    return tf.reshape(_interleave_sin_cos(angles), [-1, d_model])
+
+
+def _inverse_frequencies(d_model):
+    """1 / 10000^(2i/d) for i < D/2: [D/2] float32."""
+    dims = tf.range(d_model // 2, dtype=tf.float32)
+    return tf.exp(-math.log(10000.0) * 2.0 * dims / d_model)
+
+
+def _interleave_sin_cos(angles):
+    """[..., D/2] -> [..., D/2, 2]: column 2i is sin and 2i+1 is cos, as written in the paper."""
+    return tf.stack([tf.sin(angles), tf.cos(angles)], axis=-1)
 
 
 @keras.saving.register_keras_serializable(package="tfnmt")
@@ -123,6 +129,20 @@ class PositionalEncoding(keras.layers.Layer):
                 initializer="glorot_uniform",
             )
         self.built = True
+
+    def at(self, position):
+        """The encoding of one position (a decoding step's), without a table.
+
+        Args:
+          position: a scalar int.
+
+        Returns:
+          [D] float32 (learned: the variable's dtype).
+        """
+        if self.kind == "learned":
+            return tf.gather(tf.convert_to_tensor(self.position_embeddings), position)
+        angles = tf.cast(position, tf.float32) * _inverse_frequencies(self.d_model)  # [D/2]
+        return tf.reshape(_interleave_sin_cos(angles), [self.d_model])
 
     def call(self, inputs, start=0):
         # inputs: [B, T, D] -> [B, T, D]

@@ -6,9 +6,13 @@ training step (CHANGELOG.md, "Measured gains of the speed-ups"). Folding B and T
 one axis makes both directions plain GEMMs, and MatMul + BiasAdd (+ ReLU) fuse into one
 oneDNN kernel.
 
-Inside `low_precision_matmuls(kernels, dtype)` (inference only) the products with those
-kernels run in `dtype`, e.g. bfloat16 on AMX, with everything around them left in float32;
-inside `pretransposed_kernels(kernels)` products with their transposes use a copy transposed once.
+Inference scopes, which prepare weights once for a search (a search traced inside one takes
+what it prepared into its loop as loop-invariant inputs):
+  `low_precision_matmuls(kernels, dtype)`: the products with those kernels run in `dtype`, e.g.
+    bfloat16 on AMX, with everything around them left in float32;
+  `pretransposed_kernels(kernels)`: products with their transposes use a copy transposed once;
+  `concatenated_kernels(groups)`: `linear_many` multiplies by a group's kernels side by side
+    in one product.
 """
 import contextlib
 import threading
@@ -84,6 +88,74 @@ def pretransposed_kernels(kernels):
         _low_precision.transposed = outer
 
 
+@contextlib.contextmanager
+def concatenated_kernels(groups):
+    """A scope in which `linear_many(x, kernels, biases)`, outside training, for a group given
+    here is one product by the kernels side by side (concatenated here, once; in the
+    low-precision dtype of an enclosing `low_precision_matmuls` if it holds them) instead of
+    one product per kernel: at a decoding step's few rows much of a product's time is the cost
+    of running it at all, whatever its width. Inside an enclosing scope of the same group (and
+    precision), its copy is used.
+
+    Args:
+      groups: (kernels, biases) pairs: [D_in, D_i] kernels sharing their input, and their [D_i]
+        biases.
+
+    Example:
+      attention = model.decoder_layers[0].self_attention
+      with concatenated_kernels([([attention.query_kernel, attention.key_kernel],
+                                  [attention.query_bias, attention.key_bias])]):
+          q, k = linear_many(x, [attention.query_kernel, attention.key_kernel],
+                             [attention.query_bias, attention.key_bias])
+    """
+    outer = getattr(_low_precision, "concatenated", None)
+    _low_precision.concatenated = dict(outer or {})
+    for kernels, biases in groups:
+        key = tuple(id(kernel) for kernel in kernels)
+        copies = [_registered("kernels", kernel) for kernel in kernels]
+        low_precision = all(copy is not None for copy in copies)
+        outer_entry = _low_precision.concatenated.get(key)
+        if outer_entry is not None and outer_entry[3] == low_precision:
+            continue  # an enclosing scope's copy serves
+        kernel = tf.concat(copies if low_precision else kernels, axis=1)
+        bias = tf.concat(biases, axis=0)
+        _low_precision.concatenated[key] = (kernels, kernel, bias, low_precision,
+                                            [k.shape[1] for k in kernels])
+    try:
+        yield
+    finally:
+        _low_precision.concatenated = outer
+
+
+def linear_many(x, kernels, biases, training=False):
+    """`[linear(x, kernel, bias) for kernel, bias in zip(kernels, biases)]`, as one product
+    inside a `concatenated_kernels` scope that prepared this group (and not training).
+
+    Args:
+      x: [..., D_in].
+      kernels: [D_in, D_i] kernels.
+      biases: their [D_i] biases.
+      training: as for `linear` (the products are then separate).
+
+    Returns:
+      A list of [..., D_i] in x's dtype.
+    """
+    entry = (getattr(_low_precision, "concatenated", None) or {}).get(
+        tuple(id(kernel) for kernel in kernels))
+    if training or not fast_ops.enabled() or entry is None or any(
+            a is not b for a, b in zip(entry[0], kernels)):
+        return [linear(x, kernel, bias, training=training) for kernel, bias in zip(kernels, biases)]
+    _, kernel, bias, low_precision, widths = entry
+    flat = x if x.shape.rank == 2 else tf.reshape(x, [-1, x.shape[-1]])  # [N, D_in]
+    if low_precision:  # as `linear` multiplies inside `low_precision_matmuls`
+        y = tf.cast(tf.matmul(tf.cast(flat, kernel.dtype), kernel), x.dtype)
+    else:
+        y = tf.matmul(flat, tf.cast(kernel, x.dtype))
+    y = tf.nn.bias_add(y, tf.cast(bias, y.dtype))  # [N, sum D_i]
+    return [_unflatten(part, x, width) for part, width in zip(tf.split(y, widths, axis=1),
+                                                                widths)]
+
+
 def _registered(registry, kernel):
     """The copy of `kernel` in one of the inference scopes' registries, or None."""
     entry = (getattr(_low_precision, registry, None) or {}).get(id(kernel))
@@ -125,7 +197,7 @@ def linear(x, kernel, bias=None, transpose_kernel=False, activation=None, traini
             low_precision_kernel = transposed
     kernel = tf.cast(kernel, x.dtype) if low_precision_kernel is None else low_precision_kernel
     out_dim = kernel.shape[0] if transpose_kernel else kernel.shape[1]
-    flat = tf.reshape(x, [-1, x.shape[-1]])  # [N, D_in]
+    flat = x if x.shape.rank == 2 else tf.reshape(x, [-1, x.shape[-1]])  # [N, D_in]
     if training and bias is not None and not transpose_kernel and activation in (None, tf.nn.relu):
         y = _dense_with_gemm_gradients(flat, kernel, tf.cast(bias, x.dtype), activation)
     else:
@@ -138,6 +210,19 @@ def linear(x, kernel, bias=None, transpose_kernel=False, activation=None, traini
             y = tf.nn.bias_add(y, tf.cast(bias, y.dtype))
         if activation is not None:
             y = activation(y)
+    return _unflatten(y, x, out_dim)
+
+
+def _unflatten(y, x, out_dim):
+    """y [N, out_dim] -> [..., out_dim] with x's leading axes. When only the first of them is
+    unknown (a decoding step's [R, 1, D]) the shape is a constant: no Shape, slice and concat
+    ops run (at a decoding step's few rows, the time of a step goes mostly to running ops,
+    whatever their size)."""
+    if x.shape.rank == 2:
+        return y
+    inner = x.shape[1:-1]
+    if inner.is_fully_defined() and inner.num_elements():  # -1 cannot be inferred beside a 0
+        return tf.reshape(y, [-1] + inner.as_list() + [out_dim])
     y = tf.reshape(y, tf.concat([tf.shape(x)[:-1], [out_dim]], 0))
     y.set_shape(x.shape[:-1].concatenate([out_dim]))
     return y

@@ -141,7 +141,7 @@ def step_rows(step, slots, heads, row_slots, ancestry):
       each row attends to, its own new ones last}.
     """
     history = tf.concat([ancestry, row_slots[:, None]], axis=1)  # [R, step + 1]
-    times = tf.range(tf.shape(history)[1])[None, :]  # [1, step + 1]
+    times = tf.range(step + 1)[None, :]  # [1, step + 1]
     head = tf.range(heads)
     read_rows = (times * slots + history)[:, None, :] * heads + head[None, :, None]
     write_rows = tf.reshape((step * slots + row_slots)[:, None] * heads + head[None, :], [-1])
@@ -160,8 +160,8 @@ def write_and_read(store, new, write_rows, read_rows):
     Returns:
       (the store with `new` written, the keys/values [R, H, t + 1, Dh] at read_rows).
     """
-    store = tf.raw_ops.InplaceUpdate(x=store, i=write_rows,
-                                     v=tf.reshape(new, [-1, tf.shape(new)[-1]]))
+    width = new.shape[-1] if new.shape[-1] is not None else tf.shape(new)[-1]
+    store = tf.raw_ops.InplaceUpdate(x=store, i=write_rows, v=tf.reshape(new, [-1, width]))
     return store, tf.gather(store, read_rows)
 
 

@@ -9,7 +9,7 @@ from tfnmt.layers import (PositionalEncoding, TokenEmbedding, TransformerDecoder
                           TransformerEncoderLayer)
 from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.layer_norm import LayerNorm
-from tfnmt.layers.linear import linear, pretransposed_kernels
+from tfnmt.layers.linear import concatenated_kernels, linear, pretransposed_kernels
 from tfnmt.model import kv_cache
 
 
@@ -140,8 +140,8 @@ class Transformer(keras.Model):
                 layer.build(shape)
         self.built = True
 
-    def _embed(self, embedding, token_ids, training, start=0):
-        x = self.positions(embedding(token_ids), start=start)
+    def _embed(self, embedding, token_ids, training):
+        x = self.positions(embedding(token_ids))
         return self.embedding_dropout(x, training=training)
 
     def encode(self, source_ids, training=None, return_attention_scores=False):
@@ -254,17 +254,26 @@ class Transformer(keras.Model):
                  "memory": layer.memory_cache(memory)}
                 for layer in self.decoder_layers]
 
+    @contextlib.contextmanager
     def decoding_products(self):
-        """A scope for a decoding loop: with a tied output layer, its logits multiply by a
-        [D, V] copy of the embedding transposed once per search (`linear.pretransposed_kernels`),
-        not by the [V, D] matrix transposed at every step.
+        """A scope for a decoding loop, which prepares what its steps multiply by once per
+        search (the loop takes it as loop-invariant inputs): each layer's self-attention query,
+        key and value kernels side by side, for one product per step
+        (`linear.concatenated_kernels`); with a tied output layer, a [D, V] copy of the
+        embedding transposed once (`linear.pretransposed_kernels`), not the [V, D] matrix
+        transposed at every step.
 
-        Returns:
-          A context manager.
+        Yields:
+          Nothing; use it as a context manager.
         """
-        if self.output_projection is not None:
-            return contextlib.nullcontext()
-        return pretransposed_kernels([self.target_embedding.embeddings])
+        attentions = [layer.self_attention for layer in self.decoder_layers]
+        with concatenated_kernels([(a.projection_kernels(), a.projection_biases())
+                                   for a in attentions]):
+            if self.output_projection is not None:
+                yield
+                return
+            with pretransposed_kernels([self.target_embedding.embeddings]):
+                yield
 
     def residual_dropouts(self):
         """The dropout layers whose rate is `dropout`: the embeddings' and each layer's on its
@@ -290,7 +299,9 @@ class Transformer(keras.Model):
           cross-attention averaged over heads [B, S].
         """
         memory_mask = source_padding[:, None, :]  # [Bs, 1, S]
-        x = self._embed(self.target_embedding, token_ids, training=False, start=step)
+        # The step's states are [B, D], one position per row: no op moves a length-1 axis.
+        x = self.target_embedding(tf.reshape(token_ids, [-1]))  # [B, D]
+        x = x + tf.cast(self.positions.at(step), x.dtype)
         new_cache = []
         last = len(self.decoder_layers) - 1
         for index, (layer, layer_cache) in enumerate(zip(self.decoder_layers, cache)):
@@ -301,7 +312,7 @@ class Transformer(keras.Model):
             new_cache.append(layer_cache)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        logits = self._logits(x)[:, 0]
+        logits = self._logits(x)  # [B, V]
         if return_attention:
             return logits, new_cache, tf.reduce_mean(weights["cross"][:, :, 0], axis=1)
         return logits, new_cache
