@@ -93,9 +93,9 @@ def concatenated_kernels(groups):
     """A scope in which `linear_many(x, kernels, biases)`, outside training, for a group given
     here is one product by the kernels side by side (concatenated here, once; in the
     low-precision dtype of an enclosing `low_precision_matmuls` if it holds them) instead of
-    one product per kernel: at a decoding step's few rows much of a product's time is the cost
-    of running it at all, whatever its width. Inside an enclosing scope of the same group (and
-    precision), its copy is used.
+    one product per kernel: at a decoding step's few rows a product's fixed cost is a large
+    part of its time. Inside an enclosing scope of the same group (and precision), its copy is
+    used.
 
     Args:
       groups: (kernels, biases) pairs: [D_in, D_i] kernels sharing their input, and their [D_i]
@@ -216,8 +216,7 @@ def linear(x, kernel, bias=None, transpose_kernel=False, activation=None, traini
 def _unflatten(y, x, out_dim):
     """y [N, out_dim] -> [..., out_dim] with x's leading axes. When only the first of them is
     unknown (a decoding step's [R, 1, D]) the shape is a constant: no Shape, slice and concat
-    ops run (at a decoding step's few rows, the time of a step goes mostly to running ops,
-    whatever their size)."""
+    ops run (at a decoding step's few rows each op's fixed cost is a large part of the step)."""
     if x.shape.rank == 2:
         return y
     inner = x.shape[1:-1]
