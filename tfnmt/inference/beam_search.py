@@ -47,18 +47,12 @@ def _gather_beams(x, indices):
     return tf.gather(x, indices, batch_dims=1)
 
 
-def _pad_time(tracks, length):
-    """Tracks [A, K, t, ...] padded along time (axis 2) to `length`."""
+def _pad_time(tracks, length=None):
+    """Tracks [A, K, t, ...] padded along time (axis 2) to `length`; without it, by one step
+    (constant paddings: no shape arithmetic in a search step)."""
     def pad(t):
-        padding = [[0, 0], [0, 0], [0, length - tf.shape(t)[2]]] + [[0, 0]] * (t.shape.rank - 3)
-        return tf.pad(t, padding, constant_values=PAD_ID if t.dtype == tf.int32 else 0)
-    return tf.nest.map_structure(pad, tracks)
-
-
-def _one_more_step(tracks):
-    """Tracks [A, K, t, ...] padded by one time step (constant paddings)."""
-    def pad(t):
-        padding = [[0, 0], [0, 0], [0, 1]] + [[0, 0]] * (t.shape.rank - 3)
+        extra = 1 if length is None else length - tf.shape(t)[2]
+        padding = [[0, 0], [0, 0], [0, extra]] + [[0, 0]] * (t.shape.rank - 3)
         return tf.pad(t, padding, constant_values=PAD_ID if t.dtype == tf.int32 else 0)
     return tf.nest.map_structure(pad, tracks)
 
@@ -175,7 +169,7 @@ class BeamSearch(DecodingStrategy):
             tf.concat([sentences["finished_scores"], ended_scores], axis=1), k=k)  # [A, K]
         # Finished tracks hold `step` positions: one more makes them as long as `top`'s.
         all_finished = tf.nest.map_structure(lambda old, new: tf.concat([old, new], axis=1),
-                                             _one_more_step(sentences["finished"]), top)
+                                             _pad_time(sentences["finished"]), top)
         alive = _gather_tracks(top, keep)
         sentences = dict(sentences, tokens=alive["ids"][:, :, -1], alive=alive,
                          alive_log_probs=continue_scores,

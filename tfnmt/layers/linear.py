@@ -146,12 +146,8 @@ def linear_many(x, kernels, biases, training=False):
             a is not b for a, b in zip(entry[0], kernels)):
         return [linear(x, kernel, bias, training=training) for kernel, bias in zip(kernels, biases)]
     _, kernel, bias, low_precision, widths = entry
-    flat = x if x.shape.rank == 2 else tf.reshape(x, [-1, x.shape[-1]])  # [N, D_in]
-    if low_precision:  # as `linear` multiplies inside `low_precision_matmuls`
-        y = tf.cast(tf.matmul(tf.cast(flat, kernel.dtype), kernel), x.dtype)
-    else:
-        y = tf.matmul(flat, tf.cast(kernel, x.dtype))
-    y = tf.nn.bias_add(y, tf.cast(bias, y.dtype))  # [N, sum D_i]
+    kernel = kernel if low_precision else tf.cast(kernel, x.dtype)
+    y = _product(_flatten(x), kernel, bias, low_precision, False, x.dtype)  # [N, sum D_i]
     return [_unflatten(part, x, width) for part, width in zip(tf.split(y, widths, axis=1),
                                                                 widths)]
 
@@ -197,20 +193,31 @@ def linear(x, kernel, bias=None, transpose_kernel=False, activation=None, traini
             low_precision_kernel = transposed
     kernel = tf.cast(kernel, x.dtype) if low_precision_kernel is None else low_precision_kernel
     out_dim = kernel.shape[0] if transpose_kernel else kernel.shape[1]
-    flat = x if x.shape.rank == 2 else tf.reshape(x, [-1, x.shape[-1]])  # [N, D_in]
+    flat = _flatten(x)  # [N, D_in]
     if training and bias is not None and not transpose_kernel and activation in (None, tf.nn.relu):
         y = _dense_with_gemm_gradients(flat, kernel, tf.cast(bias, x.dtype), activation)
     else:
-        if low_precision_kernel is None:
-            y = tf.matmul(flat, kernel, transpose_b=transpose_kernel)  # [N, D_out]
-        else:
-            y = tf.cast(tf.matmul(tf.cast(flat, kernel.dtype), kernel,
-                                  transpose_b=transpose_kernel), x.dtype)
-        if bias is not None:
-            y = tf.nn.bias_add(y, tf.cast(bias, y.dtype))
+        y = _product(flat, kernel, bias, low_precision_kernel is not None, transpose_kernel,
+                     x.dtype)  # [N, D_out]
         if activation is not None:
             y = activation(y)
     return _unflatten(y, x, out_dim)
+
+
+def _product(flat, kernel, bias, low_precision, transpose_kernel, dtype):
+    """flat [N, D_in] · kernel (+ bias) in `dtype`; a `low_precision` kernel's product runs in
+    its dtype, with the input rounded to it and the product cast back to `dtype`."""
+    if low_precision:
+        y = tf.cast(tf.matmul(tf.cast(flat, kernel.dtype), kernel,
+                              transpose_b=transpose_kernel), dtype)
+    else:
+        y = tf.matmul(flat, kernel, transpose_b=transpose_kernel)
+    return y if bias is None else tf.nn.bias_add(y, tf.cast(bias, y.dtype))
+
+
+def _flatten(x):
+    """[..., D] -> [N, D] (a rank-2 x as it is)."""
+    return x if x.shape.rank == 2 else tf.reshape(x, [-1, x.shape[-1]])
 
 
 def _unflatten(y, x, out_dim):
