@@ -39,6 +39,16 @@ def test_a_steady_pace_plans_what_fits():
     assert budget.planned == plans[-1][1] == pytest.approx(594, abs=2)
 
 
+def test_a_plan_that_freezes_unchanged_is_reported():
+    # Without a margin a steady pace plans the same last update at every check: the first
+    # plan and the frozen one are both reported (the run logs and saves the final plan).
+    clock = Clock()
+    budget = TrainingBudget(1.0, settle_steps=30, freeze_fraction=0.5, margin=0.0,
+                            interval=10, clock=clock)
+    plans = run(budget, clock, 0.125, 400)  # 8 updates/s, in exact binary fractions
+    assert budget.frozen and plans == [(40, 480), (240, 480)]  # frozen at half the minute
+
+
 def test_the_pace_of_the_later_half_counts():
     # Slow first updates (tracing, first kernels), then four times faster.
     clock = Clock()

@@ -72,7 +72,7 @@ class TrainingBudget:
           step: the optimizer's step (updates applied).
 
         Returns:
-          The planned last update when it changed, else None.
+          The planned last update when it changed or froze, else None.
         """
         done = step - self.first_step
         if self.frozen or done < self.settle_steps or done % self.interval:
@@ -89,7 +89,8 @@ class TrainingBudget:
         planned = max(step + int(pace * remaining), step + 1)
         self.frozen = elapsed >= self.freeze_after
         if planned == self.planned:
-            return None
+            # Unchanged, but the plan that freezes is reported (and saved) all the same.
+            return planned if self.frozen else None
         self.planned = planned
         self.planned_count += 1
         return planned
