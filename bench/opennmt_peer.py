@@ -10,10 +10,10 @@ this project's TensorFlow 2.21; install it in its own virtual environment and pa
   python bench/opennmt_peer.py --onmt_python=/tmp/onmt/bin/python --notrain --decode  # again
 
 The corpus is the embedded train split tokenized with the bench's own 8k SentencePiece model
-(runs/bench-data/spm.model); the model is the issue's configuration (Transformer d_model 256,
-3+3 layers, 4 heads, d_ff 1024, shared embeddings and softmax, dropout 0.1 on residuals and
-embeddings only, as the `small` preset), 4,096-token batches with width-1 length buckets, Adam
-+ Noam warm-up 4,000, label smoothing 0.1. OpenNMT-tf enables mixed precision only on GPUs, so
+(runs/bench-data/spm.model); the model has the shape of tfnmt's --preset (`small`: d_model 256,
+3+3 layers, 4 heads, d_ff 1024; `base`: the paper's 512, 6+6, 8, 2,048), shared embeddings and
+softmax, dropout 0.1 on residuals and embeddings only, 4,096-token batches with width-1 length
+buckets, Adam + Noam warm-up 4,000, label smoothing 0.1. OpenNMT-tf enables mixed precision only on GPUs, so
 `--mixed_precision=bf16` sets Keras's global mixed_bfloat16 policy before it starts.
 
 Training speed is the median of OpenNMT-tf's own "target" tokens/s log lines after the first
@@ -33,6 +33,7 @@ import time
 
 from common import cpu_description, peer_environment, prepared_data
 from tfnmt import paths  # noqa: E402
+from tfnmt.model.presets import PRESETS  # noqa: E402
 
 from absl import app, flags  # noqa: E402
 
@@ -43,6 +44,8 @@ flags.DEFINE_string("onmt_python", None, "Python of an environment with OpenNMT-
 flags.DEFINE_string("data_dir", "runs/bench-data", "Prepared embedded corpus (made if missing).")
 flags.DEFINE_string("work_dir", "runs/opennmt-peer", "Its data, config and model (the model "
                     "is trained anew each run).")
+flags.DEFINE_enum("preset", "small", ["small", "base"], "tfnmt preset whose model shape the "
+                  "peer trains (bench/train.py --preset); default small.")
 flags.DEFINE_integer("steps", 300, "Training steps.")
 flags.DEFINE_integer("log_every", 20, "Steps per OpenNMT-tf log line (one timing window).")
 flags.DEFINE_integer("skip_logs", 3, "Log lines left out as warm-up.")
@@ -56,10 +59,10 @@ MODEL = """import opennmt
 
 def model():
     return opennmt.models.Transformer(
-        source_inputter=opennmt.inputters.WordEmbedder(embedding_size=256),
-        target_inputter=opennmt.inputters.WordEmbedder(embedding_size=256),
-        num_layers=3, num_units=256, num_heads=4, ffn_inner_dim=1024,
-        dropout=0.1, attention_dropout=0.0, ffn_dropout=0.0,
+        source_inputter=opennmt.inputters.WordEmbedder(embedding_size={d_model}),
+        target_inputter=opennmt.inputters.WordEmbedder(embedding_size={d_model}),
+        num_layers={num_layers}, num_units={d_model}, num_heads={num_heads},
+        ffn_inner_dim={d_ff}, dropout={dropout}, attention_dropout=0.0, ffn_dropout=0.0,
         share_embeddings=opennmt.models.EmbeddingsSharingLevel.ALL)
 """
 
@@ -82,7 +85,7 @@ params:
   optimizer_params: {{beta_1: 0.9, beta_2: 0.98, epsilon: 1.0e-9}}
   learning_rate: 2.0
   decay_type: NoamDecay
-  decay_params: {{model_dim: 256, warmup_steps: 4000}}
+  decay_params: {{model_dim: {d_model}, warmup_steps: 4000}}
   label_smoothing: 0.1
   beam_width: 4
   num_hypotheses: 1
@@ -167,9 +170,10 @@ def train(work, launcher):
     run(["-m", "opennmt.bin.build_vocab", "--from_vocab", os.path.join(work, "spm.vocab"),
          "--from_format", "sentencepiece", "--save_vocab", os.path.join(work, "vocab.txt")],
         log_path=os.path.join(work, "vocab.log"))
-    for name, text in (("model.py", MODEL), ("launcher.py", LAUNCHER),
+    shape = PRESETS[FLAGS.preset]
+    for name, text in (("model.py", MODEL.format(**shape)), ("launcher.py", LAUNCHER),
                        ("config.yml", CONFIG.format(work=work, steps=FLAGS.steps,
-                                                    log_every=FLAGS.log_every))):
+                                                    log_every=FLAGS.log_every, **shape))):
         with open(os.path.join(work, name), "w") as f:
             f.write(text)
     policy = {"bf16": "mixed_bfloat16", "none": ""}[FLAGS.mixed_precision]
@@ -178,7 +182,7 @@ def train(work, launcher):
     windows = [int(target) for _, target in LOG_LINE.findall(train_log)][FLAGS.skip_logs:]
     if not windows:
         raise RuntimeError(f"no timing lines after warm-up in {work}/train.log")
-    return {"mixed_precision": FLAGS.mixed_precision, "steps": FLAGS.steps,
+    return {"preset": FLAGS.preset, "mixed_precision": FLAGS.mixed_precision, "steps": FLAGS.steps,
             "target_tokens_per_s": statistics.median(windows),
             "window_target_tokens_per_s": windows}
 
