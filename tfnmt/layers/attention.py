@@ -23,6 +23,16 @@ def _small_softmax(logits):
     return exp / tf.reduce_sum(exp, axis=-1, keepdims=True)
 
 
+def _small_matmul(a, b, transpose_b=False):
+    """tf.matmul(a, b, transpose_b=...) of a decoding step's few query rows per head, run by
+    Eigen's batched product on every CPU. Where TensorFlow turns oneDNN on, it replaces the
+    BatchMatMulV2 that tf.matmul makes with oneDNN's kernel, whose fixed cost per call is
+    several times the product at these sizes (bench/README.md, "Decoding"); it leaves
+    BatchMatMulV3 (the same product, with its input and output dtypes as separate attributes)
+    to Eigen's kernel."""
+    return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=transpose_b)
+
+
 @keras.saving.register_keras_serializable(package="tfnmt")
 class MultiHeadAttention(keras.layers.Layer):
     """softmax(Q K^T / sqrt(d_head) + mask) V over `num_heads` heads, then an output projection.
@@ -113,15 +123,16 @@ class MultiHeadAttention(keras.layers.Layer):
     def _attend(self, q, k, v, mask, training, step=False):
         """q [B, H, Tq, Dh], k and v [B, H, Tk, Dh], mask broadcastable to [B, 1, Tq, Tk] ->
         (attended [B, H, Tq, Dh], weights [B, H, Tq, Tk] float32). `step`: a decoding step's
-        few query rows (`_small_softmax`)."""
+        few query rows (`_small_softmax`, `_small_matmul`)."""
+        matmul = _small_matmul if step else tf.matmul
         q = q * tf.cast(self.head_dim ** -0.5, q.dtype)
-        logits = tf.matmul(q, k, transpose_b=True)
+        logits = matmul(q, k, transpose_b=True)
         # Softmax in float32: stable under bf16/fp16 compute and exact masking.
         logits = tf.cast(logits, tf.float32)
         if mask is not None:
             logits = tf.where(mask, logits, tf.constant(-1e9, tf.float32))
         weights = _small_softmax(logits) if step else tf.nn.softmax(logits, axis=-1)
-        attended = tf.matmul(self.dropout(tf.cast(weights, v.dtype), training=training), v)
+        attended = matmul(self.dropout(tf.cast(weights, v.dtype), training=training), v)
         return attended, weights
 
     def _output(self, attended, training, rows=False):
