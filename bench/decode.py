@@ -1,9 +1,9 @@
 """Decoding speed from exported SavedModels, as TF Serving would run them, in one run.
 
-Exports the training directory's checkpoint with export.py into a scratch directory, four
-ways: beam 4 and greedy (beam 1), each with --matmul_dtype=float32 and =bfloat16 (the weight
-matmuls in bf16, all else float32; what export.py's default `auto` runs where the serving
-CPU times bf16 faster). Loads each SavedModel the way a server does (tensorflow + tensorflow_text only) and times its
+Exports the training directory's checkpoint with export.py into a scratch directory: beam 4
+and greedy (beam 1), each with the --matmul_dtypes given: float32, bfloat16 (the weight
+matmuls in bf16, all else float32) and auto (export.py's default, which searches in bfloat16
+where the serving CPU times it faster; not checked against the eager search). Loads each SavedModel the way a server does (tensorflow + tensorflow_text only) and times its
 serving_default signature on a split at each batch size: sentences/s and target tokens/s, where
 target tokens are SentencePiece pieces of the outputs (as OpenNMT-tf counts them), plus the
 sacreBLEU of the full split's translations. Sentences are batched by length, as translate.py
@@ -40,9 +40,12 @@ flags.DEFINE_enum("split", "test", ["dev", "test"], "Split to decode.")
 flags.DEFINE_list("batch_sizes", ["32", "1"], "Sentences per call, each timed.")
 flags.DEFINE_integer("limit", 0, "Decode only the first N sentences (0: all).")
 flags.DEFINE_integer("batch1_limit", 300, "Sentences decoded at batch size 1 (0: all).")
+MATMUL_DTYPES = ("float32", "bfloat16", "auto")
 flags.DEFINE_list("matmul_dtypes", ["float32", "bfloat16"], "export.py --matmul_dtype values "
-                  "timed, each for beam 4 and greedy (bfloat16 is only worth it with native "
-                  "bf16).")
+                  "timed, each for beam 4 and greedy: float32, bfloat16 (only worth it with "
+                  "native bf16), auto (export.py's default: the server picks one).")
+flags.register_validator("matmul_dtypes", lambda v: set(v) <= set(MATMUL_DTYPES),
+                         f"--matmul_dtypes takes {', '.join(MATMUL_DTYPES)}")
 flags.DEFINE_integer("check", 64, "Sentences compared with eager beam search (0: skip).")
 flags.DEFINE_integer("rounds", 3, "Timed passes over the sentences per export and batch size; "
                      "the median is reported (single passes here vary by up to 13%).")
@@ -95,14 +98,15 @@ def main(argv):
     beam_translators = {}  # matmul dtype -> the export's translate function
     for name, beam_size, matmul_dtype in (("beam4", 4, "float32"), ("greedy", 1, "float32"),
                                           ("beam4_bf16", 4, "bfloat16"),
-                                          ("greedy_bf16", 1, "bfloat16")):
+                                          ("greedy_bf16", 1, "bfloat16"),
+                                          ("beam4_auto", 4, "auto"), ("greedy_auto", 1, "auto")):
         if matmul_dtype not in FLAGS.matmul_dtypes:
             continue
         translate = load_translate(export(FLAGS.model_dir, os.path.join(scratch, name),
                                           beam_size, matmul_dtype))
 
         time_translator(result, name, translate, sources, references, tokenizer)
-        if beam_size == 4:
+        if beam_size == 4 and matmul_dtype != "auto":  # auto: the eager dtype is the server's
             beam_translators[matmul_dtype] = translate
     for weights in FLAGS.ctranslate2:
         name = f"ctranslate2_{weights}_beam4"
