@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from helpers import run_layer_test
 from tfnmt.layers import MultiHeadAttention
+from tfnmt.layers.attention import _small_matmul
 from tfnmt.model.kv_cache import AppendCache
 
 
@@ -131,6 +132,26 @@ def test_a_decoding_step_matches_numpy_without_softmax_transpose_or_v2_products(
             step).graph
         kinds = {op.type for op in graph.get_operations()}
         assert not kinds & {"Shape", "Pack", "StridedSlice"}, kinds
+
+
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_small_matmul_is_a_v3_product_in_float32_and_v2_in_bfloat16(transpose_b):
+    # A decoding step's products: BatchMatMulV3 in float32 (left to Eigen where oneDNN is on),
+    # tf.matmul's BatchMatMulV2 in bfloat16 (oneDNN's native kernel); both as numpy's.
+    rng = np.random.default_rng(5)
+    a = rng.normal(size=(3, 2, 1, 4))
+    b = rng.normal(size=(3, 2, 5, 4) if transpose_b else (3, 2, 4, 5))
+    expected = a @ (b.transpose(0, 1, 3, 2) if transpose_b else b)  # float64
+    for dtype, kind, tolerance in ((tf.float32, "BatchMatMulV3", 1e-5),
+                                   (tf.bfloat16, "BatchMatMulV2", 5e-2)):
+        inputs = [tf.constant(x, dtype) for x in (a, b)]
+        product = tf.function(lambda a, b: _small_matmul(a, b, transpose_b=transpose_b))
+        out = product(*inputs)
+        assert out.dtype == dtype
+        np.testing.assert_allclose(tf.cast(out, tf.float64), expected, rtol=tolerance,
+                                   atol=tolerance * np.abs(expected).max())
+        kinds = {op.type for op in product.get_concrete_function(*inputs).graph.get_operations()}
+        assert kind in kinds and not kinds & {"BatchMatMulV2", "BatchMatMulV3"} - {kind}, kinds
 
 
 def test_heads_must_divide_d_model():

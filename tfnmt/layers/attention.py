@@ -24,12 +24,15 @@ def _small_softmax(logits):
 
 
 def _small_matmul(a, b, transpose_b=False):
-    """tf.matmul(a, b, transpose_b=...) of a decoding step's few query rows per head, run by
-    Eigen's batched product on every CPU. Where TensorFlow turns oneDNN on, it replaces the
+    """tf.matmul(a, b, transpose_b=...) of a decoding step's few query rows per head; in float32
+    by Eigen's batched product on every CPU. Where TensorFlow turns oneDNN on, it replaces the
     BatchMatMulV2 that tf.matmul makes with oneDNN's kernel, whose fixed cost per call is
     several times the product at these sizes (bench/README.md, "Decoding"); it leaves
     BatchMatMulV3 (the same product, with its input and output dtypes as separate attributes)
-    to Eigen's kernel."""
+    to Eigen's kernel. bfloat16 (a mixed-precision model's dev evaluation) keeps oneDNN's
+    native kernel, faster than Eigen's at a batch's rows."""
+    if a.dtype != tf.float32:
+        return tf.matmul(a, b, transpose_b=transpose_b)
     return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=transpose_b)
 
 
