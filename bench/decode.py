@@ -3,7 +3,8 @@
 Exports the training directory's checkpoint with export.py into a scratch directory: beam 4
 and greedy (beam 1), each with the --matmul_dtypes given: float32, bfloat16 (the weight
 matmuls in bf16, all else float32) and auto (export.py's default, which searches in bfloat16
-where the serving CPU times it faster; not checked against the eager search). Loads each SavedModel the way a server does (tensorflow + tensorflow_text only) and times its
+where the serving CPU times it faster; not checked against the eager search). Loads each
+SavedModel the way a server does (tensorflow + tensorflow_text only) and times its
 serving_default signature on a split at each batch size: sentences/s and target tokens/s, where
 target tokens are SentencePiece pieces of the outputs (as OpenNMT-tf counts them), plus the
 sacreBLEU of the full split's translations. Sentences are batched by length, as translate.py

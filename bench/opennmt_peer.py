@@ -13,8 +13,9 @@ The corpus is the embedded train split tokenized with the bench's own 8k Sentenc
 (runs/bench-data/spm.model); the model has the shape of tfnmt's --preset (`small`: d_model 256,
 3+3 layers, 4 heads, d_ff 1024; `base`: the paper's 512, 6+6, 8, 2,048), shared embeddings and
 softmax, dropout 0.1 on residuals and embeddings only, 4,096-token batches with width-1 length
-buckets, Adam + Noam warm-up 4,000, label smoothing 0.1. OpenNMT-tf enables mixed precision only on GPUs, so
-`--mixed_precision=bf16` sets Keras's global mixed_bfloat16 policy before it starts.
+buckets, Adam + Noam warm-up 4,000, label smoothing 0.1. OpenNMT-tf enables mixed precision
+only on GPUs, so `--mixed_precision=bf16` sets Keras's global mixed_bfloat16 policy before it
+starts.
 
 Training speed is the median of OpenNMT-tf's own "target" tokens/s log lines after the first
 --skip_logs. With --decode, the trained checkpoint then translates the test split with
@@ -182,8 +183,8 @@ def train(work, launcher):
     windows = [int(target) for _, target in LOG_LINE.findall(train_log)][FLAGS.skip_logs:]
     if not windows:
         raise RuntimeError(f"no timing lines after warm-up in {work}/train.log")
-    return {"preset": FLAGS.preset, "mixed_precision": FLAGS.mixed_precision, "steps": FLAGS.steps,
-            "target_tokens_per_s": statistics.median(windows),
+    return {"preset": FLAGS.preset, "mixed_precision": FLAGS.mixed_precision,
+            "steps": FLAGS.steps, "target_tokens_per_s": statistics.median(windows),
             "window_target_tokens_per_s": windows}
 
 

@@ -29,8 +29,8 @@ def _small_matmul(a, b, transpose_b=False):
     BatchMatMulV2 that tf.matmul makes with oneDNN's kernel, whose fixed cost per call is
     several times the product at these sizes (bench/README.md, "Decoding"); it leaves
     BatchMatMulV3 (the same product, with its input and output dtypes as separate attributes)
-    to Eigen's kernel. bfloat16 (a mixed-precision model's dev evaluation) keeps oneDNN's
-    native kernel, faster than Eigen's at a batch's rows."""
+    to Eigen's kernel. bfloat16 (a mixed-precision model's dev evaluation) keeps tf.matmul:
+    there oneDNN's kernel is the faster one at a batch's rows."""
     if a.dtype != tf.float32:
         return tf.matmul(a, b, transpose_b=transpose_b)
     return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=transpose_b)
