@@ -84,3 +84,53 @@ def test_tensorflow_runs_what_use_onednn_reports(given):
         assert chosen.startswith("oneDNN") and enabled == "True"
     else:
         assert chosen == "TensorFlow's default"
+
+
+@pytest.mark.parametrize("environ, flags, aborts", [
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2"}, "avx2 fma avx512f avx512_bf16", True),     # the AVX2 cap
+    ({"ONEDNN_MAX_CPU_ISA": "avx2_vnni"}, "avx2 fma avx512f avx512_vnni", True),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2", "TF_ENABLE_ONEDNN_OPTS": "0"},              # Eigen's kernels
+     "avx2 fma avx512f avx512_bf16", False),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, "avx2 fma avx512f avx512_bf16", False),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}, "avx2 fma avx512f avx512_bf16", False),
+    ({"ONEDNN_MAX_CPU_ISA": "AVX2", "TF_ENABLE_ONEDNN_OPTS": "1"}, "avx2 fma", False),  # no AVX-512
+    ({}, "avx2 fma avx512f avx512_bf16", False),
+])
+def test_bf16_abort_reason_names_the_cap(tmp_path, environ, flags, aborts):
+    reason = cpu_kernels.bf16_abort_reason(environ, fake_cpuinfo(tmp_path, flags))
+    assert (reason is not None) == aborts
+    if aborts:
+        assert f"ONEDNN_MAX_CPU_ISA={environ['ONEDNN_MAX_CPU_ISA']}" in reason
+
+
+BF16_PRODUCT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from tfnmt import cpu_kernels
+print(cpu_kernels.bf16_abort_reason() is not None, flush=True)
+import tensorflow as tf
+a = tf.cast(tf.random.normal([64, 64]), tf.bfloat16)
+tf.matmul(a, a).numpy()
+print("ran")
+"""
+
+
+@x86_linux
+def test_bf16_abort_reason_predicts_what_tensorflow_does():
+    # On this machine's CPU, a bfloat16 product in a process started under each environment
+    # aborts exactly where bf16_abort_reason says so (on CPUs with AVX-512 under the AVX2 cap).
+    env = cpu_kernels.user_environment()
+    for name in ("TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA"):
+        env.pop(name, None)
+    cases = [{"ONEDNN_MAX_CPU_ISA": "AVX2"}, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+             {"ONEDNN_MAX_CPU_ISA": "AVX2", "TF_ENABLE_ONEDNN_OPTS": "1"}]
+    children = [subprocess.Popen([sys.executable, "-c", BF16_PRODUCT, ROOT],
+                                 env=dict(env, **case), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for case in cases]
+    for case, child in zip(cases, children):
+        out, err = child.communicate(timeout=120)
+        predicted = out.splitlines()[0]
+        assert predicted in ("True", "False"), err[-2000:]
+        assert (child.returncode != 0) == (predicted == "True"), (case, err[-2000:])
+        if predicted == "False":
+            assert out.splitlines()[1] == "ran", err[-2000:]

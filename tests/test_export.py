@@ -482,8 +482,10 @@ def test_auto_matmul_export_chooses_its_search_on_the_serving_machine(tiny_model
     np.testing.assert_allclose(bfloat16_scores, float32_scores, atol=0.5)
     assert np.abs(float32_scores - bfloat16_scores).max() > 1e-3
     cpuinfo = tmp_path / "cpuinfo"
+    environ = tmp_path / "environ"  # without ONEDNN_MAX_CPU_ISA, whatever the suite runs under
+    environ.write_bytes(b"PATH=/usr/bin\x00")
     module = TranslationModule(model, proto, matmul_dtype="auto", cpuinfo=str(cpuinfo),
-                               bf16_min_speedup=0.0, **settings)
+                               environ=str(environ), bf16_min_speedup=0.0, **settings)
     path = export_saved_model(module, str(tmp_path / "export"), check=False)
     assert_each_weight_saved_once(path, model, extra=[np.array(-1, np.int32)])  # no choice yet
     ops = graph_ops(path)

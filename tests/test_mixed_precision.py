@@ -9,7 +9,10 @@ def fail_probe():
 
 
 @pytest.mark.parametrize("name", ["none", "bf16", "fp16"])
-def test_explicit_precisions_are_kept(name):
+def test_explicit_precisions_are_kept(monkeypatch, name):
+    from tfnmt import cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "bf16_abort_reason", lambda: None)  # whatever the cap here
     assert distribute.resolve_mixed_precision(name, bf16_speedup=fail_probe) == name
 
 
@@ -42,3 +45,16 @@ def test_an_isa_cap_below_bf16_means_no_native_bf16(monkeypatch, tmp_path, cap, 
 def test_the_speed_probe_times_both_dtypes():
     speedup = distribute.bf16_matmul_speedup(rows=64, depth=32, cols=64, repeats=2)
     assert 0.01 < speedup < 100
+
+
+def test_bf16_is_refused_where_its_products_would_abort_the_process(monkeypatch):
+    from tfnmt import cpu_kernels
+    from tfnmt.training.settings import SettingsError
+
+    monkeypatch.setattr(cpu_kernels, "bf16_abort_reason", lambda: "capped for the test")
+    with pytest.raises(SettingsError, match="--mixed_precision=bf16: capped for the test"):
+        distribute.resolve_mixed_precision("bf16", bf16_speedup=fail_probe)
+    monkeypatch.setattr(distribute, "cpu_has_bf16", lambda: False)
+    for name in ("none", "fp16", "auto"):
+        assert distribute.resolve_mixed_precision(name, bf16_speedup=fail_probe) in ("none",
+                                                                                      "fp16")

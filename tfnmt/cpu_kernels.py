@@ -91,3 +91,34 @@ def user_environment(environ=os.environ):
     if env.pop(SET_BY_TFNMT, None):
         env.pop(ENV, None)
     return env
+
+
+# oneDNN's ISA names (ONEDNN_MAX_CPU_ISA) from AVX-512 up hold bfloat16 kernels, native or
+# emulated; a cap below them (SSE41, AVX, AVX2, AVX2_VNNI, ...) leaves oneDNN none.
+_ISA_WORDS_FROM_AVX512 = ("AVX512", "AVX10", "AMX", "ALL", "DEFAULT")
+
+
+def bf16_abort_reason(environ=os.environ, cpuinfo="/proc/cpuinfo"):
+    """Why a bfloat16 matrix product would abort this process, or None where it runs.
+
+    TensorFlow hands bfloat16 products to oneDNN on CPUs with AVX-512 when oneDNN is on; under
+    an ONEDNN_MAX_CPU_ISA below AVX-512 oneDNN then has no kernel for them and the process
+    aborts (`dnnl::error`, not a Python exception). Measured on an AMD EPYC with AVX512-BF16:
+    AVX2 aborts, AVX512_CORE runs. On CPUs without AVX-512, or with oneDNN off, TensorFlow
+    runs them with Eigen's kernels.
+
+    Args:
+      environ: the environment the process was started with.
+      cpuinfo: where the CPU's flags are read.
+
+    Returns:
+      A sentence for an error message, or None.
+    """
+    cap = environ.get("ONEDNN_MAX_CPU_ISA", "").strip()
+    if not cap or any(word in cap.upper() for word in _ISA_WORDS_FROM_AVX512):
+        return None
+    if not _choice(environ, cpuinfo)[0].startswith("oneDNN") \
+            or "avx512f" not in cpu_flags(cpuinfo):
+        return None
+    return (f"oneDNN capped at ONEDNN_MAX_CPU_ISA={cap} has no bfloat16 kernels, and a "
+            "bfloat16 product would abort the process")

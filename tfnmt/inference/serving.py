@@ -29,7 +29,7 @@ from tfnmt.data.vocabulary import as_protos
 from tfnmt.inference.beam_search import STOP_RULES, beam_search
 from tfnmt.inference.decoding import EXTRA_LENGTH, SamplingSearch, decode_limits, dynamic_decode
 from tfnmt.inference.scoring import sequence_log_probs, target_arrays
-from tfnmt.inference.serving_precision import CPUINFO, SearchPrecision
+from tfnmt.inference.serving_precision import CPUINFO, ENVIRON, SearchPrecision
 from tfnmt.layers.linear import low_precision_matmuls
 
 MATMUL_DTYPES = ("float32", "bfloat16", "auto")
@@ -102,6 +102,8 @@ class TranslationModule:
       sampling: None for beam search, or {"temperature", "top_k", "seed"}: each translation is
         drawn at random instead (`decoding.SamplingSearch`; n_best must be 1).
       cpuinfo: the file an "auto" export reads its CPU flags from (tests give their own).
+      environ: the file an "auto" export reads its process environment from (its
+        ONEDNN_MAX_CPU_ISA; tests give their own).
       gpu_files: the device files whose presence means a GPU (`search_bounds`; tests give
         their own).
       bf16_min_speedup: an "auto" export searches in bfloat16 where its products time at
@@ -115,7 +117,8 @@ class TranslationModule:
     def __init__(self, model, vocabulary, beam_size=4, alpha=0.6, max_decode_length=0,
                  n_best=4, extra_length=EXTRA_LENGTH, parallel_searches=2,
                  matmul_dtype="float32", chunk_size=64, sampling=None, cpuinfo=CPUINFO,
-                 beam_stop="finished", bf16_min_speedup=None, gpu_files=GPU_DEVICE_FILES):
+                 beam_stop="finished", bf16_min_speedup=None, gpu_files=GPU_DEVICE_FILES,
+                 environ=ENVIRON):
         import tensorflow_text as tf_text
 
         self.model = model
@@ -146,7 +149,7 @@ class TranslationModule:
             output_weights = max((v for v in model.trainable_variables if len(v.shape) == 2),
                                  key=lambda v: v.shape.num_elements())  # [V, D]
             speedup = {} if bf16_min_speedup is None else {"min_speedup": bf16_min_speedup}
-            self.precision = SearchPrecision(output_weights, cpuinfo, **speedup)
+            self.precision = SearchPrecision(output_weights, cpuinfo, environ=environ, **speedup)
         self.chunk_size = int(chunk_size)
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size={chunk_size} must be >= 1")

@@ -8,32 +8,50 @@ does: where the serving CPU has native bfloat16 (its Linux CPU flags, read in th
 first request of a process times products of the model's own output weights in both dtypes
 (`bf16_speedup`) and keeps bfloat16 if it is at least `min_speedup` times faster. The choice is
 kept in a variable, so later requests of the process only read it. Without native bfloat16
-(emulated: many times slower) no timing runs and the search is float32.
+(emulated: many times slower) no timing runs and the search is float32; the same where the
+serving process caps oneDNN below the bfloat16 instructions (`ONEDNN_MAX_CPU_ISA=AVX2`, as
+bench/README.md suggests to reproduce an AVX2 CPU), under which a bfloat16 product aborts it.
 """
 import tensorflow as tf
 
-from tfnmt.training.distribute import BF16_MIN_SPEEDUP, NATIVE_BF16_FLAGS
+from tfnmt.training.distribute import BF16_ISA_WORDS, BF16_MIN_SPEEDUP, NATIVE_BF16_FLAGS
 
 CPUINFO = "/proc/cpuinfo"  # read by the graph, on the serving machine
+ENVIRON = "/proc/self/environ"  # the serving process' environment: NAME=value, NUL-separated
 
 
-def has_native_bf16(cpuinfo=CPUINFO):
-    """In the graph: whether the CPU of the process that runs it computes bfloat16 natively
-    (one of NATIVE_BF16_FLAGS among its Linux CPU flags; False where the file is missing). A
-    Python-side check would see the exporting machine, not the serving one. TensorFlow's graph
-    optimizer folds the read into a constant when a process first runs the graph.
+def _file_matches(path, pattern):
+    """In the graph: whether the file at `path` exists and all of it matches `pattern` (RE2)."""
+    present = tf.size(tf.io.matching_files(path)) > 0
+    return tf.cond(present,
+                   lambda: tf.strings.regex_full_match(tf.io.read_file(path), pattern),
+                   lambda: tf.constant(False))
+
+
+def has_native_bf16(cpuinfo=CPUINFO, environ=ENVIRON):
+    """In the graph: whether the process that runs it may search in bfloat16: its CPU computes
+    bfloat16 natively (one of NATIVE_BF16_FLAGS among its Linux CPU flags; False where the file
+    is missing), and its environment leaves oneDNN's bfloat16 instructions on
+    (ONEDNN_MAX_CPU_ISA unset or naming a bfloat16 ISA, as `distribute.cpu_has_bf16` decides
+    for training). A Python-side check would see the exporting machine, not the serving one.
+    TensorFlow's graph optimizer folds the reads into a constant when a process first runs the
+    graph.
 
     Args:
-      cpuinfo: the file to read (tests give their own).
+      cpuinfo: the CPU description to read (tests give their own).
+      environ: the environment to read (tests give their own).
 
     Returns:
       A bool scalar tensor.
     """
-    pattern = r"(?s).*\b(" + "|".join(NATIVE_BF16_FLAGS) + r")\b.*"
-    present = tf.size(tf.io.matching_files(cpuinfo)) > 0
-    return tf.cond(present,
-                   lambda: tf.strings.regex_full_match(tf.io.read_file(cpuinfo), pattern),
-                   lambda: tf.constant(False))
+    flags = r"(?s).*\b(" + "|".join(NATIVE_BF16_FLAGS) + r")\b.*"
+    # A variable is at the file's start or after a NUL; its value runs to the next NUL.
+    variable = r"(.*\x00)?ONEDNN_MAX_CPU_ISA=[^\x00]*"
+    capped = _file_matches(environ, r"(?s)" + variable + r"[^\x00](\x00.*)?")  # not empty
+    cap_has_bf16 = _file_matches(environ, r"(?s)" + variable + "(?i:" + "|".join(BF16_ISA_WORDS)
+                                 + r")[^\x00]*(\x00.*)?")
+    return tf.logical_and(_file_matches(cpuinfo, flags),
+                          tf.logical_or(tf.logical_not(capped), cap_has_bf16))
 
 
 def bf16_speedup(weights, rows=64, repeats=4, windows=5):
@@ -84,14 +102,16 @@ class SearchPrecision(tf.Module):
       cpuinfo: the file the CPU flags are read from (tests give their own).
       min_speedup: bfloat16 is chosen where its products run at least this many times faster
         than float32's (training's threshold by default).
+      environ: the file the process environment is read from (tests give their own).
 
     Example (in a tf.function):
       use_bf16 = precision.prefers_bf16()  # bool scalar
     """
 
-    def __init__(self, weights, cpuinfo=CPUINFO, min_speedup=BF16_MIN_SPEEDUP):
+    def __init__(self, weights, cpuinfo=CPUINFO, min_speedup=BF16_MIN_SPEEDUP, environ=ENVIRON):
         super().__init__(name="search_precision")
-        self.weights, self.cpuinfo, self.min_speedup = weights, cpuinfo, float(min_speedup)
+        self.weights, self.min_speedup = weights, float(min_speedup)
+        self.cpuinfo, self.environ = cpuinfo, environ
         # -1: not decided yet in this process; 0: float32; 1: bfloat16.
         self.choice = tf.Variable(-1, dtype=tf.int32, trainable=False, name="bf16_search")
 
@@ -104,7 +124,7 @@ class SearchPrecision(tf.Module):
         """
         def decide():
             faster = tf.cond(
-                has_native_bf16(self.cpuinfo),
+                has_native_bf16(self.cpuinfo, self.environ),
                 lambda: bf16_speedup(tf.convert_to_tensor(self.weights)) >= self.min_speedup,
                 lambda: tf.constant(False))
             value = tf.cast(faster, tf.int32)

@@ -24,7 +24,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags, logging  # noqa: E402
 
-from tfnmt import cli  # noqa: E402
+from tfnmt import cli, cpu_kernels  # noqa: E402
 from tfnmt.paths import CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -87,6 +87,13 @@ def main(argv):
                                      "decoding options when it translates")
     import tensorflow as tf
 
+    if FLAGS.format != "ctranslate2" and FLAGS.matmul_dtype == "bfloat16" and FLAGS.check \
+            and not tf.config.list_physical_devices("GPU"):
+        reason = cpu_kernels.bf16_abort_reason()
+        if reason:
+            raise app.UsageError(f"--matmul_dtype=bfloat16: the check would run it here, but "
+                                 f"{reason}; lift the cap, or give --check=false to export "
+                                 "for a server without it")
     from tfnmt import checkpoints
     from tfnmt.inference import length_penalty
     from tfnmt.inference.saved_model import ExportCheckError, export_saved_model

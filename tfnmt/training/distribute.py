@@ -6,6 +6,7 @@ import keras
 import tensorflow as tf
 
 from tfnmt import cpu_kernels
+from tfnmt.training.settings import SettingsError
 
 
 def split_cpu(num_devices):
@@ -141,7 +142,7 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # Linux CPU flags of native bfl
 
 # ONEDNN_MAX_CPU_ISA values under which oneDNN still has bfloat16 instructions; below them a
 # bfloat16 matmul aborts the process (dnnl::error) instead of running.
-_BF16_ISA_WORDS = ("ALL", "BF16", "FP16", "AMX", "AVX10")
+BF16_ISA_WORDS = ("ALL", "BF16", "FP16", "AMX", "AVX10")
 
 # bfloat16 training is chosen where its products run at least this much faster than float32's.
 BF16_MIN_SPEEDUP = 1.15
@@ -151,7 +152,7 @@ def cpu_has_bf16(cpuinfo="/proc/cpuinfo"):
     """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX, by the Linux CPU flags
     in `cpuinfo`) and oneDNN may use it (ONEDNN_MAX_CPU_ISA unset or at a bf16 ISA)."""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
-    if cap and not any(word in cap for word in _BF16_ISA_WORDS):
+    if cap and not any(word in cap for word in BF16_ISA_WORDS):
         return False
     return any(flag in cpu_kernels.cpu_flags(cpuinfo) for flag in NATIVE_BF16_FLAGS)
 
@@ -191,10 +192,19 @@ def resolve_mixed_precision(name, bf16_speedup=bf16_matmul_speedup):
       For "auto": "bf16" on GPUs of compute capability >= 8.0, and on CPUs with native bf16
       whose bf16 products run at least BF16_MIN_SPEEDUP times faster than float32's; else
       "none". Any other name as given.
+
+    Raises:
+      SettingsError: "bf16" on a CPU where a bfloat16 product would abort the process
+        (`cpu_kernels.bf16_abort_reason`).
     """
+    gpus = tf.config.list_physical_devices("GPU")
+    if name == "bf16" and not gpus:
+        reason = cpu_kernels.bf16_abort_reason()
+        if reason:
+            raise SettingsError(f"--mixed_precision=bf16: {reason}; train with "
+                                "--mixed_precision=none or auto, or lift the cap")
     if name != "auto":
         return name
-    gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         capability = tf.config.experimental.get_device_details(gpus[0]).get(
             "compute_capability", (0, 0))

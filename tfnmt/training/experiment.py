@@ -117,8 +117,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     # Seed before any tokenizer exists: tf.random.set_seed deletes their TF resources.
     keras.utils.set_random_seed(t["seed"])
     os.makedirs(model_dir, exist_ok=True)
+    precision = resolve_mixed_precision(t["mixed_precision"])  # before any work: may refuse
     manifest, vocab = _prepare_data(settings, is_chief, data_dir)
-    precision = resolve_mixed_precision(t["mixed_precision"])
     sizes = f"{vocab.source.vocab_size:,d}" if vocab.shared else \
         f"{vocab.source.vocab_size:,d} source, {vocab.target.vocab_size:,d} target"
     log(f"data: {_describe_data(manifest, settings['data'])}, "
