@@ -341,6 +341,7 @@ def test_fp16_skipped_updates_are_not_counted_as_steps(small_corpus, train_data,
     result = train_with_loss_scale(flags, 2.0 ** 30)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "overflowing updates skipped" in result.stdout
+    assert "fp16 is a GPU precision" in result.stdout  # the suite has no GPU
     checkpoints = os.path.join(tmp_path, "run", "checkpoints")
     assert tf.train.latest_checkpoint(checkpoints).endswith("ckpt-4")
     for number in (2, 4):

@@ -124,6 +124,9 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     log(f"data: {_describe_data(manifest, settings['data'])}, "
         f"vocabulary {sizes}, {strategy.num_replicas_in_sync} replica(s), "
         f"precision {precision}" + (" (auto)" if t["mixed_precision"] == "auto" else ""))
+    if precision == "fp16" and not tf.config.list_physical_devices("GPU"):
+        log("fp16 is a GPU precision: CPUs train it slower than float32 (bench/README.md, "
+            "fp16 on CPUs); --mixed_precision=auto picks what trains fastest here")
     model, optimizer, schedule = _build(settings, strategy, precision)
     keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
                               t["keep_checkpoints"] if is_chief else 1)
