@@ -91,7 +91,7 @@ def main(argv):
             and not tf.config.list_physical_devices("GPU"):
         reason = cpu_kernels.bf16_abort_reason()
         if reason:
-            raise app.UsageError(f"--matmul_dtype=bfloat16: the check would run it here, but "
+            raise app.UsageError("--matmul_dtype=bfloat16: the check would run it here, but "
                                  f"{reason}; lift the cap, or give --check=false to export "
                                  "for a server without it")
     from tfnmt import checkpoints

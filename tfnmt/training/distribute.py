@@ -140,8 +140,9 @@ class PreReducedAdam(keras.optimizers.Adam):
 
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # Linux CPU flags of native bfloat16
 
-# ONEDNN_MAX_CPU_ISA values under which oneDNN still has bfloat16 instructions; below them a
-# bfloat16 matmul aborts the process (dnnl::error) instead of running.
+# ONEDNN_MAX_CPU_ISA values under which oneDNN keeps native bfloat16 instructions. Below them
+# bfloat16 is emulated (AVX512_CORE) or, below AVX-512, aborts the process
+# (cpu_kernels.bf16_abort_reason).
 BF16_ISA_WORDS = ("ALL", "BF16", "FP16", "AMX", "AVX10")
 
 # bfloat16 training is chosen where its products run at least this much faster than float32's.
