@@ -531,3 +531,32 @@ def test_export_command_matmul_dtype(tiny_model_dir, tmp_path):
     result = export("--matmul_dtype=float16")
     assert result.returncode != 0 and "matmul_dtype" in result.stderr
     assert os.listdir(tmp_path / "export") == ["1"]
+
+
+@pytest.mark.parametrize("onednn", [None, "0"])
+def test_bf16_export_under_an_isa_cap_is_refused_only_where_it_would_abort(tiny_model_dir,
+                                                                          tmp_path, onednn):
+    # Under ONEDNN_MAX_CPU_ISA=AVX2 with oneDNN on, a CPU with AVX-512 aborts on a bfloat16
+    # product (oneDNN has no kernel for it): the check cannot run there, and export.py says so
+    # in one line. Elsewhere (no AVX-512, or Eigen's kernels) the same command exports and
+    # checks as usual.
+    from tfnmt import cpu_kernels
+
+    env = dict(cpu_kernels.user_environment(), TF_CPP_MIN_LOG_LEVEL="2",
+               ONEDNN_MAX_CPU_ISA="AVX2")
+    env.pop("TF_ENABLE_ONEDNN_OPTS", None)
+    if onednn is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = onednn
+    result = subprocess.run([sys.executable, "export.py", f"--model_dir={tiny_model_dir}",
+                             f"--export_dir={tmp_path / 'export'}", "--matmul_dtype=bfloat16",
+                             "--parallel_searches=1"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300, env=env)
+    if cpu_kernels.bf16_abort_reason(env):
+        assert result.returncode == 1, result.stderr[-3000:]
+        assert result.stderr.strip().splitlines()[-1].startswith(
+            "export.py: --matmul_dtype=bfloat16: the check would run it here, but oneDNN "
+            "capped at ONEDNN_MAX_CPU_ISA=AVX2 has no bfloat16 kernels")
+        assert not os.path.exists(tmp_path / "export" / "1")
+    else:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.strip().endswith("(weight matmuls: bfloat16)")
