@@ -14,7 +14,8 @@ bench/README.md suggests to reproduce an AVX2 CPU), under which a bfloat16 produ
 """
 import tensorflow as tf
 
-from tfnmt.training.distribute import BF16_ISA_WORDS, BF16_MIN_SPEEDUP, NATIVE_BF16_FLAGS
+from tfnmt.cpu_kernels import BF16_ISA_WORDS
+from tfnmt.training.distribute import BF16_MIN_SPEEDUP, NATIVE_BF16_FLAGS
 
 CPUINFO = "/proc/cpuinfo"  # read by the graph, on the serving machine
 ENVIRON = "/proc/self/environ"  # the serving process' environment: NAME=value, NUL-separated

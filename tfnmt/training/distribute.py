@@ -140,11 +140,6 @@ class PreReducedAdam(keras.optimizers.Adam):
 
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # Linux CPU flags of native bfloat16
 
-# ONEDNN_MAX_CPU_ISA values under which oneDNN keeps native bfloat16 instructions. Below them
-# bfloat16 is emulated (AVX512_CORE) or, below AVX-512, aborts the process
-# (cpu_kernels.bf16_abort_reason).
-BF16_ISA_WORDS = ("ALL", "BF16", "FP16", "AMX", "AVX10")
-
 # bfloat16 training is chosen where its products run at least this much faster than float32's.
 BF16_MIN_SPEEDUP = 1.15
 
@@ -153,7 +148,7 @@ def cpu_has_bf16(cpuinfo="/proc/cpuinfo"):
     """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX, by the Linux CPU flags
     in `cpuinfo`) and oneDNN may use it (ONEDNN_MAX_CPU_ISA unset or at a bf16 ISA)."""
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
-    if cap and not any(word in cap for word in BF16_ISA_WORDS):
+    if cap and not any(word in cap for word in cpu_kernels.BF16_ISA_WORDS):
         return False
     return any(flag in cpu_kernels.cpu_flags(cpuinfo) for flag in NATIVE_BF16_FLAGS)
 
