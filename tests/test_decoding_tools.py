@@ -11,7 +11,8 @@ from tfnmt.checkpoints import load_model
 from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.data.tokenizer import Tokenizer, to_source_ids
 from tfnmt.inference.beam_search import beam_search
-from tfnmt.inference.decoding import SamplingSearch, greedy_decode, sample_decode
+from tfnmt.inference.decoding import (SamplingSearch, batch_major, greedy_decode,
+                                     sample_decode)
 
 SOURCES = ["Das ist ein Haus.", "Er sprach zu ihnen.", "Guten Morgen!", "Ja."]
 
@@ -21,6 +22,13 @@ def model_and_ids(tiny_model_dir):
     model, _, _ = load_model(tiny_model_dir)
     tokenizer = Tokenizer(os.path.join(tiny_model_dir, "spm.model"))
     return model, to_source_ids(tokenizer.tokenize(SOURCES), model.max_length)
+
+
+@pytest.mark.parametrize("steps, batch", [(5, 3), (1, 1), (4, 1), (1, 6)])
+def test_batch_major_is_the_transpose(steps, batch):
+    step_major = np.random.default_rng(steps * 10 + batch).integers(0, 1000, (steps, batch))
+    np.testing.assert_array_equal(batch_major(tf.constant(step_major, tf.int32)).numpy(),
+                                  step_major.T)
 
 
 @pytest.mark.parametrize("temperature, top_k", [(1.0, 0), (0.5, 0), (2.0, 3)])

@@ -8,7 +8,8 @@ import tensorflow as tf
 from tfnmt import paths
 from tfnmt.data import corpus
 from tfnmt.paths import VOCAB
-from tfnmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from tfnmt.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer,
+                                  padded_with_ends, to_source_ids)
 
 
 def test_special_ids_are_reserved(small_prepared):
@@ -65,3 +66,24 @@ def test_a_vocabulary_the_text_cannot_give_is_one_clear_error(tmp_path):
         train_sentencepiece(sentences, str(tmp_path / "spm.model"), vocab_size=5000)
     with pytest.raises(ValueError, match="no training text"):
         train_sentencepiece([], str(tmp_path / "spm.model"), vocab_size=100)
+
+
+@pytest.mark.parametrize("rows", [[[5, 6, 7], [], [8]], [[], []], []])
+@pytest.mark.parametrize("start_id, end_id", [(None, EOS_ID), (BOS_ID, None), (BOS_ID, EOS_ID)])
+def test_padded_with_ends_frames_each_row_and_pads(rows, start_id, end_id):
+    ragged = tf.ragged.constant(rows, dtype=tf.int64, ragged_rank=1, inner_shape=())
+    framed = [([start_id] if start_id is not None else []) + row
+              + ([end_id] if end_id is not None else []) for row in rows]
+    width = max(map(len, framed), default=(start_id is not None) + (end_id is not None))
+    expected = np.array([row + [PAD_ID] * (width - len(row)) for row in framed],
+                        np.int32).reshape(len(rows), width)
+    ids = padded_with_ends(ragged, start_id, end_id)
+    assert ids.dtype == tf.int32
+    np.testing.assert_array_equal(ids.numpy(), expected)
+
+
+def test_source_ids_are_cut_then_end_with_eos():
+    ragged = tf.ragged.constant([[5, 6, 7, 8, 9], [5], []], dtype=tf.int64)
+    np.testing.assert_array_equal(to_source_ids(ragged, max_length=4).numpy(),
+                                  [[5, 6, 7, EOS_ID], [5, EOS_ID, PAD_ID, PAD_ID],
+                                   [EOS_ID, PAD_ID, PAD_ID, PAD_ID]])

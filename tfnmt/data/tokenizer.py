@@ -163,9 +163,34 @@ def to_source_ids(token_ids, max_length):
     Returns:
       [B, S] int32: at most max_length - 1 subwords, then EOS, padded with PAD.
     """
-    token_ids = tf.cast(token_ids[:, : max_length - 1], tf.int32)
-    eos = tf.RaggedTensor.from_tensor(tf.fill([token_ids.nrows(), 1], EOS_ID))
-    return tf.concat([token_ids, eos], axis=1).to_tensor(PAD_ID)
+    return padded_with_ends(token_ids[:, : max_length - 1], end_id=EOS_ID)
+
+
+def padded_with_ends(token_ids, start_id=None, end_id=None):
+    """Dense ids of ragged rows with a token before and/or after each row's ids.
+
+    Built on the dense tensor: a ragged concat transposes its int64 row splits, which makes
+    TensorFlow's oneDNN build log a spurious "oneDNN supports DT_INT64 only on platforms with
+    AVX-512" error.
+
+    Args:
+      token_ids: ragged subword ids [B, None].
+      start_id: the id put before each row's ids, or None.
+      end_id: the id put after each row's ids, or None.
+
+    Returns:
+      [B, T] int32, PAD-padded; T the longest row plus the ends given.
+    """
+    ids = tf.cast(token_ids.to_tensor(PAD_ID), tf.int32)  # [B, S]
+    lengths = tf.cast(token_ids.row_lengths(), tf.int32)  # [B]
+    if start_id is not None:
+        ids = tf.pad(ids, [[0, 0], [1, 0]], constant_values=start_id)
+        lengths += 1
+    if end_id is not None:
+        ids = tf.pad(ids, [[0, 0], [0, 1]], constant_values=PAD_ID)
+        at_end = tf.equal(tf.range(tf.shape(ids)[1])[None, :], lengths[:, None])  # [B, T]
+        ids = tf.where(at_end, tf.constant(end_id, tf.int32), ids)
+    return ids
 
 
 def strip_output(ids):

@@ -407,7 +407,7 @@ class GreedySearch(DecodingStrategy):
         return dict(sentences, tokens=tokens), results, parents, staying
 
     def finalize(self, results, batch, source_length):
-        ids = tf.cond(results["ids"].size() > 0, lambda: tf.transpose(results["ids"].stack()),
+        ids = tf.cond(results["ids"].size() > 0, lambda: batch_major(results["ids"].stack()),
                       lambda: tf.zeros([batch, 0], tf.int32))
         if not self.return_attention:
             return ids, results["scores"]
@@ -416,6 +416,14 @@ class GreedySearch(DecodingStrategy):
                           lambda: tf.transpose(attention.stack(), [1, 0, 2]),
                           lambda: tf.zeros([batch, 0, source_length]))
         return ids, results["scores"], weights
+
+
+def batch_major(step_major):
+    """[T, B] ids -> [B, T], by a gather rather than a Transpose, for which TensorFlow's oneDNN
+    build logs a spurious "oneDNN supports DT_INT32 only on platforms with AVX-512" error."""
+    steps, batch = tf.shape(step_major)[0], tf.shape(step_major)[1]
+    flat_index = tf.range(batch)[:, None] + tf.range(steps)[None, :] * batch  # [B, T]
+    return tf.gather(tf.reshape(step_major, [-1]), flat_index)
 
 
 class SamplingSearch(GreedySearch):

@@ -8,6 +8,7 @@ penalty. Dividing by the length (subwords + EOS, also returned) gives a per-toke
 import tensorflow as tf
 
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.data.tokenizer import padded_with_ends
 
 
 def target_arrays(token_ids, max_length):
@@ -22,12 +23,9 @@ def target_arrays(token_ids, max_length):
       (target_in [B, T]: BOS then the subwords; target_out [B, T]: the subwords then EOS), both
       int32 and PAD-padded.
     """
-    token_ids = tf.cast(token_ids[:, : max_length - 1], tf.int32)
-    rows = token_ids.nrows()
-    bos = tf.RaggedTensor.from_tensor(tf.fill([rows, 1], BOS_ID))
-    eos = tf.RaggedTensor.from_tensor(tf.fill([rows, 1], EOS_ID))
-    return (tf.concat([bos, token_ids], axis=1).to_tensor(PAD_ID),
-            tf.concat([token_ids, eos], axis=1).to_tensor(PAD_ID))
+    token_ids = token_ids[:, : max_length - 1]
+    return (padded_with_ends(token_ids, start_id=BOS_ID),
+            padded_with_ends(token_ids, end_id=EOS_ID))
 
 
 def sequence_log_probs(model, source_ids, target_in, target_out):
