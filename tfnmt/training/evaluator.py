@@ -5,6 +5,7 @@ import tensorflow as tf
 from tfnmt.data import pipeline
 from tfnmt.data.corpus import read_corpus
 from tfnmt.data.special_tokens import BOS_ID
+from tfnmt.data.tokenizer import padded_with_ends
 from tfnmt.inference.evaluation import Translator, corpus_scores, evaluate_loss, loss_sums_function
 from tfnmt.training.summaries import write_attention_images, write_scalars
 
@@ -66,7 +67,7 @@ class Evaluator:
                 source, reference = attention_pair(self.pairs)
                 source_ids = self.translator.source_ids([source])[:, :ATTENTION_LENGTH]
                 target = self.vocabulary.target.tokenize([reference])[:, :ATTENTION_LENGTH - 1]
-                target_in = tf.concat([tf.fill([1, 1], BOS_ID), target.to_tensor()], axis=1)
+                target_in = padded_with_ends(target, start_id=BOS_ID)
                 write_attention_images(self.model, source_ids, target_in, step,
                                        self.vocabulary)
             writer.flush()
