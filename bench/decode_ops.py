@@ -3,7 +3,9 @@ and timed by type, through a TensorFlow Session (the route TF Serving's loader t
 step statistics of a fully traced run.
 
 Loads an export (`python export.py` first), translates --sentence --requests times untraced for
-the wall time per request, then once traced. Op times are each op's own wall time summed over
+the wall time per request (the first of them, which prepares the graph, reported on its own;
+with --warmup after the export's warmup requests, as TF Serving runs them at load), then once
+traced. Op times are each op's own wall time summed over
 every execution (two threads may overlap, so their sum can exceed the request's wall time).
 The search's steps are the iterations of its longest loop (its `LoopCond` runs - 1).
 Prints one JSON line: wall ms per request, executed ops, loop steps, the --top op types by
@@ -29,6 +31,8 @@ flags.DEFINE_integer("batch", 1, "Copies of the sentence per request.")
 flags.DEFINE_integer("requests", 40, "Untimed warm-up requests, then as many timed ones.")
 flags.DEFINE_integer("threads", 0, "Session intra- and inter-op threads (0: TensorFlow's default).")
 flags.DEFINE_integer("top", 20, "Op types listed, by their summed time and by their count.")
+flags.DEFINE_bool("warmup", False, "Before the first request, run the export's warmup requests "
+                  "(assets.extra/tf_serving_warmup_requests) as TF Serving does at load.")
 
 
 def op_type(node_stats):
@@ -43,6 +47,9 @@ def main(_):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the export's tokenizer ops)
 
+    from tfnmt.inference.saved_model import read_warmup_requests
+
+    warmup_requests = read_warmup_requests(FLAGS.export) if FLAGS.warmup else []  # eagerly
     tf.compat.v1.disable_eager_execution()
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=FLAGS.threads,
                                       inter_op_parallelism_threads=FLAGS.threads)
@@ -51,7 +58,18 @@ def main(_):
         signature = meta.signature_def["serving_default"]
         feed = {signature.inputs["sentences"].name: [FLAGS.sentence] * FLAGS.batch}
         fetch = {name: output.name for name, output in signature.outputs.items()}
-        for _ in range(FLAGS.requests):
+        warmup_seconds = None
+        if FLAGS.warmup:
+            start = time.perf_counter()
+            for name, inputs in warmup_requests:
+                warm = meta.signature_def[name]
+                session.run({k: v.name for k, v in warm.outputs.items()},
+                            {warm.inputs[k].name: v for k, v in inputs.items()})
+            warmup_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        session.run(fetch, feed)
+        first_seconds = time.perf_counter() - start
+        for _ in range(FLAGS.requests - 1):
             session.run(fetch, feed)
         seconds = []
         for _ in range(FLAGS.requests):
@@ -76,6 +94,8 @@ def main(_):
     print(json.dumps({
         "machine": cpu_description(), "kernels": KERNELS, "export": FLAGS.export,
         "batch": FLAGS.batch, "translation": translation,
+        "first_request_ms": round(first_seconds * 1e3, 2),
+        "warmup_ms": None if warmup_seconds is None else round(warmup_seconds * 1e3, 2),
         "wall_ms_per_request": round(statistics.median(seconds) * 1e3, 2),
         "executed_ops": sum(counts.values()), "steps": steps,
         "ops_per_step": round(sum(counts.values()) / max(steps, 1)),

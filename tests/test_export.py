@@ -218,6 +218,44 @@ def test_export_that_the_cpp_loader_cannot_run_is_never_published(module, tmp_pa
     assert os.listdir(tmp_path / "export") == []
 
 
+def test_tf_serving_warms_up_every_signature(exported, tmp_path):
+    # assets.extra/tf_serving_warmup_requests, as TF Serving's SavedModel Warmup reads it: a
+    # TFRecord of PredictionLog protos, here one Predict request per signature, read with the
+    # tensorflow-serving-api protos.
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    from tfnmt.inference import saved_model
+
+    warmup = os.path.join(exported, "assets.extra", "tf_serving_warmup_requests")
+    logs = [prediction_log_pb2.PredictionLog.FromString(record)
+            for record in tf.data.TFRecordDataset(warmup).as_numpy_iterator()]
+    assert [log.WhichOneof("log_type") for log in logs] == ["predict_log"] * 4
+    requests = {log.predict_log.request.model_spec.signature_name:
+                {k: tf.make_ndarray(v).tolist() for k, v in log.predict_log.request.inputs.items()}
+                for log in logs}
+    sentences = [b"Guten Morgen!", b""]
+    assert requests == {"serving_default": {"sentences": sentences},
+                        "translate_n_best": {"sentences": sentences},
+                        "translate_with_prefix": {"sentences": sentences, "prefixes": sentences},
+                        "score": {"sentences": sentences, "targets": sentences}}
+    # The export's check runs the file's requests: one asking for a signature the export does
+    # not have, or a file without a signature's request, fails it.
+    copy = str(tmp_path / "copy")
+    shutil.copytree(exported, copy)
+    original = [log.SerializeToString() for log in logs]
+    sideways = prediction_log_pb2.PredictionLog.FromString(original[0])
+    sideways.predict_log.request.model_spec.signature_name = "translate_sideways"
+    for records, message in ((original[1:] + [sideways.SerializeToString()],
+                              "no request for serving_default"),
+                             ([sideways.SerializeToString()] + original,
+                              "'translate_sideways', which the export does not have")):
+        with tf.io.TFRecordWriter(os.path.join(copy, saved_model.WARMUP_FILE)) as writer:
+            for record in records:
+                writer.write(record)
+        with pytest.raises(ExportCheckError, match=message):
+            saved_model.check_with_session_loader(copy)
+
+
 def test_no_paths_of_the_training_machine_in_the_export(exported, module, tiny_model_dir):
     import tensorflow_text as tf_text
 

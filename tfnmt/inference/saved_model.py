@@ -1,6 +1,7 @@
 """Writing a `serving.TranslationModule` as a SavedModel version for TensorFlow Serving:
-`<export_dir>/<version>/`, written under a temporary name, loaded with TensorFlow's C++ loader
-(as TF Serving loads it) and every signature run, then renamed into place."""
+`<export_dir>/<version>/`, written under a temporary name with its warmup requests, loaded with
+TensorFlow's C++ loader (as TF Serving loads it) and those requests run, then renamed into
+place."""
 import logging
 import os
 import re
@@ -25,6 +26,9 @@ def next_version(export_dir):
 
 SIGNATURES = ("serving_default", "translate_n_best", "translate_with_prefix", "score")
 CHECK_SENTENCES = ("Guten Morgen!", "")
+# TF Serving runs the PredictionLog records of this file when it loads a version (SavedModel
+# Warmup), so that no client request pays for the first run of a signature.
+WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 
 
 class ExportCheckError(RuntimeError):
@@ -35,14 +39,17 @@ def export_saved_model(module, export_dir, version=None, check=True):
     """Writes a new SavedModel version for TF Serving.
 
     The version is written under a temporary name and renamed when complete, so a watching
-    TF Serving never loads half a model; an existing version is never overwritten.
+    TF Serving never loads half a model; an existing version is never overwritten. It holds
+    warmup requests (`WARMUP_FILE`: each signature on CHECK_SENTENCES), which TF Serving runs
+    when it loads the version: the first run of a signature in a process prepares its graph
+    (seconds for a beam search), and warmed up no client request waits for that.
 
     Args:
       module: a `TranslationModule`.
       export_dir: the directory of numbered versions.
       version: the version number; default the next integer.
       check: load the written model with TensorFlow's C++ loader, as TF Serving loads it,
-        and run every signature on CHECK_SENTENCES before it is renamed into place.
+        and run its warmup requests before it is renamed into place.
 
     Returns:
       The version's path, `<export_dir>/<version>`.
@@ -59,6 +66,7 @@ def export_saved_model(module, export_dir, version=None, check=True):
     temporary = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
     try:
         write_saved_model(module, temporary)
+        write_warmup_requests(temporary)
         if check:
             check_with_session_loader(temporary)
         os.rename(temporary, final)
@@ -132,35 +140,94 @@ def write_saved_model(module, path):
     tf.saved_model.save(root, path, signatures=signatures)
 
 
-def check_with_session_loader(path, sentences=CHECK_SENTENCES):
-    """Loads a SavedModel with TensorFlow's C++ loader (`session_loader`), as TF Serving does, and
-    runs each signature.
+def check_requests(sentences=CHECK_SENTENCES):
+    """One request per signature: [(signature name, {input name: [str]})]; `sentences` are
+    also the prefixes and the translations scored."""
+    requests = []
+    for name in SIGNATURES:
+        inputs = {SIGNATURE_INPUT: list(sentences)}
+        if name == "translate_with_prefix":
+            inputs[PREFIXES] = list(sentences)
+        if name == "score":  # each sentence as its own translation
+            inputs[SCORE_TARGETS] = list(sentences)
+        requests.append((name, inputs))
+    return requests
+
+
+def write_warmup_requests(path, sentences=CHECK_SENTENCES):
+    """Writes `check_requests(sentences)` as TF Serving's warmup file (`WARMUP_FILE`): a
+    TFRecord of PredictionLog protos, one Predict request per signature.
 
     Args:
       path: the SavedModel directory.
-      sentences: the sentences to translate.
+      sentences: the sentences of every request.
+    """
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+    os.makedirs(os.path.dirname(os.path.join(path, WARMUP_FILE)), exist_ok=True)
+    with tf.io.TFRecordWriter(os.path.join(path, WARMUP_FILE)) as writer:
+        for name, inputs in check_requests(sentences):
+            request = predict_pb2.PredictRequest()
+            request.model_spec.signature_name = name
+            for key, strings in inputs.items():
+                request.inputs[key].CopyFrom(tf.make_tensor_proto(
+                    [s.encode() for s in strings], dtype=tf.string))
+            log = prediction_log_pb2.PredictionLog(
+                predict_log=prediction_log_pb2.PredictLog(request=request))
+            writer.write(log.SerializeToString())
+
+
+def read_warmup_requests(path):
+    """The warmup requests of a SavedModel, as TF Serving reads them.
+
+    Args:
+      path: the SavedModel directory.
+
+    Returns:
+      [(signature name, {input name: numpy array})] in the file's order.
+    """
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    requests = []
+    for record in tf.data.TFRecordDataset(os.path.join(path, WARMUP_FILE)).as_numpy_iterator():
+        request = prediction_log_pb2.PredictionLog.FromString(record).predict_log.request
+        requests.append((request.model_spec.signature_name or "serving_default",
+                         {key: tf.make_ndarray(proto) for key, proto in request.inputs.items()}))
+    return requests
+
+
+def check_with_session_loader(path):
+    """Loads a SavedModel with TensorFlow's C++ loader (`session_loader`), as TF Serving does, and
+    runs its warmup requests (`WARMUP_FILE`), as TF Serving does when it loads a version.
+
+    Args:
+      path: the SavedModel directory.
 
     Raises:
-      ExportCheckError: the load failed, or a signature did not answer with a translation and a
-        score per sentence.
+      ExportCheckError: the load failed, a signature has no warmup request, or a request did
+        not answer with a translation (or a score) per sentence.
     """
-    import numpy as np
-
     from tfnmt.inference.session_loader import SessionLoaderError, SessionModel
 
-    strings = np.array([s.encode() for s in sentences], object)
+    if not os.path.exists(os.path.join(path, WARMUP_FILE)):
+        raise ExportCheckError(f"{path} has no {WARMUP_FILE}")
+    requests = read_warmup_requests(path)
+    missing = sorted(set(SIGNATURES) - {name for name, _ in requests})
+    if missing:
+        raise ExportCheckError(f"{WARMUP_FILE} has no request for {', '.join(missing)}")
     try:
         with SessionModel(path) as served:
-            for name in SIGNATURES:
-                feed, outputs = {SIGNATURE_INPUT: strings}, {"translations", "scores"}
-                if name == "translate_with_prefix":
-                    feed[PREFIXES] = strings
-                if name == "score":  # each sentence as its own translation
-                    feed[SCORE_TARGETS], outputs = strings, {"scores", "lengths"}
+            for name, feed in requests:
+                outputs = {"scores", "lengths"} if name == "score" else {"translations", "scores"}
+                if name not in served.signatures:
+                    raise ExportCheckError(f"{WARMUP_FILE} asks for {name!r}, which the export "
+                                           "does not have")
                 out = served.run(name, feed)
-                if {k: v.shape[:1] for k, v in out.items()} != \
-                        {k: (len(sentences),) for k in outputs}:
-                    raise ExportCheckError(f"{name} answered {len(sentences)} sentences with "
+                rows = len(feed[SIGNATURE_INPUT])
+                if {k: v.shape[:1] for k, v in out.items()} != {k: (rows,) for k in outputs}:
+                    raise ExportCheckError(f"{name} answered {rows} sentences with "
                                            f"{ {k: v.shape for k, v in out.items()} }")
     except SessionLoaderError as error:
         raise ExportCheckError(f"the export does not run under TensorFlow's C++ loader "
