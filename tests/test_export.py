@@ -238,17 +238,21 @@ def test_tf_serving_warms_up_every_signature(exported, tmp_path):
                         "translate_n_best": {"sentences": sentences},
                         "translate_with_prefix": {"sentences": sentences, "prefixes": sentences},
                         "score": {"sentences": sentences, "targets": sentences}}
-    # The export's check runs the file's requests: one asking for a signature the export does
-    # not have, or a file without a signature's request, fails it.
+    # The export's check runs the file's requests: a file without a signature's request, a
+    # request for a signature the export does not have, or one missing an input, fails it.
     copy = str(tmp_path / "copy")
     shutil.copytree(exported, copy)
     original = [log.SerializeToString() for log in logs]
     sideways = prediction_log_pb2.PredictionLog.FromString(original[0])
     sideways.predict_log.request.model_spec.signature_name = "translate_sideways"
+    no_prefixes = prediction_log_pb2.PredictionLog.FromString(original[2])
+    del no_prefixes.predict_log.request.inputs["prefixes"]
     for records, message in ((original[1:] + [sideways.SerializeToString()],
                               "no request for serving_default"),
                              ([sideways.SerializeToString()] + original,
-                              "'translate_sideways', which the export does not have")):
+                              "'translate_sideways', which the export does not have"),
+                             ([no_prefixes.SerializeToString()] + original[:2] + original[3:],
+                              r"translate_with_prefix takes inputs \['prefixes', 'sent")):
         with tf.io.TFRecordWriter(os.path.join(copy, saved_model.WARMUP_FILE)) as writer:
             for record in records:
                 writer.write(record)

@@ -179,7 +179,7 @@ def write_warmup_requests(path, sentences=CHECK_SENTENCES):
 
 
 def read_warmup_requests(path):
-    """The warmup requests of a SavedModel, as TF Serving reads them.
+    """The warmup requests of a SavedModel, as TF Serving reads them (in eager mode).
 
     Args:
       path: the SavedModel directory.
@@ -224,7 +224,10 @@ def check_with_session_loader(path):
                 if name not in served.signatures:
                     raise ExportCheckError(f"{WARMUP_FILE} asks for {name!r}, which the export "
                                            "does not have")
-                out = served.run(name, feed)
+                try:
+                    out = served.run(name, feed)
+                except KeyError as error:  # the request's inputs are not the signature's
+                    raise ExportCheckError(f"{WARMUP_FILE}: {error.args[0]}") from error
                 rows = len(feed[SIGNATURE_INPUT])
                 if {k: v.shape[:1] for k, v in out.items()} != {k: (rows,) for k in outputs}:
                     raise ExportCheckError(f"{name} answered {rows} sentences with "
