@@ -140,39 +140,28 @@ def write_saved_model(module, path):
     tf.saved_model.save(root, path, signatures=signatures)
 
 
-def check_requests(sentences=CHECK_SENTENCES):
-    """One request per signature: [(signature name, {input name: [str]})]; `sentences` are
-    also the prefixes and the translations scored."""
-    requests = []
-    for name in SIGNATURES:
-        inputs = {SIGNATURE_INPUT: list(sentences)}
-        if name == "translate_with_prefix":
-            inputs[PREFIXES] = list(sentences)
-        if name == "score":  # each sentence as its own translation
-            inputs[SCORE_TARGETS] = list(sentences)
-        requests.append((name, inputs))
-    return requests
-
-
 def write_warmup_requests(path, sentences=CHECK_SENTENCES):
-    """Writes `check_requests(sentences)` as TF Serving's warmup file (`WARMUP_FILE`): a
-    TFRecord of PredictionLog protos, one Predict request per signature.
+    """Writes TF Serving's warmup file (`WARMUP_FILE`): a TFRecord of PredictionLog protos, one
+    Predict request per signature (`SIGNATURES`).
 
     Args:
       path: the SavedModel directory.
-      sentences: the sentences of every request.
+      sentences: the sentences of every request; also the prefixes and the translations
+        scored.
     """
     import tensorflow as tf
     from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
     os.makedirs(os.path.dirname(os.path.join(path, WARMUP_FILE)), exist_ok=True)
+    strings = tf.make_tensor_proto([s.encode() for s in sentences], dtype=tf.string)
+    inputs = {"translate_with_prefix": (SIGNATURE_INPUT, PREFIXES),
+              "score": (SIGNATURE_INPUT, SCORE_TARGETS)}  # each sentence its own target
     with tf.io.TFRecordWriter(os.path.join(path, WARMUP_FILE)) as writer:
-        for name, inputs in check_requests(sentences):
+        for name in SIGNATURES:
             request = predict_pb2.PredictRequest()
             request.model_spec.signature_name = name
-            for key, strings in inputs.items():
-                request.inputs[key].CopyFrom(tf.make_tensor_proto(
-                    [s.encode() for s in strings], dtype=tf.string))
+            for key in inputs.get(name, (SIGNATURE_INPUT,)):
+                request.inputs[key].CopyFrom(strings)
             log = prediction_log_pb2.PredictionLog(
                 predict_log=prediction_log_pb2.PredictLog(request=request))
             writer.write(log.SerializeToString())
