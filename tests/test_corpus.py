@@ -99,6 +99,24 @@ def test_local_files_bad_input_names_file_and_line(tmp_path):
         list(corpus.read_files(str(tmp_path / "missing.tsv")))
 
 
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    # Windows editors start UTF-8 files with EF BB BF; only there is it dropped (U+FEFF inside
+    # a line is text), and a later error's byte position still counts it.
+    tsv = tmp_path / "bom.tsv"
+    tsv.write_bytes(b"\xef\xbb\xbfgut\tgood\r\nja\xef\xbb\xbfwohl\tyes\n")
+    assert list(corpus.read_files(str(tsv))) == [("gut", "good"), ("ja\ufeffwohl", "yes")]
+    source, target = tmp_path / "a.de", tmp_path / "a.en"
+    source.write_bytes(b"\xef\xbb\xbfeins\nzwei\n")
+    target.write_bytes(b"one\ntwo\n")
+    assert list(corpus.read_files([str(source), str(target)])) == [("eins", "one"),
+                                                                    ("zwei", "two")]
+    bad = tmp_path / "bad.tsv"
+    bad.write_bytes(b"\xef\xbb\xbfab\xff\tx\n")
+    with pytest.raises(corpus.CorpusError, match=r"bad.tsv:1: invalid UTF-8 \(invalid start "
+                                                 r"byte at byte 5\)"):
+        list(corpus.read_files(str(bad)))
+
+
 def test_empty_sides_are_skipped_and_counted(tmp_path, caplog):
     path = tmp_path / "train.tsv"
     path.write_text("gut\tgood\n\tnothing\nnichts\t \nja\tyes\n", encoding="utf-8")

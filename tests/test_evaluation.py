@@ -49,13 +49,17 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
     assert scores["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references]).score
     assert scores["ter"] == sacrebleu.corpus_ter(hypotheses, [references]).score
 
-    # Translations made elsewhere: scored without a model, with the signatures printed.
-    (tmp_path / "hyp2.en").write_text("That is a house.\nGood day!\nHe said it.\n")
+    # Translations made elsewhere: scored without a model, with the signatures printed. Lines
+    # end at \n (or \r\n) only, as translate.py writes them, so a U+2028 or a form feed inside
+    # a line keeps the files aligned; a byte order mark is not text.
+    elsewhere = ["That is\u2028a house.", "Good\x0cday!", "He said it."]
+    their_references = ["That is a house.", "Good morning!", "He\u2028spoke to them."]
+    (tmp_path / "hyp2.en").write_bytes(("\ufeff" + "\r\n".join(elsewhere) + "\n").encode())
+    (tmp_path / "ref2.en").write_bytes(("\n".join(their_references) + "\n").encode())
     scored = python("evaluate.py", "--model_dir=/nonexistent",
-                    f"--hypotheses={tmp_path / 'hyp2.en'}", f"--reference={tmp_path / 'ref.en'}")
+                    f"--hypotheses={tmp_path / 'hyp2.en'}", f"--reference={tmp_path / 'ref2.en'}")
     assert scored.returncode == 0, scored.stderr[-2000:]
-    expected = sacrebleu.corpus_bleu(["That is a house.", "Good day!", "He said it."],
-                                     [references])
+    expected = sacrebleu.corpus_bleu(elsewhere, [their_references])
     assert f"BLEU   {expected.score:6.2f}  nrefs:1|case:mixed|eff:no|tok:13a" in scored.stdout
     assert "chrF2" in scored.stdout and "TER" in scored.stdout
 

@@ -21,6 +21,34 @@ def define_beam_stop_flag(scope=""):
     flags.DEFINE_enum("beam_stop", "finished", ["finished", "bound"], text[0].upper() + text[1:])
 
 
+def read_lines(path, errors="strict"):
+    """A text file's lines as translate.py and evaluate.py read them: UTF-8 (a leading byte
+    order mark, which Windows editors write, dropped), split at "\\n" only (a "\\r" before it
+    dropped). Other line breaks (VT, FF, NEL, U+2028, a lone CR...) stay inside their line, as
+    in the exported graph and in the translations written back, so line i of one file pairs
+    with line i of another.
+
+    Args:
+      path: the file, or "-" for standard input.
+      errors: what invalid UTF-8 does: "strict" raises UnicodeDecodeError, "replace" makes
+        each bad byte U+FFFD (as the exported graph does).
+
+    Returns:
+      The lines, without their line breaks; [] for an empty file.
+    """
+    with (open(path, "rb") if path != "-" else sys.stdin.buffer) as f:
+        data = f.read()
+    start = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+    try:
+        lines = data[start:].decode("utf-8", errors=errors).split("\n")
+    except UnicodeDecodeError as error:  # its position in the file, byte order mark included
+        raise UnicodeDecodeError("utf-8", data, error.start + start, error.end + start,
+                                 error.reason) from None
+    if lines[-1] == "":  # the last line's newline, or no input at all
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def _parse_flags(argv):
     try:
         return flags.FLAGS(argv)

@@ -3,6 +3,7 @@
 Every reader yields (source, target) string pairs. Local files are checked line by line: invalid
 UTF-8, a missing tab, or files of different lengths raise `CorpusError` naming file and line.
 Pairs with an empty side are skipped and counted (documented behaviour: they carry no signal).
+A UTF-8 byte order mark at a file's start is dropped.
 """
 import gzip
 import itertools
@@ -27,11 +28,14 @@ def _open_text(path):
 
 
 def _decode(raw, path, number):
+    """Line `number` of `path` as text; on the first line a UTF-8 byte order mark (which
+    Windows editors write) is dropped, not made part of the first sentence."""
+    start = 3 if number == 1 and raw.startswith(b"\xef\xbb\xbf") else 0
     try:
-        return raw.decode("utf-8").rstrip("\r\n")
+        return raw[start:].decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as error:
         raise CorpusError(f"{path}:{number}: invalid UTF-8 ({error.reason} at byte "
-                          f"{error.start})") from None
+                          f"{error.start + start})") from None
 
 
 def read_tsv(path, columns=2):

@@ -46,8 +46,7 @@ flags.DEFINE_bool("json", False, "Print one JSON line instead of text.")
 
 def _read_lines(path, flag):
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().splitlines()
+        return cli.read_lines(path)
     except UnicodeDecodeError as error:
         raise app.UsageError(f"--{flag}={path}: not UTF-8 text ({error.reason} at byte "
                              f"{error.start})")

@@ -64,18 +64,6 @@ flags.register_validator("sampling_temperature", lambda v: v > 0,
                          "--sampling_temperature must be positive")
 
 
-def read_lines(path):
-    """The input's lines, split at "\\n" only (a "\\r" before it is dropped): other line breaks
-    (VT, FF, NEL, U+2028, a lone CR...) stay inside their line, so there is one output line
-    per input line. Invalid UTF-8 bytes become U+FFFD, as in the exported graph."""
-    with (open(path, "rb") if path != "-" else sys.stdin.buffer) as f:
-        text = f.read().decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    if lines[-1] == "":  # the last line's newline, or no input at all
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
 def write_lines(path, lines):
     """One line per item; a line break inside an item becomes a space."""
     text = "".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines)
@@ -189,9 +177,9 @@ def main(argv):
     from tfnmt.inference import loading
     from tfnmt.inference.evaluation import translate_lines
 
-    lines = read_lines(FLAGS.input)
-    paired = {flag: read_lines(FLAGS[flag].value) for flag in ("score_targets", "target_prefix")
-              if FLAGS[flag].value}
+    lines = cli.read_lines(FLAGS.input, errors="replace")
+    paired = {flag: cli.read_lines(FLAGS[flag].value, errors="replace")
+              for flag in ("score_targets", "target_prefix") if FLAGS[flag].value}
     for flag, other in paired.items():
         if len(other) != len(lines):
             raise app.UsageError(f"--{flag} has {len(other)} lines for {len(lines)} input "
