@@ -109,3 +109,21 @@ def test_models_load_from_the_newest_checkpoint_that_reads_back(tiny_model_dir, 
     os.remove(os.path.join(checkpoints, "ckpt-1.index"))
     with pytest.raises(ModelDirError, match="no checkpoint of .* reads back"):
         load_model(model_dir)
+
+
+def test_an_export_given_as_model_dir_is_named_as_one(tmp_path):
+    # A SavedModel version, or an export_dir of numbered versions, where a training directory
+    # belongs: the error says which flag reads it. Any other directory gets no such hint.
+    version = tmp_path / "export" / "3"
+    version.mkdir(parents=True)
+    (version / "saved_model.pb").write_bytes(b"")
+    hint = "; it is a SavedModel export: translate.py and evaluate.py read it with --export"
+    for path in (version, version.parent):
+        with pytest.raises(ModelDirError) as error:
+            load_model(str(path))
+        assert str(error.value) == f"{path} holds no trained model (no settings.json){hint}"
+    (tmp_path / "other" / "3").mkdir(parents=True)
+    for path in (tmp_path / "other", tmp_path / "missing"):
+        with pytest.raises(ModelDirError) as error:
+            load_model(str(path))
+        assert str(error.value) == f"{path} holds no trained model (no settings.json)"

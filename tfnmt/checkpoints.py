@@ -221,6 +221,17 @@ def candidate_checkpoints(model_dir, which="auto"):
     return paths
 
 
+def _export_hint(path):
+    """What to say when a model_dir flag names a SavedModel export (a version, or an export_dir
+    of numbered versions) instead of a training directory; "" otherwise."""
+    names = os.listdir(path) if os.path.isdir(path) else []
+    candidates = [path] + [os.path.join(path, name) for name in names if name.isdigit()]
+    if any(os.path.exists(os.path.join(c, "saved_model.pb")) for c in candidates):
+        return ("; it is a SavedModel export: translate.py and evaluate.py read it with "
+                "--export")
+    return ""
+
+
 def load_model(model_dir, which="auto"):
     """Loads a trained model from a model_dir.
 
@@ -240,7 +251,8 @@ def load_model(model_dir, which="auto"):
     """
     settings_path = os.path.join(model_dir, SETTINGS)
     if not os.path.exists(settings_path):
-        raise ModelDirError(f"{model_dir} holds no trained model (no {SETTINGS})")
+        raise ModelDirError(f"{model_dir} holds no trained model (no {SETTINGS})"
+                            + _export_hint(model_dir))
     with open(settings_path) as f:
         settings = json.load(f)
     try:
