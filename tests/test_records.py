@@ -107,3 +107,18 @@ def test_changed_input_triggers_rebuild(small_corpus, tmp_path):
         1000, 1200)
     with open(os.path.join(out, records.MANIFEST)) as f:
         assert json.load(f)["splits"]["train"]["examples"] == 1200
+
+
+def test_skipped_pairs_are_logged_once(small_corpus, tmp_path, caplog):
+    # The train split is read once per vocabulary learned, then for the records: one count.
+    with open(small_corpus["train"], encoding="utf-8") as f:
+        lines = f.readlines()[:1000]
+    (tmp_path / "train.tsv").write_text("".join(lines[:500]) + "\tno source\n"
+                                        + "".join(lines[500:]), encoding="utf-8")
+    with caplog.at_level("WARNING"):
+        manifest = records.prepare(str(tmp_path / "prep"), dataset="files",
+                                   files={"train": str(tmp_path / "train.tsv")}, vocab_size=500,
+                                   separate=True)
+    assert manifest["splits"]["train"]["examples"] == 1000
+    assert caplog.text.count("skipped") == 1
+    assert "files/train: skipped 1 pair with an empty side" in caplog.text

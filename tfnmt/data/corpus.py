@@ -234,7 +234,7 @@ def train_specs(files):
     return list(specs) if isinstance(specs, (list, tuple)) else [specs]
 
 
-def read_corpus(dataset, split, files=None, tfds_data_dir=None):
+def read_corpus(dataset, split, files=None, tfds_data_dir=None, log_skipped=True):
     """The sentence pairs of a split, skipping (and counting in the log) pairs with an empty
     side.
 
@@ -245,6 +245,7 @@ def read_corpus(dataset, split, files=None, tfds_data_dir=None):
       files: with dataset "files": a TSV path, "source_path,target_path", or a list of
         these (several corpora, read one after the other).
       tfds_data_dir: where TFDS datasets are prepared.
+      log_skipped: log the count of skipped pairs (off for a second pass over the same text).
 
     Yields:
       (source, target) strings.
@@ -270,5 +271,6 @@ def read_corpus(dataset, split, files=None, tfds_data_dir=None):
             skipped += 1
             continue
         yield source, target
-    if skipped:
-        logging.warning("%s/%s: skipped %d pairs with an empty side", dataset, split, skipped)
+    if skipped and log_skipped:
+        logging.warning("%s/%s: skipped %d pair%s with an empty side", dataset, split, skipped,
+                        "" if skipped == 1 else "s")

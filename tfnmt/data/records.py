@@ -248,8 +248,8 @@ def _learn_vocabulary(dataset, files, tfds_data_dir, vocab_size, vocab_type, sep
                       work_dir):
     """Trains the SentencePiece model(s) on the train split (in `work_dir`); -> their
     `VocabularyProtos`."""
-    def sentences(sides):
-        for pair in _split_pairs(dataset, "train", files, tfds_data_dir):
+    def sentences(sides):  # the records' pass over the same pairs logs what it skips
+        for pair in _split_pairs(dataset, "train", files, tfds_data_dir, log_skipped=False):
             for side in sides:
                 yield pair[side]
 
@@ -304,8 +304,9 @@ def _write_any_split(vocab, dataset, split, files, tfds_data_dir, out_dir, train
                         split, 1)
 
 
-def _split_pairs(dataset, split, files, tfds_data_dir):
-    return corpus.read_corpus(dataset, split, (files or {}).get(split), tfds_data_dir)
+def _split_pairs(dataset, split, files, tfds_data_dir, log_skipped=True):
+    return corpus.read_corpus(dataset, split, (files or {}).get(split), tfds_data_dir,
+                              log_skipped)
 
 
 def _write_manifest(path, manifest):
