@@ -71,6 +71,26 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
                                          "3 lines: they must be line-aligned")
 
 
+def test_evaluate_py_without_a_model_dir_says_what_to_give(tmp_path):
+    from helpers import python
+
+    # Scoring a split needs the model_dir's settings.json (which names the split's dataset).
+    # An export given as --model_dir is named as one; stops before TensorFlow is loaded.
+    (tmp_path / "export" / "1").mkdir(parents=True)
+    (tmp_path / "export" / "1" / "saved_model.pb").write_bytes(b"")
+    (tmp_path / "empty").mkdir()
+    for model_dir, advice in (
+            (tmp_path / "export", "it is a SavedModel export: give it as --export, with "
+                                  "--source and --reference"),
+            (tmp_path / "export" / "1", "it is a SavedModel export: give it as --export, with "
+                                        "--source and --reference"),
+            (tmp_path / "empty", "give --model_dir, or --source and --reference")):
+        result = python("evaluate.py", f"--model_dir={model_dir}", timeout=60)
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines()[-1] == (
+            f"evaluate.py: {model_dir} holds no trained model (no settings.json); {advice}")
+
+
 def test_report_samples_are_readable_and_spread():
     from tfnmt.training.report import pick_samples
 

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tfnmt.data import vocabulary
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS
+from tfnmt.paths import AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS, is_export
 
 
 class ModelDirError(ValueError):
@@ -221,17 +221,6 @@ def candidate_checkpoints(model_dir, which="auto"):
     return paths
 
 
-def _export_hint(path):
-    """What to say when a model_dir flag names a SavedModel export (a version, or an export_dir
-    of numbered versions) instead of a training directory; "" otherwise."""
-    names = os.listdir(path) if os.path.isdir(path) else []
-    candidates = [path] + [os.path.join(path, name) for name in names if name.isdigit()]
-    if any(os.path.exists(os.path.join(c, "saved_model.pb")) for c in candidates):
-        return ("; it is a SavedModel export: translate.py and evaluate.py read it with "
-                "--export")
-    return ""
-
-
 def load_model(model_dir, which="auto"):
     """Loads a trained model from a model_dir.
 
@@ -251,8 +240,9 @@ def load_model(model_dir, which="auto"):
     """
     settings_path = os.path.join(model_dir, SETTINGS)
     if not os.path.exists(settings_path):
-        raise ModelDirError(f"{model_dir} holds no trained model (no {SETTINGS})"
-                            + _export_hint(model_dir))
+        hint = ("; it is a SavedModel export: translate.py and evaluate.py read it with --export"
+                if is_export(model_dir) else "")
+        raise ModelDirError(f"{model_dir} holds no trained model (no {SETTINGS}){hint}")
     with open(settings_path) as f:
         settings = json.load(f)
     try:

@@ -16,3 +16,11 @@ EXPORT = "export"             # export.py's default export_dir: numbered SavedMo
 CTRANSLATE2 = "ctranslate2"  # export.py --format=ctranslate2 (+ "-<quantization>")
 REPORT = "report.json"        # the final evaluation of the main job's end-of-run report
 DECODING = "decoding.json"    # the length penalty chosen on dev at the end of training
+
+
+def is_export(path):
+    """Whether `path` is a SavedModel export: a version directory (saved_model.pb), or an
+    export_dir of numbered versions, such as export.py writes."""
+    names = os.listdir(path) if os.path.isdir(path) else []
+    candidates = [path] + [os.path.join(path, name) for name in names if name.isdigit()]
+    return any(os.path.exists(os.path.join(c, "saved_model.pb")) for c in candidates)
