@@ -20,3 +20,32 @@ def test_read_lines_splits_at_newlines_only_and_drops_a_byte_order_mark(tmp_path
         cli.read_lines(str(path))
     assert (error.value.start, error.value.reason) == (10, "invalid start byte")
     assert cli.read_lines(str(path), errors="replace") == ["ok", "bad \ufffd"]
+
+
+@pytest.mark.parametrize("program, flag, message", [
+    ("translate.py", "--alpha=-1.5", "--alpha must be >= 0"),
+    ("translate.py", "--alpha=nan", "--alpha must be >= 0"),
+    ("evaluate.py", "--batch_size=0", "--batch_size must be positive"),
+    ("evaluate.py", "--batch_size=-3", "--batch_size must be positive"),
+    ("evaluate.py", "--beam_size=0", "--beam_size must be positive"),
+    ("evaluate.py", "--alpha=-0.5", "--alpha must be >= 0"),
+    ("export.py", "--version=-1", "--version must be >= 0"),
+])
+def test_bad_decoding_flags_fail_fast(program, flag, message, tmp_path):
+    # Refused in one line before any model is read (evaluate.py translated nothing with a
+    # negative batch size and scored empty translations; export.py wrote a version "-1",
+    # which TF Serving and --export do not read).
+    from helpers import python
+
+    result = python(program, f"--model_dir={tmp_path}", flag, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == f"{program}: flag {flag}: {message}"
+    assert not list(tmp_path.iterdir())
+
+
+def test_translate_lines_refuses_a_batch_size_below_one():
+    from tfnmt.inference.evaluation import translate_lines
+
+    for batch_size in (0, -3):
+        with pytest.raises(ValueError, match="batch_size must be positive"):
+            translate_lines(lambda batch: None, ["a"], batch_size)

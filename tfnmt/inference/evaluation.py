@@ -23,7 +23,12 @@ def translate_lines(translate_batch, lines, batch_size=32, length=len):
 
     Returns:
       The translations, a list of str in input order.
+
+    Raises:
+      ValueError: batch_size < 1.
     """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
     order = sorted(range(len(lines)), key=lambda i: length(lines[i]))
     results = [""] * len(lines)
     for start in range(0, len(order), batch_size):

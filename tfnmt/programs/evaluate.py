@@ -42,6 +42,9 @@ cli.define_beam_stop_flag("Checkpoints only: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 flags.DEFINE_string("output", None, "Also write the translations here, one per line.")
 flags.DEFINE_bool("json", False, "Print one JSON line instead of text.")
+flags.register_validator("batch_size", lambda v: v > 0, "--batch_size must be positive")
+flags.register_validator("beam_size", lambda v: v > 0, "--beam_size must be positive")
+flags.register_validator("alpha", lambda v: v is None or v >= 0, "--alpha must be >= 0")
 
 
 def _read_lines(path, flag):

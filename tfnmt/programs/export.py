@@ -62,6 +62,7 @@ flags.DEFINE_integer("chunk_size", 64, "Sentences searched at once: a larger req
 flags.DEFINE_bool("check", True, "Before publishing, load the export and translate two "
                   "sentences: a SavedModel with TensorFlow's C++ loader (as TF Serving does), "
                   "each signature; a CTranslate2 model with CTranslate2.")
+flags.register_validator("version", lambda v: v is None or v >= 0, "--version must be >= 0")
 flags.register_validator("beam_size", lambda v: v >= 1, "--beam_size must be >= 1")
 flags.register_validator("chunk_size", lambda v: v >= 1, "--chunk_size must be >= 1")
 flags.register_validator("max_decode_length", lambda v: v >= 0, "--max_decode_length must be >= 0")
