@@ -55,6 +55,23 @@ def test_an_epoch_yields_every_kept_pair_exactly_once(small_prepared):
     assert pairs_of(dataset) == expected
 
 
+def test_a_split_with_no_pair_short_enough_is_refused_not_waited_on(small_prepared):
+    # A repeated (training) dataset whose every pair is longer than max_length would look for
+    # a first batch forever: refused with the shortest length, counted from the records.
+    shortest = min(max(len(s), len(t)) + 1 for s, t in all_pairs(small_prepared, "train", 10**6))
+    with pytest.raises(pipeline.BatchingError,
+                       match=f"no pair of the train split fits max_length={shortest - 1}: its "
+                             f"shortest is {shortest} subwords long"):
+        pipeline.make_dataset(small_prepared, "train", 1024, max_length=shortest - 1,
+                              repeat=True)
+    batch = next(iter(pipeline.make_dataset(small_prepared, "train", 1024, max_length=shortest,
+                                            repeat=True, seed=0)))
+    assert max(batch["source"].shape[1], batch["target_in"].shape[1]) == shortest
+    # Read once (an evaluation), the same split is a defined result: no batch.
+    assert not list(pipeline.make_dataset(small_prepared, "train", 1024,
+                                          max_length=shortest - 1))
+
+
 def test_reading_is_deterministic_with_a_seed(small_prepared):
     def first_batches(seed):
         dataset = pipeline.make_dataset(small_prepared, "train", batch_tokens=512, max_length=64,

@@ -1,9 +1,12 @@
 """Several training corpora sampled by weight, and the training-pair filters."""
+import collections
 import os
+import re
 
 import numpy as np
 import pytest
 import sentencepiece
+import tensorflow as tf
 
 from helpers import python, train_flags
 from tfnmt.data import pipeline, records
@@ -79,6 +82,23 @@ def test_corpora_are_prepared_apart_and_filtered_across(two_corpora):
     assert expected["length_ratio"] >= 1
     assert train["filtered"] == expected
     assert [c["examples"] for c in train["corpora"]] == kept
+    # Each corpus has its own length histogram (the longer side, with EOS or BOS), counted here
+    # from its records; a max_length that none of one corpus's pairs fits is refused by name.
+    shortest = []
+    for corpus in train["corpora"]:
+        lengths = collections.Counter()
+        for raw in tf.data.TFRecordDataset([os.path.join(data_dir, f) for f in corpus["shards"]]):
+            features = tf.train.Example.FromString(raw.numpy()).features.feature
+            lengths[max(len(features[side].int64_list.value)
+                        for side in ("source", "target")) + 1] += 1
+        assert {int(k): v for k, v in corpus["length_histogram"].items()} == lengths
+        shortest.append(min(lengths))
+    assert shortest[1] < shortest[0]  # the template's pairs are the short ones
+    pipeline.check_pairs_fit(manifest, "train", shortest[0])
+    with pytest.raises(pipeline.BatchingError, match=(
+            f"no pair of the train corpus {re.escape(files['train'][0])} fits "
+            f"max_length={shortest[0] - 1}: its shortest is {shortest[0]} subwords")):
+        pipeline.check_pairs_fit(manifest, "train", shortest[0] - 1)
     assert train["examples"] == sum(kept)
     assert manifest["settings"]["filters"] == FILTERS
     # The same inputs and filters: up to date, nothing rewritten.

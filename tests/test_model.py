@@ -128,6 +128,21 @@ def test_unknown_preset_is_refused():
         get_preset("huge")
 
 
+def test_sizes_no_transformer_can_have_are_refused_before_building():
+    from tfnmt.model.presets import PRESETS, check_sizes
+
+    for name in PRESETS:
+        check_sizes(get_preset(name))
+    with pytest.raises(ValueError, match="d_model=66 must be a multiple of num_heads=4"):
+        check_sizes(get_preset("tiny", d_model=66))
+    with pytest.raises(ValueError, match="d_model=63 must be even"):
+        check_sizes(get_preset("tiny", d_model=63, num_heads=3))
+    # The layers themselves refuse the same sizes.
+    for sizes in (dict(d_model=66), dict(d_model=63, num_heads=3)):
+        with pytest.raises(ValueError):
+            Transformer(vocab_size=30, **dict(TINY, **sizes))
+
+
 def test_cached_greedy_equals_uncached_greedy():
     from tfnmt.inference.decoding import greedy_decode, greedy_decode_uncached
 

@@ -514,10 +514,27 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--alpha=short", "--alpha: give auto or a number >= 0"),
     ("--subword_alpha=-0.1", "--subword_alpha must be >= 0"),
     ("--subword_nbest=0", "--subword_nbest must be positive or -1"),
+    ("--d_model=66 --num_heads=4", "d_model=66 must be a multiple of num_heads=4"),
+    ("--batch_tokens=100", "batch_tokens=100 cannot hold one pair of the maximum length 256"),
 ])
 def test_bad_flags_fail_fast(flag, message, tmp_path):
     result = python("train.py", f"--model_dir={tmp_path}", *flag.split(), timeout=60)
-    assert result.returncode != 0 and message in result.stderr
+    last_line = result.stderr.strip().splitlines()[-1]  # one line, not a traceback
+    assert result.returncode == 1 and last_line.startswith("train.py: ") and message in last_line
+
+
+def test_a_max_length_no_training_pair_fits_is_refused_before_the_run_starts(
+        small_corpus, train_data, tmp_path):
+    # Every pair dropped by the length filter: one line (the run used to wait for a first
+    # batch forever), and no settings.json, so the same model_dir takes a larger --max_length.
+    model_dir = tmp_path / "run"
+    result = python(*train_flags(small_corpus, train_data, str(model_dir), max_length=4),
+                    timeout=120)
+    assert result.returncode == 1
+    assert re.fullmatch(r"train.py: no pair of the train split fits max_length=4: its shortest "
+                        r"is \d+ subwords long \(with EOS or BOS\); raise max_length",
+                        result.stderr.strip().splitlines()[-1]), result.stderr[-2000:]
+    assert not (model_dir / "settings.json").exists()
 
 
 def test_flagfile_is_read(tmp_path):

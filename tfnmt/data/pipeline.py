@@ -15,6 +15,10 @@ from tfnmt.data import records
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 
+class BatchingError(ValueError):
+    """The batching settings (batch_tokens, max_length) cannot batch the data."""
+
+
 def bucket_boundaries(max_length, min_length=8, growth=1.1):
     """Bucket edges for `make_dataset`: min_length, then each × growth (at least +1), ending at
     max_length + 1 (exclusive). 1.1 (default): buckets 10% wide. 1.0: one bucket per length from
@@ -56,11 +60,11 @@ def bucket_batch_sizes(boundaries, batch_tokens):
       last edge), empty after the max_length filter but in need of a size.
 
     Raises:
-      ValueError: the budget cannot hold one pair of the longest length.
+      BatchingError: the budget cannot hold one pair of the longest length.
     """
     longest = boundaries[-1] - 1
     if batch_tokens < longest:
-        raise ValueError(f"batch_tokens={batch_tokens} cannot hold one pair of the maximum "
+        raise BatchingError(f"batch_tokens={batch_tokens} cannot hold one pair of the maximum "
                          f"length {longest}; raise batch_tokens or lower max_length")
     sizes = [max(1, batch_tokens // (edge - 1)) for edge in boundaries]
     return sizes + [sizes[-1]]
@@ -199,6 +203,28 @@ class SubwordSampler:
                 self._target.tokenize(self.vocabulary.target.detokenize(target)))
 
 
+def check_pairs_fit(manifest, split, max_length):
+    """Raises BatchingError when no pair of a split, or of one of its training corpora, is
+    `max_length` long or shorter: a repeated dataset of them would search for a first batch
+    forever. Lengths are the manifest's (subword sampling may vary them a little).
+
+    Args:
+      manifest: a prepared directory's manifest.
+      split: "train", "dev" or "test".
+      max_length: the longest pair kept.
+    """
+    entry = manifest["splits"][split]
+    parts = [(f"the {split} split", entry)] + [
+        (f"the {split} corpus {corpus['files']}", corpus)
+        for corpus in entry.get("corpora") or [] if "length_histogram" in corpus]
+    for name, part in parts:
+        lengths = [int(length) for length, count in part["length_histogram"].items() if count]
+        if lengths and min(lengths) > max_length:
+            raise BatchingError(f"no pair of {name} fits max_length={max_length}: its shortest "
+                                f"is {min(lengths)} subwords long (with EOS or BOS); raise "
+                                "max_length")
+
+
 def model_inputs(data_dir, manifest, split, max_length=256, shuffle=True, seed=None,
                  shuffle_buffer=20000, repeat=False, input_context=None, weights=None,
                  subword_sampler=None):
@@ -269,8 +295,12 @@ def make_dataset(data_dir, split, batch_tokens=4096, max_length=256, shuffle=Tru
 
     Raises:
       records.PreparedDataError: the directory is incomplete or made with another vocabulary.
+      BatchingError: batch_tokens cannot hold a pair of max_length; with `repeat`, no pair of
+        the split (or of one of its corpora) fits max_length.
     """
     manifest = records.load_manifest(data_dir, vocab_fingerprint)
+    if repeat:
+        check_pairs_fit(manifest, split, max_length)
     dropped = dropped_by_length(manifest, split, max_length)
     if dropped:
         logging.info("%s: dropping %d of %d pairs longer than max_length=%d", split, dropped,

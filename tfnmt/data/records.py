@@ -139,7 +139,8 @@ def _write_train(vocab, dataset, files, tfds_data_dir, out_dir, num_shards, filt
                             for side in ("source", "target")},
                  "length_histogram": {str(k): v for k, v in sorted(histogram.items())},
                  "corpora": [{"files": spec, "examples": p["examples"],
-                              "shards": [s["file"] for s in p["shards"]]}
+                              "shards": [s["file"] for s in p["shards"]],
+                              "length_histogram": p["length_histogram"]}
                              for spec, p in zip(specs, parts)]}
     entry["filtered"] = dict(pair_filter.dropped)
     return entry

@@ -73,6 +73,20 @@ def get_preset(name, **overrides):
     return settings
 
 
+def check_sizes(model):
+    """Raises ValueError for sizes no Transformer can have: an odd d_model (the positions'
+    sines and cosines come in pairs) or one that num_heads does not divide.
+
+    Args:
+      model: `Transformer` arguments, as `get_preset` returns them.
+    """
+    d_model, num_heads = model["d_model"], model["num_heads"]
+    if d_model % 2:
+        raise ValueError(f"d_model={d_model} must be even (positions are sine/cosine pairs)")
+    if d_model % num_heads:
+        raise ValueError(f"d_model={d_model} must be a multiple of num_heads={num_heads}")
+
+
 def get_training(name):
     """A preset's training defaults.
 

@@ -339,6 +339,8 @@ def main(argv):
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.data import records
     from tfnmt.data.corpus import CorpusError
+    from tfnmt.data.pipeline import BatchingError
+    from tfnmt.model.presets import check_sizes
     from tfnmt.training import distribute, experiment
     from tfnmt.training.settings import SettingsError, resolve_settings
     from tfnmt.training.trainer import TrainingError
@@ -349,13 +351,17 @@ def main(argv):
         settings = resolve_settings(settings, explicit, FLAGS.model_dir)
     except SettingsError as error:
         raise app.UsageError(str(error))
+    try:
+        check_sizes(settings["model"])
+    except ValueError as error:
+        raise app.UsageError(str(error))
     strategy = distribute.make_strategy(FLAGS.strategy)
     fast_ops.set_plain_ops(FLAGS.plain_ops)
     print(f"memory allocator: {cli.ALLOCATOR}; CPU kernels: {cli.KERNELS}"
           + ("; stock ops (--plain_ops)" if FLAGS.plain_ops else ""), flush=True)
     try:
         metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
-    except (TrainingError, SettingsError, ModelDirError, CorpusError,
+    except (TrainingError, SettingsError, ModelDirError, CorpusError, BatchingError,
             records.PreparedDataError) as error:
         raise app.UsageError(str(error))
     search = "greedy" if settings["train"]["eval_beam_size"] == 1 \

@@ -118,7 +118,10 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     keras.utils.set_random_seed(t["seed"])
     os.makedirs(model_dir, exist_ok=True)
     precision = resolve_mixed_precision(t["mixed_precision"])  # before any work: may refuse
+    max_length = settings["data"]["max_length"]
+    pipeline.bucket_batch_sizes([max_length + 1], t["batch_tokens"])  # refuses before any work
     manifest, vocab = _prepare_data(settings, is_chief, data_dir)
+    pipeline.check_pairs_fit(manifest, "train", max_length)  # before settings.json is written
     sizes = f"{vocab.source.vocab_size:,d}" if vocab.shared else \
         f"{vocab.source.vocab_size:,d} source, {vocab.target.vocab_size:,d} target"
     log(f"data: {_describe_data(manifest, settings['data'])}, "
