@@ -126,6 +126,21 @@ def test_sources_that_cannot_start_a_run(source, tmp_path):
     assert settings["model"]["num_layers"] == 2 and settings["model"]["dropout"] == 0.3
     assert settings["data"] == {"vocab_size": 600, "vocab_type": "unigram",
                                 "separate_vocabularies": False}
+    # A longer max_length: sinusoidal positions exist at any length; learned ones are a table
+    # of max_length rows, which the source checkpoint would not read into.
+    longer = dict(requested, model={"max_length": 128})
+    settings = fine_tune.apply_source(longer, {"model.max_length"},
+                                      fine_tune.resolve_source(source))
+    assert settings["model"]["max_length"] == 128  # the source: sinusoidal, 64
+    learned = tmp_path / "learned"
+    learned.mkdir()
+    (learned / "settings.json").write_text(json.dumps(
+        {"model": {"position": "learned", "max_length": 64},
+         "data": {"vocab_size": 600, "vocab_type": "unigram"}}))
+    with pytest.raises(SettingsError, match=r"differs: max_length=128 \(source: 64\); a "
+                                            "fine-tuned model keeps its source's shape"):
+        fine_tune.apply_source(dict(longer, model={"max_length": 128}), {"model.max_length"},
+                               {"model_dir": str(learned)})
     with pytest.raises(SettingsError, match="vocabulary differs: separate_vocabularies=True"):
         fine_tune.apply_source(dict(requested, data={"separate_vocabularies": True}),
                                {"data.separate_vocabularies"}, fine_tune.resolve_source(source))

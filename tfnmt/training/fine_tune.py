@@ -96,10 +96,13 @@ def apply_source(settings, explicit, source):
     """
     saved = load_settings(source["model_dir"])
     model = dict(saved["model"])
+    # Sinusoidal positions exist at any length; learned ones are a table of max_length rows.
+    changeable = CHANGEABLE_MODEL + (("max_length",) if model.get("position") != "learned"
+                                     else ())
     conflicts = [f"{key}={value!r} (source: {model.get(key)!r})"
                  for key, value in settings["model"].items()
-                 if f"model.{key}" in explicit and key not in CHANGEABLE_MODEL
-                 and key != "max_length" and model.get(key) != value]
+                 if f"model.{key}" in explicit and key not in changeable
+                 and model.get(key) != value]
     if conflicts:
         raise SettingsError(f"--init_from: the source model differs: {', '.join(conflicts)}; "
                             "a fine-tuned model keeps its source's shape")
@@ -109,7 +112,7 @@ def apply_source(settings, explicit, source):
     if conflicts:
         raise SettingsError(f"--init_from: the source's vocabulary differs: "
                             f"{', '.join(conflicts)}; a fine-tuned model keeps it")
-    for key in CHANGEABLE_MODEL + ("max_length",):
+    for key in changeable:
         if f"model.{key}" in explicit:
             model[key] = settings["model"][key]
     settings["model"] = model
