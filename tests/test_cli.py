@@ -49,3 +49,20 @@ def test_translate_lines_refuses_a_batch_size_below_one():
     for batch_size in (0, -3):
         with pytest.raises(ValueError, match="batch_size must be positive"):
             translate_lines(lambda batch: None, ["a"], batch_size)
+
+
+def test_evaluate_py_refuses_an_output_it_could_not_write_before_translating(tmp_path):
+    # --output is written after the translations (minutes for a test set): a path that cannot
+    # be written is refused first, in one line.
+    from helpers import python
+
+    (tmp_path / "src.de").write_text("Das ist ein Haus.\n")
+    (tmp_path / "ref.en").write_text("This is a house.\n")
+    for output, reason in ((tmp_path / "missing" / "out.en",
+                            f"directory {tmp_path / 'missing'} does not exist"),
+                           (tmp_path, "is a directory, not a file")):
+        result = python("evaluate.py", f"--model_dir={tmp_path / 'no_model'}",
+                        f"--source={tmp_path / 'src.de'}", f"--reference={tmp_path / 'ref.en'}",
+                        f"--output={output}", timeout=60)
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines()[-1] == f"evaluate.py: --output {output}: {reason}"

@@ -49,6 +49,18 @@ def read_lines(path, errors="strict"):
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+def check_output_path(path, flag="output"):
+    """Raises app.UsageError (one line, before any work) for a file path that cannot be
+    written: a directory, or in a directory that is missing or not writable."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise app.UsageError(f"--{flag} {path}: is a directory, not a file")
+    if not os.path.isdir(directory):
+        raise app.UsageError(f"--{flag} {path}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK):
+        raise app.UsageError(f"--{flag} {path}: directory {directory} is not writable")
+
+
 def _parse_flags(argv):
     try:
         return flags.FLAGS(argv)

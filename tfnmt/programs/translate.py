@@ -87,13 +87,7 @@ def check_paths(input_path, output_path):
         if not os.access(input_path, os.R_OK):
             raise app.UsageError(f"--input {input_path}: not readable")
     if output_path != "-":
-        directory = os.path.dirname(os.path.abspath(output_path))
-        if os.path.isdir(output_path):
-            raise app.UsageError(f"--output {output_path}: is a directory, not a file")
-        if not os.path.isdir(directory):
-            raise app.UsageError(f"--output {output_path}: directory {directory} does not exist")
-        if not os.access(directory, os.W_OK):
-            raise app.UsageError(f"--output {output_path}: directory {directory} is not writable")
+        cli.check_output_path(output_path)
 
 
 def score_lines(score, sources, targets, batch_size):
