@@ -66,3 +66,18 @@ def test_evaluate_py_refuses_an_output_it_could_not_write_before_translating(tmp
                         f"--output={output}", timeout=60)
         assert result.returncode == 1
         assert result.stderr.strip().splitlines()[-1] == f"evaluate.py: --output {output}: {reason}"
+
+
+@pytest.mark.parametrize("program", ["translate.py", "evaluate.py"])
+@pytest.mark.parametrize("flag", ["--beam_size=8", "--alpha=1.0", "--beam_stop=bound",
+                                  "--checkpoint=latest"])
+def test_a_checkpoint_search_flag_with_an_export_is_refused_not_ignored(program, flag, tmp_path):
+    # An export searches with the beam, penalty, stop rule and checkpoint export.py gave it.
+    from helpers import python
+
+    name = flag.split("=")[0]
+    result = python(program, f"--export={tmp_path / 'export'}", flag, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"{program}: {name} applies to --model_dir; an export searches as export.py built it "
+        f"(export.py {name})")

@@ -49,6 +49,15 @@ def read_lines(path, errors="strict"):
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+def refuse_checkpoint_search_flags():
+    """Raises app.UsageError for a checkpoint search's flag given with --export (translate.py,
+    evaluate.py), which would otherwise be ignored: an export searches as export.py built it."""
+    for name in ("beam_size", "alpha", "beam_stop", "checkpoint"):
+        if flags.FLAGS[name].present:
+            raise app.UsageError(f"--{name} applies to --model_dir; an export searches as "
+                                 f"export.py built it (export.py --{name})")
+
+
 def check_output_path(path, flag="output"):
     """Raises app.UsageError (one line, before any work) for a file path that cannot be
     written: a directory, or in a directory that is missing or not writable."""

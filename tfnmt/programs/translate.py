@@ -157,6 +157,8 @@ def main(argv):
         "seed": FLAGS.seed}
     if sampling and FLAGS.export:
         raise app.UsageError("sampling needs --model_dir (exports search with beams)")
+    if FLAGS.export:
+        cli.refuse_checkpoint_search_flags()
     if sampling and FLAGS.n_best > 1:
         raise app.UsageError("sampling draws one translation per sentence: drop --n_best")
     if FLAGS.model_dir and FLAGS.n_best > FLAGS.beam_size:
