@@ -516,6 +516,8 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--subword_nbest=0", "--subword_nbest must be positive or -1"),
     ("--d_model=66 --num_heads=4", "d_model=66 must be a multiple of num_heads=4"),
     ("--batch_tokens=100", "batch_tokens=100 cannot hold one pair of the maximum length 256"),
+    ("--early_stopping=3", "--early_stopping=3 counts dev evaluations during the run, and "
+     "--eval_every is 0"),
 ])
 def test_bad_flags_fail_fast(flag, message, tmp_path):
     result = python("train.py", f"--model_dir={tmp_path}", *flag.split(), timeout=60)

@@ -152,7 +152,7 @@ flags.DEFINE_integer("eval_beam_size", 1, "Dev translations: 1 = greedy (default
 flags.DEFINE_enum("best_metric", "bleu", ["bleu", "chrf", "loss"], "Dev metric that chooses "
                   "the best checkpoint, kept in <model_dir>/best (export.py --checkpoint=best).")
 flags.DEFINE_integer("early_stopping", 0, "Stop after this many dev evaluations in a row "
-                     "without a better --best_metric (default 0: never).")
+                     "without a better --best_metric (default 0: never; needs --eval_every).")
 flags.DEFINE_integer("checkpoint_every", 100, "Steps between checkpoints.")
 flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept.")
 flags.DEFINE_bool("test_report", True, "At the end, translate the test split with beam 4 (as "
@@ -355,6 +355,11 @@ def main(argv):
         check_sizes(settings["model"])
     except ValueError as error:
         raise app.UsageError(str(error))
+    t = settings["train"]
+    if t.get("early_stopping") and not t.get("eval_every"):  # it would never stop
+        raise app.UsageError(f"--early_stopping={t['early_stopping']} counts dev evaluations "
+                             "during the run, and --eval_every is 0 (the preset's default "
+                             "here): give --eval_every")
     strategy = distribute.make_strategy(FLAGS.strategy)
     fast_ops.set_plain_ops(FLAGS.plain_ops)
     print(f"memory allocator: {cli.ALLOCATOR}; CPU kernels: {cli.KERNELS}"
