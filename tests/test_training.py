@@ -516,6 +516,7 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--subword_nbest=0", "--subword_nbest must be positive or -1"),
     ("--d_model=66 --num_heads=4", "d_model=66 must be a multiple of num_heads=4"),
     ("--batch_tokens=100", "batch_tokens=100 cannot hold one pair of the maximum length 256"),
+    ("--cpu_devices=2", "--cpu_devices=2 splits the CPU for --strategy=mirrored"),
     ("--early_stopping=3", "--early_stopping=3 counts dev evaluations during the run, and "
      "--eval_every is 0"),
 ])

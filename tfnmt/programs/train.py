@@ -113,8 +113,8 @@ flags.DEFINE_float("clip_norm", 0.0, "Scale each update's gradients down to this
                    "when larger (default 0: no clipping; the paper does not clip).")
 flags.DEFINE_enum("strategy", "auto", ["auto", "one_device", "mirrored", "multi_worker"],
                   "tf.distribute strategy; multi_worker reads TF_CONFIG.")
-flags.DEFINE_integer("cpu_devices", 1, "Split the CPU into this many logical devices "
-                     "(for mirrored training without GPUs).")
+flags.DEFINE_integer("cpu_devices", 1, "Split the CPU into this many logical devices, one "
+                     "replica each with --strategy=mirrored (default 1).")
 flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16", "fp16"],
                   "Compute dtype of matmuls (weights, softmax, LayerNorm and loss stay "
                   "float32): auto = bf16 on GPUs of compute capability >= 8.0 and on CPUs "
@@ -331,6 +331,9 @@ def main(argv):
     if FLAGS["train_minutes"].present and FLAGS.strategy == "multi_worker":
         raise app.UsageError("--train_minutes plans on one machine; the workers of a cluster "
                              "need --train_steps")
+    if FLAGS.cpu_devices > 1 and FLAGS.strategy != "mirrored":  # else trains on one of them
+        raise app.UsageError(f"--cpu_devices={FLAGS.cpu_devices} splits the CPU for "
+                             "--strategy=mirrored: add it, or drop --cpu_devices")
     if FLAGS.separate_vocabularies and FLAGS.share_embeddings:
         raise app.UsageError("--share_embeddings needs one shared vocabulary: drop it or "
                              "--separate_vocabularies")
