@@ -81,3 +81,22 @@ def test_a_checkpoint_search_flag_with_an_export_is_refused_not_ignored(program,
     assert result.stderr.strip().splitlines()[-1] == (
         f"{program}: {name} applies to --model_dir; an export searches as export.py built it "
         f"(export.py {name})")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--sampling_temperature=0.7"], "--sampling_temperature is for sampling: give "
+                                     "--sampling_topk (0: among all words)"),
+    (["--seed=3"], "--seed is for sampling: give --sampling_topk (0: among all words)"),
+    (["--score_targets=t.en", "--n_best=2"], "--score_targets scores the given translations, "
+                                             "translating nothing: drop --n_best and "
+                                             "--sampling_topk"),
+    (["--score_targets=t.en", "--sampling_topk=5"], "--score_targets scores the given "
+                                                     "translations, translating nothing: drop "
+                                                     "--n_best and --sampling_topk"),
+])
+def test_translate_py_flags_that_would_be_ignored_are_refused(flags, message, tmp_path):
+    from helpers import python
+
+    result = python("translate.py", f"--model_dir={tmp_path}", *flags, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == f"translate.py: {message}"

@@ -155,6 +155,10 @@ def main(argv):
     sampling = None if FLAGS.sampling_topk is None else {
         "temperature": FLAGS.sampling_temperature, "top_k": FLAGS.sampling_topk,
         "seed": FLAGS.seed}
+    for flag in ("sampling_temperature", "seed"):
+        if FLAGS[flag].present and not sampling:
+            raise app.UsageError(f"--{flag} is for sampling: give --sampling_topk (0: among "
+                                 "all words)")
     if sampling and FLAGS.export:
         raise app.UsageError("sampling needs --model_dir (exports search with beams)")
     if FLAGS.export:
@@ -163,6 +167,9 @@ def main(argv):
         raise app.UsageError("sampling draws one translation per sentence: drop --n_best")
     if FLAGS.model_dir and FLAGS.n_best > FLAGS.beam_size:
         raise app.UsageError(f"--n_best={FLAGS.n_best} needs --beam_size >= {FLAGS.n_best}")
+    if FLAGS.score_targets and (FLAGS.n_best > 1 or sampling):
+        raise app.UsageError("--score_targets scores the given translations, translating "
+                             "nothing: drop --n_best and --sampling_topk")
     check_paths(FLAGS.input, FLAGS.output)
     for flag in ("score_targets", "target_prefix"):
         if FLAGS[flag].value and not os.path.isfile(FLAGS[flag].value):
