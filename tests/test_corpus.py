@@ -117,6 +117,37 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
         list(corpus.read_files(str(bad)))
 
 
+def test_a_truncated_gzip_file_is_named_with_its_last_good_line(tmp_path):
+    # A .gz cut short (an interrupted download or copy) gzips fine up to where it ends: the
+    # pairs before that are read, then one CorpusError names the file and the last full line,
+    # whether it is a TSV, one of two aligned files, or checked before any work.
+    lines = [f"Satz {n}\tsentence {n} {'x' * (n % 7)}\n" for n in range(5000)]
+    data = gzip.compress("".join(lines).encode())
+    cut = tmp_path / "cut.tsv.gz"
+    cut.write_bytes(data[:len(data) // 2])
+    with gzip.open(cut, "rb") as f:  # what Python's gzip reads before the end-of-stream error
+        good = []
+        with pytest.raises(EOFError):
+            for raw in f:
+                good.append(raw)
+    complete = len([raw for raw in good if raw.endswith(b"\n")])
+    assert 0 < complete < 5000
+    read = []
+    with pytest.raises(corpus.CorpusError, match=(
+            rf"cut.tsv.gz: unreadable after line {len(good):,d} \(Compressed file ended "
+            r"before the end-of-stream marker was reached\)")):
+        for pair in corpus.read_files(str(cut)):
+            read.append(pair)
+    assert read[:complete] == [tuple(line.rstrip("\n").split("\t")) for line in
+                               lines[:complete]]
+    whole = tmp_path / "whole.en.gz"
+    whole.write_bytes(gzip.compress("".join(f"s{n}\n" for n in range(5000)).encode()))
+    with pytest.raises(corpus.CorpusError, match=r"cut.tsv.gz: unreadable after line"):
+        list(corpus.read_files([str(cut), str(whole)]))
+    with pytest.raises(corpus.CorpusError, match=r"cut.tsv.gz: unreadable \(Compressed file"):
+        corpus.check_files(f"{cut},{whole}")
+
+
 def test_empty_sides_are_skipped_and_counted(tmp_path, caplog):
     path = tmp_path / "train.tsv"
     path.write_text("gut\tgood\n\tnothing\nnichts\t \nja\tyes\n", encoding="utf-8")

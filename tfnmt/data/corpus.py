@@ -10,6 +10,7 @@ import itertools
 import logging
 import os
 import socket
+import zlib
 
 EMBEDDED = "embedded"
 EMBEDDED_TFDS_NAME = "tfnmt_de_en"
@@ -25,6 +26,24 @@ def _open_text(path):
         raise CorpusError(f"{path}: file not found")
     # Bytes, decoded per line below, so an error can name the line.
     return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _reason(error):
+    return getattr(error, "strerror", None) or str(error)
+
+
+def _raw_lines(path):
+    """The lines of a file (plain or .gz) as bytes; a .gz that turns out damaged part way (a
+    truncated download, a bad block) is a CorpusError naming the file and the last good line,
+    not a traceback."""
+    number = 0
+    with _open_text(path) as f:
+        try:
+            for number, raw in enumerate(f, 1):
+                yield raw
+        except (EOFError, OSError, zlib.error) as error:
+            raise CorpusError(f"{path}: unreadable after line {number:,d} "
+                              f"({_reason(error)})") from None
 
 
 def _decode(raw, path, number):
@@ -51,13 +70,12 @@ def read_tsv(path, columns=2):
     Raises:
       CorpusError: a line with too few columns or not UTF-8 (naming the file and line).
     """
-    with _open_text(path) as lines:
-        for number, raw in enumerate(lines, 1):
-            fields = _decode(raw, path, number).split("\t")
-            if len(fields) < columns:
-                raise CorpusError(f"{path}:{number}: expected {columns} tab-separated columns, "
-                                  f"found {len(fields)}")
-            yield fields[0], fields[1]
+    for number, raw in enumerate(_raw_lines(path), 1):
+        fields = _decode(raw, path, number).split("\t")
+        if len(fields) < columns:
+            raise CorpusError(f"{path}:{number}: expected {columns} tab-separated columns, "
+                              f"found {len(fields)}")
+        yield fields[0], fields[1]
 
 
 def read_aligned(source_path, target_path):
@@ -72,14 +90,14 @@ def read_aligned(source_path, target_path):
     Raises:
       CorpusError: the files end at different lines, or a line is not UTF-8.
     """
-    with _open_text(source_path) as sources, _open_text(target_path) as targets:
-        for number, (src, tgt) in enumerate(itertools.zip_longest(sources, targets), 1):
-            if src is None or tgt is None:
-                shorter = source_path if src is None else target_path
-                raise CorpusError(f"{shorter}: ends at line {number - 1}, but "
-                                  f"{target_path if src is None else source_path} goes on: "
-                                  "the files are not line-aligned")
-            yield _decode(src, source_path, number), _decode(tgt, target_path, number)
+    lines = itertools.zip_longest(_raw_lines(source_path), _raw_lines(target_path))
+    for number, (src, tgt) in enumerate(lines, 1):
+        if src is None or tgt is None:
+            shorter = source_path if src is None else target_path
+            raise CorpusError(f"{shorter}: ends at line {number - 1}, but "
+                              f"{target_path if src is None else source_path} goes on: "
+                              "the files are not line-aligned")
+        yield _decode(src, source_path, number), _decode(tgt, target_path, number)
 
 
 def read_files(paths):
@@ -103,9 +121,12 @@ def read_files(paths):
 def _count_lines(path):
     count, last = 0, b"\n"
     with _open_text(path) as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            count += block.count(b"\n")
-            last = block[-1:]
+        try:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                count += block.count(b"\n")
+                last = block[-1:]
+        except (EOFError, OSError, zlib.error) as error:
+            raise CorpusError(f"{path}: unreadable ({_reason(error)})") from None
     return count + (last != b"\n")  # a last line without a newline counts too
 
 
