@@ -8,18 +8,21 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from helpers import ROOT, python, train_flags
 from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes, load_model,
                                newest_readable_checkpoint)
 from tfnmt.data import records
 from tfnmt.paths import VOCAB
+from tfnmt.training.stop_signals import StopSignals
 
 FAST = dict(log_every=2, checkpoint_every=2, eval_every=0, bleu_sentences=2, average_last=0,
             keep_checkpoints=3)
@@ -291,3 +294,54 @@ def test_killed_three_times_then_a_damaged_manifest_and_the_run_finishes(small_c
             in err)
     if has_model:  # not learned again: it could differ, and no longer fit the model
         assert f"{data_dir}: tokenizing with the model's vocabulary {model_dir}/spm.model" in err
+
+
+def test_ctrl_c_saves_the_update_training_stopped_after(small_corpus, train_data, tmp_path):
+    # Ctrl-C (SIGTERM too: what kill, Kubernetes and Slurm send) ends the update under way,
+    # saves it and exits 130, as a shell reports a process Ctrl-C ended: with checkpoints every
+    # 1,000 updates, the interrupted run's only checkpoint is the one the signal made.
+    model_dir = str(tmp_path / "run")
+    flags = train_flags(small_corpus, train_data, model_dir, train_steps=100000, log_every=3,
+                        checkpoint_every=1000, eval_every=0, average_last=0, test_report="false")
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, flags[0]), *flags[1:]],
+                               cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                               text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for line in process.stdout:  # the loop is running once it logs
+            if line.startswith("step "):
+                break
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err[-3000:]
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    stopped = re.fullmatch(rf"stopped by SIGINT after step (\d+), saved in "
+                           rf"{re.escape(checkpoints)}/ckpt-(\d+); run the same command to "
+                           r"resume", out.strip().splitlines()[-1])
+    assert stopped and stopped[1] == stopped[2] and int(stopped[1]) >= 3, out[-2000:]
+    step = int(stopped[1])
+    assert checkpoint_numbers(model_dir) == [step] and "Traceback" not in err
+    reader = tf.train.load_checkpoint(os.path.join(checkpoints, f"ckpt-{step}"))
+    assert int(reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == step
+
+
+def test_stop_signals_record_the_first_signal_and_pass_on_the_second():
+    # SIGUSR1/SIGUSR2 stand in for SIGINT/SIGTERM, whose handlers belong to the test runner.
+    calls = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
+    ignored = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        with StopSignals((signal.SIGUSR1, signal.SIGUSR2)) as stop:
+            os.kill(os.getpid(), signal.SIGUSR2)  # ignored by the process: stays ignored
+            assert stop.received is None
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert stop.received == signal.SIGUSR1 and calls == []
+            os.kill(os.getpid(), signal.SIGUSR1)  # the handler from before gets the second
+            assert calls == [signal.SIGUSR1] and stop.received == signal.SIGUSR1
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert calls == [signal.SIGUSR1] * 2
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        signal.signal(signal.SIGUSR2, ignored)

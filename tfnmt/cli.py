@@ -1,6 +1,7 @@
 """What the entry points (train.py, export.py, translate.py, evaluate.py) share."""
 import gc
 import os
+import signal
 import sys
 
 from absl import app, flags
@@ -81,7 +82,8 @@ def _parse_flags(argv):
 def run(main, doc=None, training=False):
     """absl's app.run(main), with flag errors and an app.UsageError printed as one line,
     `<program>: <message>`, and exit code 1 (absl would print the module's help before a
-    UsageError, and a hint after a flag error). First the process gets its memory allocator
+    UsageError, and a hint after a flag error); Ctrl-C outside what a program handles itself
+    prints `<program>: interrupted` (exit 130). First the process gets its memory allocator
     (tfnmt/allocator.py; may re-execute the process once) and, for training, its CPU kernels
     (tfnmt/cpu_kernels.py).
 
@@ -108,6 +110,9 @@ def run(main, doc=None, training=False):
         except app.UsageError as error:
             print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback
+            print(f"{os.path.basename(sys.argv[0])}: interrupted", file=sys.stderr)
+            return 128 + signal.SIGINT
         finally:
             # The program's work is written and flushed by now. Python's collections while it
             # tears the interpreter down walk every object TensorFlow's traced graphs left

@@ -346,6 +346,7 @@ def main(argv):
     from tfnmt.model.presets import check_sizes
     from tfnmt.training import distribute, experiment
     from tfnmt.training.settings import SettingsError, resolve_settings
+    from tfnmt.training.stop_signals import TrainingInterrupted
     from tfnmt.training.trainer import TrainingError
 
     distribute.split_cpu(FLAGS.cpu_devices)
@@ -372,6 +373,9 @@ def main(argv):
     except (TrainingError, SettingsError, ModelDirError, CorpusError, BatchingError,
             records.PreparedDataError) as error:
         raise app.UsageError(str(error))
+    except TrainingInterrupted as interrupted:  # Ctrl-C or SIGTERM: the last update is saved
+        print(interrupted, flush=True)
+        return 128 + interrupted.signum  # as a shell reports a process the signal ended
     search = "greedy" if settings["train"]["eval_beam_size"] == 1 \
         else f"beam {settings['train']['eval_beam_size']}"
     print(f"dev sacreBLEU {metrics['bleu']:.2f} ({search})  ({FLAGS.model_dir})", flush=True)

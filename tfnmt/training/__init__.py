@@ -6,6 +6,7 @@
   evaluator.py    the dev evaluation during training
   settings.py     a run's settings and which of them a resumed run must keep
   trainer.py      `Trainer` (the distributed train step and the loop), checkpoints, averaging
+  stop_signals.py Ctrl-C and SIGTERM stop the loop after an update, which is saved
   stats.py        `TrainingStats`: the windowed log line and TensorBoard scalars
   schedule.py     the Noam learning-rate schedule and the paper's Adam
   losses.py       label-smoothed, padding-masked cross-entropy and token accuracy

@@ -34,6 +34,7 @@ from tfnmt.training.late_dropout import DropoutStart
 from tfnmt.training.schedule import make_schedule, paper_adam
 from tfnmt.training.settings import SettingsError, load_settings, write_json
 from tfnmt.training.stats import TrainingStats
+from tfnmt.training.stop_signals import SIGNALS, StopSignals
 from tfnmt.training.summaries import write_hparams
 from tfnmt.training.trainer import CheckpointKeeper, Trainer, TrainingError, average_checkpoints
 
@@ -231,12 +232,19 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         log(f"stopped early before: {_early_stop_reason(best)}; raise --early_stopping (or "
             "set it to 0) to train on")
     else:
-        step = trainer(iterator, t["train_steps"], keeper=keeper, stats=stats,
-                       evaluate=evaluate, log_every=t["log_every"],
-                       checkpoint_every=t["checkpoint_every"], eval_every=t["eval_every"],
-                       budget=budget, on_plan=on_plan,
-                       after_update=None if dropout_start is None or dropout_start.started
-                       else after_update)
+        # A signal stops at the next update, saved (one process; a cluster's workers would
+        # have to agree on the step, so their signals act as usual).
+        single_process = not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        with StopSignals(SIGNALS if single_process else ()) as stop:
+            try:
+                step = trainer(iterator, t["train_steps"], keeper=keeper, stats=stats,
+                               evaluate=evaluate, log_every=t["log_every"],
+                               checkpoint_every=t["checkpoint_every"],
+                               eval_every=t["eval_every"], budget=budget, on_plan=on_plan,
+                               after_update=None if dropout_start is None
+                               or dropout_start.started else after_update, stop=stop)
+            finally:  # TensorBoard gets every logged update, however the loop ends
+                train_writer.flush()
         if step < t["train_steps"]:
             log(f"stopped early at step {step}: {_early_stop_reason(best)}")
     train_writer.flush()

@@ -10,6 +10,7 @@ from tfnmt import fast_ops
 from tfnmt.checkpoints import ModelDirError, remove_interrupted_saves, repair_checkpoint_state
 from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.training.losses import masked_loss_sum, masked_projected_loss_sum
+from tfnmt.training.stop_signals import TrainingInterrupted
 
 SUM = tf.distribute.ReduceOp.SUM
 # fp16 loss scaling halves the scale at each skipped update: this many in a row is divergence.
@@ -67,7 +68,7 @@ class Trainer:
 
     def __call__(self, iterator, train_steps, keeper=None, stats=None, evaluate=None,
                  log_every=100, checkpoint_every=1000, eval_every=0, budget=None,
-                 on_plan=None, after_update=None):
+                 on_plan=None, after_update=None, stop=None):
         """Runs updates until the optimizer has applied `train_steps` (or `evaluate` stops
         it); returns the update count reached.
 
@@ -83,10 +84,13 @@ class Trainer:
             which replaces `train_steps` and is passed to `on_plan`.
           after_update: called with the step and the update's outputs after each applied
             update, before the budget plans.
+          stop: a `stop_signals.StopSignals`: once it has received a signal, the loop saves
+            the update it just applied and raises TrainingInterrupted.
 
         Raises:
           TrainingError: fp16 loss scaling skipped more than MAX_SKIPPED_IN_A_ROW updates in a
             row (the loss has diverged).
+          TrainingInterrupted: `stop` received a signal.
         """
         step = int(self.optimizer.iterations.numpy())
         streak = 0
@@ -122,15 +126,21 @@ class Trainer:
             if evaluate is not None and eval_every and step % eval_every == 0 \
                     and step < train_steps:
                 start = time.time()
-                stop = evaluate(step)
+                stop_early = evaluate(step)
                 if stats is not None:
                     stats.pause(time.time() - start)
                 if budget is not None:
                     budget.pause(time.time() - start)
-                if stop:
+                if stop_early:
                     if keeper is not None and step % checkpoint_every != 0:
                         keeper.save(step)
                     break
+            if stop is not None and stop.received:
+                saved = None
+                if keeper is not None:  # saved above at a checkpoint step or the last one
+                    just_saved = step % checkpoint_every == 0 or step == train_steps
+                    saved = keeper.manager.latest_checkpoint if just_saved else keeper.save(step)
+                raise TrainingInterrupted(stop.received, step, saved)
         return step
 
     def replica_gradients(self, batches):

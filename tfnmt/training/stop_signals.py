@@ -1,0 +1,63 @@
+"""Ctrl-C (SIGINT) and SIGTERM (what `kill`, Kubernetes and Slurm send before killing a job)
+during training: the loop finishes its update, saves a checkpoint of it and stops, instead of
+dying with up to --checkpoint_every updates unsaved.
+
+    with StopSignals() as stop:
+        trainer(iterator, train_steps, keeper=keeper, stop=stop)  # raises TrainingInterrupted
+
+A second signal acts as it would have without this (Ctrl-C: KeyboardInterrupt), so a user who
+does not want to wait for the save can still stop at once. Only the main thread can install
+signal handlers; elsewhere, and for a signal the process ignores (a background job's SIGINT),
+nothing changes.
+"""
+import signal
+import threading
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TrainingInterrupted(Exception):
+    """A stop signal ended training after an update, which was saved.
+
+    Attributes:
+      signum: the signal's number (the process exits with 128 + signum, as a shell reports it).
+      step: the last applied update.
+      checkpoint: the checkpoint that holds it, or None where nothing was saved.
+    """
+
+    def __init__(self, signum, step, checkpoint):
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        saved = f", saved in {checkpoint}" if checkpoint else ""
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step:,d}"
+                         f"{saved}; run the same command to resume")
+
+
+class StopSignals:
+    """A context manager recording the first SIGINT or SIGTERM in `received` (its number;
+    None before), so the training loop can stop cleanly at its next update."""
+
+    def __init__(self, signals=SIGNALS):
+        self.signals = signals
+        self.received = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.signals:
+                handler = signal.getsignal(signum)
+                if handler is not signal.SIG_IGN:
+                    self._previous[signum] = signal.signal(signum, self._record)
+        return self
+
+    def _record(self, signum, frame):
+        self.received = self.received or signum
+        self._restore()  # a second signal acts as before
+
+    def _restore(self):
+        for signum, handler in self._previous.items():  # None: a handler not set from Python
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        self._previous = {}
+
+    def __exit__(self, *exc_info):
+        self._restore()
+        return False
