@@ -59,16 +59,16 @@ def refuse_checkpoint_search_flags():
                                  f"export.py built it (export.py --{name})")
 
 
-def check_output_path(path, flag="output"):
-    """Raises app.UsageError (one line, before any work) for a file path that cannot be
+def check_output_path(path):
+    """Raises app.UsageError (one line, before any work) for an --output path that cannot be
     written: a directory, or in a directory that is missing or not writable."""
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise app.UsageError(f"--{flag} {path}: is a directory, not a file")
+        raise app.UsageError(f"--output {path}: is a directory, not a file")
     if not os.path.isdir(directory):
-        raise app.UsageError(f"--{flag} {path}: directory {directory} does not exist")
+        raise app.UsageError(f"--output {path}: directory {directory} does not exist")
     if not os.access(directory, os.W_OK):
-        raise app.UsageError(f"--{flag} {path}: directory {directory} is not writable")
+        raise app.UsageError(f"--output {path}: directory {directory} is not writable")
 
 
 def _parse_flags(argv):
