@@ -64,8 +64,8 @@ def bucket_batch_sizes(boundaries, batch_tokens):
     """
     longest = boundaries[-1] - 1
     if batch_tokens < longest:
-        raise BatchingError(f"batch_tokens={batch_tokens} cannot hold one pair of the maximum "
-                         f"length {longest}; raise batch_tokens or lower max_length")
+        raise BatchingError(f"batch_tokens={batch_tokens} cannot hold one pair of the "
+                            f"maximum length {longest}; raise batch_tokens or lower max_length")
     sizes = [max(1, batch_tokens // (edge - 1)) for edge in boundaries]
     return sizes + [sizes[-1]]
 

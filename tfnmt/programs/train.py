@@ -361,9 +361,10 @@ def main(argv):
         raise app.UsageError(str(error))
     t = settings["train"]
     if t.get("early_stopping") and not t.get("eval_every"):  # it would never stop
+        default = "" if FLAGS["eval_every"].present else " (the preset's default)"
         raise app.UsageError(f"--early_stopping={t['early_stopping']} counts dev evaluations "
-                             "during the run, and --eval_every is 0 (the preset's default "
-                             "here): give --eval_every")
+                             f"during the run, and --eval_every is 0{default}: give "
+                             "--eval_every")
     strategy = distribute.make_strategy(FLAGS.strategy)
     fast_ops.set_plain_ops(FLAGS.plain_ops)
     print(f"memory allocator: {cli.ALLOCATOR}; CPU kernels: {cli.KERNELS}"
