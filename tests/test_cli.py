@@ -32,9 +32,9 @@ def test_read_lines_splits_at_newlines_only_and_drops_a_byte_order_mark(tmp_path
     ("export.py", "--version=-1", "--version must be >= 0"),
 ])
 def test_bad_decoding_flags_fail_fast(program, flag, message, tmp_path):
-    # Refused in one line before any model is read (evaluate.py translated nothing with a
-    # negative batch size and scored empty translations; export.py wrote a version "-1",
-    # which TF Serving and --export do not read).
+    # Refused in one line before any model is read: unchecked, a negative batch size would
+    # translate nothing and score empty translations, and a version "-1" is a directory TF
+    # Serving and --export do not read.
     from helpers import python
 
     result = python(program, f"--model_dir={tmp_path}", flag, timeout=60)

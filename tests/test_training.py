@@ -528,8 +528,8 @@ def test_bad_flags_fail_fast(flag, message, tmp_path):
 
 def test_a_max_length_no_training_pair_fits_is_refused_before_the_run_starts(
         small_corpus, train_data, tmp_path):
-    # Every pair dropped by the length filter: one line (the run used to wait for a first
-    # batch forever), and no settings.json, so the same model_dir takes a larger --max_length.
+    # Every pair dropped by the length filter: one line (a run would wait for a first batch
+    # forever), and no settings.json, so the same model_dir takes a larger --max_length.
     model_dir = tmp_path / "run"
     result = python(*train_flags(small_corpus, train_data, str(model_dir), max_length=4),
                     timeout=120)
