@@ -95,3 +95,19 @@ def test_a_restart_plans_from_the_new_pace(restart_seconds):
     freeze = max(30.0, restart_seconds + 6.0)
     at_freeze = first + 5 * (freeze - restart_seconds)
     assert budget.planned == pytest.approx(at_freeze + 5 * (60 - freeze) * 0.98, abs=3)
+
+
+def test_a_resumed_run_plans_what_is_left_of_the_budget():
+    # 16 s of a minute were spent before the stop; the resumed run goes at 4 updates/s from
+    # step 200. Its plans count from 16 s, not from 0, and the plan stays at half the minute.
+    clock = Clock()
+    budget = TrainingBudget(1.0, first_step=200, spent_seconds=16.0, clock=clock)
+    assert budget.elapsed() == 16.0
+    plans = run(budget, clock, 0.25, 200, first=200)
+    # Settled after 30 updates (23.5 s), a pace at 40 (26 s): 34 s left at 4 updates/s.
+    assert plans[0] == (240, 240 + int(4 * 34 * 0.98))
+    # Frozen at the first check from 30 s on: step 260, 31 s, 29 s left.
+    assert budget.frozen and plans[-1] == (260, 260 + int(4 * 29 * 0.98))
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="spent_seconds"):
+            TrainingBudget(1.0, spent_seconds=bad)

@@ -80,6 +80,57 @@ def test_a_good_state_file_is_left_alone(tmp_path, caplog):
     assert "rebuilt" not in caplog.text and open(tmp_path / "checkpoint").read() == before
 
 
+class StoppedClockBudget:
+    """What a keeper reads of a `TrainingBudget`."""
+
+    def __init__(self, seconds, frozen):
+        self.seconds, self.frozen = seconds, frozen
+
+    def elapsed(self):
+        return self.seconds
+
+
+def test_checkpoints_hold_the_training_seconds_of_a_plan_still_revised(tmp_path):
+    # A resumed time-budgeted run goes on planning from the seconds saved with its checkpoint:
+    # none without a budget, none once the plan stays, none in a checkpoint without the value.
+    directory = str(tmp_path / "budget")
+    model, optimizer = new_model()
+    keeper = CheckpointKeeper(directory, model, optimizer, keep=5)
+    keeper.save(1)
+    keeper.budget = StoppedClockBudget(61.25, frozen=False)
+    keeper.save(2)
+    keeper.budget.frozen = True
+    keeper.save(3)
+
+    def restored_from(*names):
+        """A keeper's restore from copies of checkpoints: `names` are (new number, old name)."""
+        target = tmp_path / "restore"
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir()
+        for new, old in names:
+            for path in tf.io.gfile.glob(os.path.join(directory, f"{old}.*")):
+                shutil.copy(path, target / os.path.basename(path).replace(old, f"ckpt-{new}"))
+        reader = CheckpointKeeper(str(target), *new_model())
+        return reader, os.path.basename(reader.restore())
+
+    assert [restored_from((1, "ckpt-1"))[0].restored_budget_seconds,
+            restored_from((2, "ckpt-2"))[0].restored_budget_seconds,
+            restored_from((2, "ckpt-2"), (3, "ckpt-3"))[0].restored_budget_seconds] == \
+        [None, 61.25, None]
+    # Written before checkpoints held the value: none, also when a newer checkpoint that holds
+    # it fails to read back first.
+    tf.train.Checkpoint(model=model, optimizer=optimizer).write(os.path.join(directory, "old"))
+    copies = [(4, "old"), (5, "ckpt-2")]
+    reader, name = restored_from(*copies)
+    assert name == "ckpt-5" and reader.restored_budget_seconds == 61.25
+    data = tf.io.gfile.glob(str(tmp_path / "restore" / "ckpt-5.data-*"))[0]
+    with open(data, "r+b") as damaged:  # the newest one's data file ends early
+        damaged.truncate(os.path.getsize(data) // 2)
+    reader = CheckpointKeeper(str(tmp_path / "restore"), *new_model())
+    assert os.path.basename(reader.restore()) == "ckpt-4"
+    assert reader.restored_budget_seconds is None
+
+
 def model_dir_with_checkpoints(tiny_model_dir, tmp_path, steps):
     model_dir = tmp_path / "model"
     model_dir.mkdir()

@@ -5,7 +5,9 @@ precision and what else the machine does. `TrainingBudget` measures the pace as 
 and plans the last update from it: first once the first `settle_steps` updates (tracing, first
 kernels) are behind it, then again at every call until `freeze_fraction` of the budget has
 passed, each time from the pace of the later half of the training time so far. From then on the
-plan stays. Dev evaluations are not training time (`pause`). With a schedule that decays to
+plan stays. Dev evaluations are not training time (`pause`). A run stopped before its plan
+stayed goes on planning when resumed, for what is left of the budget (`spent_seconds`, saved
+with each checkpoint by `trainer.CheckpointKeeper`). With a schedule that decays to
 zero at the last update (`schedule.LinearDecaySchedule`), the run moves that end with each plan;
 while the warm-up lasts (800 updates in the `cpu` preset) the plan does not change the rate yet.
 """
@@ -18,6 +20,7 @@ class TrainingBudget:
     Args:
       minutes: the training time (> 0).
       first_step: the optimizer's step when the run starts (its updates so far count as done).
+      spent_seconds: training seconds a resumed run had already spent of the budget.
       settle_steps: updates before the first plan.
       freeze_fraction: the share of the budget after which the plan stays.
       margin: the share of the remaining time left unplanned (the last checkpoint, slower
@@ -30,11 +33,14 @@ class TrainingBudget:
       planned = budget.plan(step)  # None, or the new last update
     """
 
-    def __init__(self, minutes, first_step=0, settle_steps=30, freeze_fraction=0.5,
-                 margin=0.02, interval=10, clock=time.monotonic):
+    def __init__(self, minutes, first_step=0, spent_seconds=0.0, settle_steps=30,
+                 freeze_fraction=0.5, margin=0.02, interval=10, clock=time.monotonic):
         if minutes <= 0:
             raise ValueError(f"minutes must be positive, got {minutes}")
+        if not spent_seconds >= 0:
+            raise ValueError(f"spent_seconds must be >= 0, got {spent_seconds}")
         self.seconds = 60.0 * minutes
+        self.spent_seconds = float(spent_seconds)
         self.first_step, self.settle_steps = int(first_step), int(settle_steps)
         self.interval = int(interval)
         self.freeze_fraction, self.margin, self.clock = freeze_fraction, margin, clock
@@ -46,8 +52,9 @@ class TrainingBudget:
         self.freeze_after = freeze_fraction * self.seconds  # training seconds
 
     def elapsed(self):
-        """Training seconds so far (evaluations left out)."""
-        return self.clock() - self.start - self.paused
+        """Training seconds so far, a resumed run's earlier ones included (evaluations left
+        out)."""
+        return self.spent_seconds + self.clock() - self.start - self.paused
 
     def pause(self, seconds):
         """Leaves `seconds` (a dev evaluation) out of the training time."""

@@ -188,10 +188,16 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         return _chief_decides(strategy, is_chief, best.should_stop)
 
     stats = TrainingStats(t["train_steps"], first_step, train_writer, log)
-    # A time budget plans the run's length in a run that starts here; a resumed one keeps the
-    # length saved with its settings.
-    budget = TrainingBudget(t["train_minutes"], first_step) \
-        if t.get("train_minutes") and not restored else None
+    # A time budget plans the run's length in a run that starts here, and goes on planning in
+    # a run resumed before its plan stayed; otherwise the length saved with the settings holds.
+    spent = keeper.restored_budget_seconds if restored else 0.0
+    budget = TrainingBudget(t["train_minutes"], first_step, spent_seconds=spent) \
+        if t.get("train_minutes") and spent is not None and first_step < t["train_steps"] \
+        else None
+    keeper.budget = budget
+    if restored and budget is not None:
+        log(f"resumed within the time budget: {spent / 60:.2f} of {t['train_minutes']:g} "
+            "minutes trained; planning the rest from this run's pace")
 
     configured_warmup = t["warmup_steps"]
     dropout_start = _dropout_start(model, settings, manifest, first_step)

@@ -15,6 +15,9 @@ from tfnmt.training.stop_signals import TrainingInterrupted
 SUM = tf.distribute.ReduceOp.SUM
 # fp16 loss scaling halves the scale at each skipped update: this many in a row is divergence.
 MAX_SKIPPED_IN_A_ROW = 64
+# A checkpoint's budget_seconds when no time budget is being planned.
+NO_BUDGET = -1.0
+BUDGET_KEY = "budget_seconds/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 class TrainingError(RuntimeError):
@@ -239,6 +242,10 @@ class CheckpointKeeper:
     directory first (state file, interrupted saves): use it as the directory's one writer
     (experiment.run holds a DirectoryLock).
 
+    A checkpoint also holds `budget_seconds`: the training seconds spent of a time budget
+    (`budget.TrainingBudget`) whose plan was still being revised at the save, else -1 (no
+    budget, or its plan stays), so that a resumed run can go on planning from there.
+
     Args:
       directory: the checkpoint directory.
       model, optimizer: what a checkpoint holds.
@@ -253,16 +260,27 @@ class CheckpointKeeper:
             logging.warning("%s", repair)
         for path in remove_interrupted_saves(directory):
             logging.warning("removed %s, left by an interrupted save", path)
+        self.budget, self.restored_budget_seconds = None, None
+        self.budget_seconds = tf.Variable(NO_BUDGET, dtype=tf.float64, trainable=False)
+        # Read without budget_seconds, so that checkpoints written before they held it match.
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=keep,
+        saved = tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                    budget_seconds=self.budget_seconds)
+        self.manager = tf.train.CheckpointManager(saved, directory, max_to_keep=keep,
                                                   step_counter=optimizer.iterations,
                                                   checkpoint_name="ckpt")
 
     def restore(self):
-        """Restores the newest good checkpoint; returns its path, or None to start fresh."""
+        """Restores the newest good checkpoint; returns its path, or None to start fresh.
+        `restored_budget_seconds` is then its training seconds of a time budget still being
+        planned, else None (no budget, its plan stayed, or a checkpoint without the value)."""
         for path in reversed(self.manager.checkpoints):
             try:
                 self.checkpoint.read(path).assert_existing_objects_matched().expect_partial()
+                reader = tf.train.load_checkpoint(path)
+                seconds = float(reader.get_tensor(BUDGET_KEY)) \
+                    if reader.has_tensor(BUDGET_KEY) else NO_BUDGET
+                self.restored_budget_seconds = seconds if seconds >= 0 else None
                 return path
             except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as error:
                 logging.warning("checkpoint %s does not read back (%s); trying the previous one",
@@ -273,7 +291,8 @@ class CheckpointKeeper:
         return None
 
     def save(self, step):
-        """Saves a checkpoint.
+        """Saves a checkpoint, with the training seconds of `self.budget` if its plan is
+        still being revised.
 
         Args:
           step: its number (the optimizer's update count).
@@ -281,6 +300,8 @@ class CheckpointKeeper:
         Returns:
           The checkpoint's path.
         """
+        revising = self.budget is not None and not self.budget.frozen
+        self.budget_seconds.assign(self.budget.elapsed() if revising else NO_BUDGET)
         return self.manager.save(checkpoint_number=step)
 
 
