@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes, load_model
+from tfnmt.checkpoints import (ModelDirError, candidate_checkpoints, checkpoint_prefixes,
+                               load_model)
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
 from tfnmt.training.schedule import paper_adam
@@ -160,6 +161,26 @@ def test_models_load_from_the_newest_checkpoint_that_reads_back(tiny_model_dir, 
     os.remove(os.path.join(checkpoints, "ckpt-1.index"))
     with pytest.raises(ModelDirError, match="no checkpoint of .* reads back"):
         load_model(model_dir)
+
+
+def test_auto_passes_over_an_average_older_than_the_run(tmp_path):
+    # A run averaged at update 20, then resumed to 40 with --average_last=0: the average is
+    # not the model any more. `auto` (export.py, translate.py, evaluate.py, the end-of-run
+    # report, --init_from) takes the best, then the latest; "averaged" still names it.
+    for directory, numbers in (("checkpoints", (30, 40)), ("averaged", (20,)),
+                               ("best", (35,))):
+        os.makedirs(tmp_path / directory)
+        for n in numbers:
+            (tmp_path / directory / f"ckpt-{n}.index").write_bytes(b"")
+    names = lambda which: [os.path.relpath(p, tmp_path) for p in
+                           candidate_checkpoints(str(tmp_path), which)]
+    assert names("auto") == ["best/ckpt-35", "checkpoints/ckpt-40", "checkpoints/ckpt-30"]
+    assert names("averaged") == ["averaged/ckpt-20"]
+    # Averaged again at the run's last update: that average comes first, the old one not.
+    (tmp_path / "averaged" / "ckpt-40.index").write_bytes(b"")
+    assert names("auto") == ["averaged/ckpt-40", "best/ckpt-35", "checkpoints/ckpt-40",
+                             "checkpoints/ckpt-30"]
+    assert names("averaged") == ["averaged/ckpt-40", "averaged/ckpt-20"]
 
 
 def test_an_export_given_as_model_dir_is_named_as_one(tmp_path):

@@ -37,6 +37,11 @@ def checkpoint_prefixes(directory, name="ckpt"):
     return [os.path.join(directory, f"{name}-{n}") for n in numbers]
 
 
+def _number(prefix):
+    """N of a `<directory>/ckpt-N` prefix."""
+    return int(prefix.rsplit("-", 1)[1])
+
+
 def newest_readable_checkpoint(directory, name="ckpt"):
     """The newest checkpoint that reads back.
 
@@ -198,8 +203,10 @@ def candidate_checkpoints(model_dir, which="auto"):
     Args:
       model_dir: a training directory.
       which: "latest" (the run's checkpoints, newest first), "averaged", "best" (the one
-        with the best dev metric), "auto" (averaged ones, then the best, then the latest
-        ones) or a checkpoint path prefix.
+        with the best dev metric), "auto" (averaged ones made at the run's newest update, then
+        the best, then the latest ones) or a checkpoint path prefix. An average made before
+        the run was resumed and trained on without averaging is older than the model: "auto"
+        passes over it.
 
     Returns:
       Checkpoint prefixes, best first.
@@ -214,8 +221,9 @@ def candidate_checkpoints(model_dir, which="auto"):
     averaged = checkpoint_prefixes(os.path.join(model_dir, AVERAGED))[::-1]
     best = [p for p in [best_checkpoint(os.path.join(model_dir, BEST))] if p]
     latest = checkpoint_prefixes(os.path.join(model_dir, CHECKPOINTS))[::-1]
+    current = [p for p in averaged if not latest or _number(p) >= _number(latest[0])]
     paths = {"averaged": averaged, "best": best, "latest": latest,
-             "auto": averaged + best + latest}[which]
+             "auto": current + best + latest}[which]
     if not paths:
         raise ModelDirError(f"{model_dir} has no {which} checkpoint")
     return paths
@@ -226,7 +234,8 @@ def load_model(model_dir, which="auto"):
 
     Args:
       model_dir: a directory `train.py` wrote.
-      which: "auto" (the averaged checkpoint if any, else the best, else the newest),
+      which: "auto" (the averaged checkpoint of the newest update if any, else the best,
+        else the newest),
         "latest", "averaged", "best", or a checkpoint path prefix. The first candidate
         that reads back is used.
 

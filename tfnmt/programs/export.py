@@ -30,8 +30,8 @@ from tfnmt.paths import CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory (settings.json, "
                     "spm.model, checkpoints/, averaged/, best/).")
-flags.DEFINE_string("checkpoint", "auto", "'auto' (the averaged checkpoint if there is one, "
-                    "else the best, else the latest), 'latest', 'averaged', 'best' (best dev "
+flags.DEFINE_string("checkpoint", "auto", "'auto' (the averaged checkpoint of the newest "
+                    "update if there is one, else the best, else the latest), 'latest', 'averaged', 'best' (best dev "
                     "metric), or a checkpoint path prefix.")
 flags.DEFINE_enum("format", "saved_model", ["saved_model", "ctranslate2"], "saved_model: for "
                   "TensorFlow Serving (default); ctranslate2: for the CTranslate2 engine.")

@@ -31,8 +31,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Training directory to translate with.")
 flags.DEFINE_string("export", None, "SavedModel version directory, or an export_dir (newest "
                     "version); beam settings are the export's own.")
-flags.DEFINE_string("checkpoint", "auto", "With --model_dir: auto (averaged, else best, else "
-                    "latest) | latest | averaged | best | a checkpoint path.")
+flags.DEFINE_string("checkpoint", "auto", "With --model_dir: auto (averaged at the newest update, "
+                    "else best, else latest) | latest | averaged | best | a checkpoint path.")
 flags.DEFINE_string("input", "-", "Input file, one sentence per line ('-': stdin).")
 flags.DEFINE_string("output", "-", "Output file ('-': stdout).")
 flags.DEFINE_integer("beam_size", 4, "With --model_dir: beam size.")
