@@ -1,6 +1,7 @@
 """train.py --init_from: fine-tuning a trained model on new data in a new model_dir."""
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -107,6 +108,39 @@ def test_continued_optimizer_and_refusals(source, small_corpus, train_data, tmp_
                                init_from=source, init_optimizer="true"))
     assert late.returncode == 1
     assert "the continued optimizer is at step 30 already" in late.stderr
+
+
+def test_a_continued_optimizer_past_the_presets_length_trains_for_a_time(source, small_corpus,
+                                                                          train_data, tmp_path):
+    # --train_minutes plans the run from the continued step on. The preset's --train_steps
+    # (800 for tiny) stands in until the first plan; a source beyond it was refused, naming a
+    # --train_steps the command did not give and could not give with --train_minutes.
+    import tensorflow as tf
+
+    late_source = tmp_path / "late_source"
+    os.makedirs(late_source / "checkpoints")
+    for name in ("settings.json", "spm.model"):
+        shutil.copy(os.path.join(source, name), late_source)
+    settings = json.load(open(late_source / "settings.json"))
+    model, optimizer, _ = experiment._build(settings, tf.distribute.get_strategy(), "none")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    checkpoint.read(os.path.join(source, "checkpoints", "ckpt-30")) \
+        .assert_existing_objects_matched()
+    optimizer.iterations.assign(900)
+    checkpoint.write(str(late_source / "checkpoints" / "ckpt-900"))
+    result = python(*train_flags(small_corpus, train_data, str(tmp_path / "run"),
+                                 train_steps=None, train_minutes=0.05, lr_decay="linear",
+                                 log_every=10, eval_every=0, average_last=0, test_report="false",
+                                 init_from=str(late_source), init_optimizer="true"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "with its optimizer at step 900" in result.stdout
+    planned = int(re.search(r"^planned ([\d,]+) updates for 0.05 minutes", result.stdout,
+                            re.M)[1].replace(",", ""))
+    assert planned >= 940  # 30 updates to settle, then a pace
+    rates = [float(r) for r in re.findall(r"^step +\d+/\d+ \| loss \S+ \| lr (\S+) ",
+                                          result.stdout, re.M)]
+    assert rates[0] > 0 and rates[-1] == 0.0  # trained from the first update, decayed to the plan
+    assert f"step {planned:6d}/{planned} |" in result.stdout
 
 
 def test_sources_that_cannot_start_a_run(source, tmp_path):

@@ -140,7 +140,7 @@ flags.DEFINE_string("init_from", None, "Start a new --model_dir from this traine
                     "(its best weights: averaged, else best, else newest) or checkpoint prefix, "
                     "with its model and vocabulary: fine-tuning on new data.")
 flags.DEFINE_bool("init_optimizer", False, "With --init_from: also continue its optimizer "
-                  "(Adam moments and step, so the schedule goes on; --train_steps counts from "
+                  "(Adam moments and step, so the schedule goes on; --train_steps must exceed "
                   "its step). Default false: a fresh optimizer and schedule.")
 # Bookkeeping.
 flags.DEFINE_integer("log_every", 50, "Steps between progress lines and train summaries.")

@@ -143,7 +143,13 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         log(f"initialised from {source['checkpoint']}" +
             (f" with its optimizer at step {step}" if source["optimizer"] else
              " with a fresh optimizer"))
-        if step >= t["train_steps"]:
+        if step >= t["train_steps"] and t.get("train_minutes"):
+            # A time budget plans the run's end from this step on; until its first plan the
+            # run's length counts from here too.
+            t["train_steps"] += step
+            if hasattr(schedule, "set_plan"):
+                schedule.set_plan(t["train_steps"])
+        elif step >= t["train_steps"]:
             raise SettingsError(f"--train_steps={t['train_steps']}: the continued optimizer is "
                                 f"at step {step} already; give a larger --train_steps")
     else:
