@@ -541,6 +541,8 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--cpu_devices=2", "--cpu_devices=2 splits the CPU for --strategy=mirrored"),
     ("--early_stopping=3", "--early_stopping=3 counts dev evaluations during the run, and "
      "--eval_every is 0"),
+    ("--average_last=20", "--average_last=20 averages the last 20 checkpoints, and "
+     "--keep_checkpoints=5 keeps 5: raise --keep_checkpoints"),
 ])
 def test_bad_flags_fail_fast(flag, message, tmp_path):
     result = python("train.py", f"--model_dir={tmp_path}", *flag.split(), timeout=60)

@@ -162,8 +162,9 @@ flags.DEFINE_string("alpha", "auto", "Length penalty of beam search for this mod
                     f"dev at the end among {', '.join(map(str, ALPHA_GRID))}; a number fixes "
                     "it.")
 flags.DEFINE_integer("average_last", 0, "Average the last N checkpoints at the end (paper: 5 "
-                     "for base, 20 for big, near convergence; 0 or 1: no averaging). Off for the "
-                     "short default run: averaging a still-improving model lowers its BLEU.")
+                     "for base, 20 for big, near convergence; at most --keep_checkpoints; 0 or "
+                     "1: no averaging). Off for the short default run: averaging a "
+                     "still-improving model lowers its BLEU.")
 
 MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_dropout",
                "ffn_dropout", "activation", "num_encoder_layers", "num_decoder_layers",
@@ -365,6 +366,11 @@ def main(argv):
         raise app.UsageError(f"--early_stopping={t['early_stopping']} counts dev evaluations "
                              f"during the run, and --eval_every is 0{default}: give "
                              "--eval_every")
+    if t.get("average_last", 0) > t["keep_checkpoints"]:  # it would average fewer
+        raise app.UsageError(f"--average_last={t['average_last']} averages the last "
+                             f"{t['average_last']} checkpoints, and --keep_checkpoints="
+                             f"{t['keep_checkpoints']} keeps {t['keep_checkpoints']}: raise "
+                             "--keep_checkpoints")
     strategy = distribute.make_strategy(FLAGS.strategy)
     fast_ops.set_plain_ops(FLAGS.plain_ops)
     print(f"memory allocator: {cli.ALLOCATOR}; CPU kernels: {cli.KERNELS}"
