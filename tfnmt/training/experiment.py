@@ -197,9 +197,9 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     # A time budget plans the run's length in a run that starts here, and goes on planning in
     # a run resumed before its plan stayed; otherwise the length saved with the settings holds.
     spent = keeper.restored_budget_seconds if restored else 0.0
+    trains = first_step < t["train_steps"] and not best.should_stop
     budget = TrainingBudget(t["train_minutes"], first_step, spent_seconds=spent) \
-        if t.get("train_minutes") and spent is not None and first_step < t["train_steps"] \
-        else None
+        if t.get("train_minutes") and spent is not None and trains else None
     keeper.budget = budget
     if restored and budget is not None:
         log(f"resumed within the time budget: {spent / 60:.2f} of {t['train_minutes']:g} "
