@@ -85,7 +85,8 @@ def main(argv):
     from tfnmt.data.tokenizer import Tokenizer
 
     with open(os.path.join(FLAGS.model_dir, paths.SETTINGS)) as f:
-        data = json.load(f)["data"]
+        settings = json.load(f)
+    data, max_length = settings["data"], settings["model"]["max_length"]
     pairs = list(read_corpus(data["dataset"], FLAGS.split,
                              (data.get("files") or {}).get(FLAGS.split), data.get("tfds_data_dir")))
     pairs = pairs[:FLAGS.limit] if FLAGS.limit else pairs
@@ -112,7 +113,8 @@ def main(argv):
     for weights in FLAGS.ctranslate2:
         name = f"ctranslate2_{weights}_beam4"
         translate = load_ctranslate2(export_ctranslate2(FLAGS.model_dir,
-                                                        os.path.join(scratch, name), weights))
+                                                        os.path.join(scratch, name), weights),
+                                     max_length)
         time_translator(result, name, translate, sources, references, tokenizer)
     result["rss_gib_exports_loaded"] = round(rss_bytes() / 2 ** 30, 2)
     result["peak_rss_gib"] = round(peak_rss_bytes() / 2 ** 30, 2)
@@ -158,8 +160,9 @@ def export_ctranslate2(model_dir, export_dir, weights):
     return export_dir
 
 
-def load_ctranslate2(path):
-    """A CTranslate2 model directory as str [B] -> (translations tensor [B], scores [B])."""
+def load_ctranslate2(path, max_length):
+    """A CTranslate2 model directory as str [B] -> (translations tensor [B], scores [B]), within
+    the model's `max_length` positions (a longer source truncated, as the SavedModel does)."""
     import ctranslate2
     import sentencepiece
     import tensorflow as tf
@@ -171,7 +174,8 @@ def load_ctranslate2(path):
     def translate(sentences):
         results = translator.translate_batch(
             [processor.encode(s, out_type=str) for s in sentences], beam_size=4,
-            length_penalty=0.6, max_batch_size=len(sentences), return_scores=True)
+            length_penalty=0.6, max_batch_size=len(sentences), return_scores=True,
+            max_input_length=max_length, max_decoding_length=max_length)
         translations = [processor.decode(r.hypotheses[0]) for r in results]
         return tf.constant(translations, tf.string), [r.scores[0] for r in results]
     return translate

@@ -121,6 +121,27 @@ def test_ctranslate2_greedy_and_beam_find_the_models_translations(which, request
     np.testing.assert_allclose([r.scores[0] for r in beam], beam_scores.numpy()[:, 0], atol=1e-3)
 
 
+def test_ctranslate2_translates_long_sources_within_the_models_positions(prenorm_export):
+    # The model has positions 0..max_length-1 (64 learned rows here). CTranslate2's defaults
+    # (inputs up to 1,024 tokens) fail on a longer source; with max_input_length=max_length it
+    # keeps max_length - 1 pieces and EOS, as the SavedModel truncates, and finds the model's
+    # greedy translation of them. max_decoding_length=max_length stays within the positions.
+    model, proto, path = prenorm_export
+    processor = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    pieces = processor.encode(" ".join(SOURCES * 8), out_type=str)
+    assert len(pieces) > model.max_length
+    translator = ctranslate2.Translator(path, device="cpu", compute_type="float32")
+    with pytest.raises(RuntimeError, match="No position encodings are defined for positions"):
+        translator.translate_batch([pieces], beam_size=1)
+    kept = [processor.piece_to_id(p) for p in pieces[:model.max_length - 1]] + [EOS_ID]
+    greedy_ids, _ = greedy_decode(model, np.array([kept], np.int32), max_length=model.max_length)
+    result = translator.translate_batch([pieces], beam_size=1, min_decoding_length=0,
+                                        max_input_length=model.max_length,
+                                        max_decoding_length=model.max_length)
+    assert result[0].hypotheses[0] == [processor.id_to_piece(int(i)) for i in
+                                       greedy_ids.numpy()[0] if i not in (PAD_ID, EOS_ID)]
+
+
 def test_quantized_export_and_refusals(cli_export, tmp_path):
     model, proto, _ = cli_export
     out = export_ctranslate2(model, proto, str(tmp_path / "int8"), quantization="int8")

@@ -18,8 +18,14 @@ config, as tfnmt adds it):
   sp = sentencepiece.SentencePieceProcessor(model_file="runs/de-en/ctranslate2/spm.model")
   translator = ctranslate2.Translator("runs/de-en/ctranslate2", compute_type="int8")
   results = translator.translate_batch([sp.encode(s, out_type=str) for s in sentences],
-                                       beam_size=4, length_penalty=0.6)
+                                       beam_size=4, length_penalty=0.6,
+                                       max_input_length=256, max_decoding_length=256)
   translations = [sp.decode(r.hypotheses[0]) for r in results]
+
+256 is the model's max_length (`--max_length`, 256 by default): its positions. CTranslate2's
+default limits (1,024 input tokens) end in an error on a longer source ("No position encodings
+are defined for positions >= 256"); max_input_length=max_length keeps max_length - 1 pieces and
+the end-of-sentence, as the SavedModel truncates.
 
 CTranslate2 computes the model's log-probabilities (tests/test_ctranslate2_export.py) and its
 greedy translations. Its beam search differs in two ways: it normalises scores by

@@ -143,7 +143,9 @@ def export_ctranslate2(model, vocab, path):
     except (ctranslate2_export.CTranslate2ExportError, OSError) as error:
         print(f"export.py: nothing published: {str(error).splitlines()[0]}", file=sys.stderr)
         return 1
-    print(f"exported {path} to {final} (CTranslate2, weights in {quantization or 'float32'})")
+    print(f"exported {path} to {final} (CTranslate2, weights in {quantization or 'float32'}); "
+          f"translate with max_input_length={model.max_length} and max_decoding_length="
+          f"{model.max_length}: the model has {model.max_length} positions")
 
 
 def run():
