@@ -409,11 +409,34 @@ def test_a_time_budget_plans_the_run_and_a_resumed_run_keeps_the_plan(small_corp
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(checkpoints))
     assert int(reader.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == steps
     assert float(reader.get_tensor("budget_seconds/.ATTRIBUTES/VARIABLE_VALUE")) == -1.0
+    # TensorBoard's HParams tab shows a run's first settings only: the model_dir holds one
+    # event file of them, with the planned length (not the tiny preset's 800 it started with).
+    assert hparams(model_dir)["train.train_steps"] == steps
     again = python("train.py", f"--model_dir={model_dir}", f"--data_dir={train_data}",
                    "--alpha=0.6")
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout and f"at step {steps}" in again.stdout
     assert "planned" not in again.stdout and "planning" not in again.stdout
+    assert hparams(model_dir)["train.train_steps"] == steps
+
+
+def hparams(model_dir):
+    """{name: value} of the settings TensorBoard's HParams tab shows for a model_dir, from its
+    own event files (which must hold one set)."""
+    from tensorboard.plugins.hparams import metadata
+
+    found = []
+    for name in os.listdir(model_dir):
+        if name.startswith("events.out.tfevents"):
+            for event in tf.compat.v1.train.summary_iterator(os.path.join(model_dir, name)):
+                for value in event.summary.value:
+                    if value.tag == metadata.SESSION_START_INFO_TAG:
+                        info = metadata.parse_session_start_info_plugin_data(
+                            value.metadata.plugin_data.content)
+                        found.append({k: getattr(v, v.WhichOneof("kind"))
+                                      for k, v in info.hparams.items()})
+    assert len(found) == 1, found
+    return found[0]
 
 
 def test_late_dropout_starts_at_its_epoch_and_a_resumed_run_at_the_same_update(

@@ -238,6 +238,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
                 ("" if budget.frozen else " (revised until half that time has passed)"))
             if is_chief:  # a run resumed after this keeps this length
                 write_json(os.path.join(model_dir, SETTINGS), settings)
+                if budget.frozen:  # TensorBoard's settings: the planned length, warm-up, rate
+                    write_hparams(model_dir, settings)
 
     if best.should_stop:
         step = first_step

@@ -48,7 +48,9 @@ def write_scalars(values, step):
 
 def write_hparams(model_dir, settings):
     """Writes the run's settings for TensorBoard's HParams tab (runs compared by their settings
-    and their metrics/ scalars), in an event file of the model_dir itself.
+    and their metrics/ scalars), in an event file of the model_dir itself, replacing the one
+    written before: TensorBoard shows a run's first settings only, and they change (a time
+    budget's plan, a resumed run's --train_steps).
 
     Args:
       model_dir: the run's directory.
@@ -60,6 +62,9 @@ def write_hparams(model_dir, settings):
               for key, value in sorted((settings.get(section) or {}).items())
               if isinstance(value, (bool, int, float, str))}
     values["preset"] = settings.get("preset") or ""
+    # The model_dir's own event files hold these settings only (summaries go to train/, eval/).
+    for old in tf.io.gfile.glob(os.path.join(model_dir, "events.out.tfevents.*")):
+        tf.io.gfile.remove(old)
     with tf.summary.create_file_writer(model_dir).as_default() as writer:
         hparams_api.hparams(values, trial_id=os.path.basename(os.path.abspath(model_dir)))
         writer.flush()
