@@ -31,8 +31,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory (settings.json, "
                     "spm.model, checkpoints/, averaged/, best/).")
 flags.DEFINE_string("checkpoint", "auto", "'auto' (the averaged checkpoint of the newest "
-                    "update if there is one, else the best, else the latest), 'latest', 'averaged', 'best' (best dev "
-                    "metric), or a checkpoint path prefix.")
+                    "update if there is one, else the best, else the latest), 'latest', "
+                    "'averaged', 'best' (best dev metric), or a checkpoint path prefix.")
 flags.DEFINE_enum("format", "saved_model", ["saved_model", "ctranslate2"], "saved_model: for "
                   "TensorFlow Serving (default); ctranslate2: for the CTranslate2 engine.")
 flags.DEFINE_string("export_dir", None, "Where versions are written (default <model_dir>/export); "
