@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tfnmt.checkpoints import (ModelDirError, candidate_checkpoints, checkpoint_prefixes,
                                load_model)
+from tfnmt.inference.loading import latest_export
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
 from tfnmt.training.schedule import paper_adam
@@ -199,3 +200,23 @@ def test_an_export_given_as_model_dir_is_named_as_one(tmp_path):
         with pytest.raises(ModelDirError) as error:
             load_model(str(path))
         assert str(error.value) == f"{path} holds no trained model (no settings.json)"
+    # A CTranslate2 model where a training directory or an export belongs, and a training
+    # directory given as an export.
+    ct2 = tmp_path / "ctranslate2"
+    ct2.mkdir()
+    for name in ("model.bin", "config.json", "spm.model"):
+        (ct2 / name).write_bytes(b"")
+    ct2_hint = ("it is a CTranslate2 model: ctranslate2.Translator reads it, not tfnmt's "
+                "programs (docs/serving.md)")
+    with pytest.raises(ModelDirError) as error:
+        load_model(str(ct2))
+    assert str(error.value) == f"{ct2} holds no trained model (no settings.json); {ct2_hint}"
+    training = tmp_path / "run"
+    training.mkdir()
+    (training / "settings.json").write_text("{}")
+    for path, hint in ((ct2, ct2_hint),
+                       (training, "it is a training directory: give it as --model_dir")):
+        with pytest.raises(FileNotFoundError) as error:
+            latest_export(str(path))
+        assert str(error.value) == \
+            f"{path} holds no SavedModel and no numbered version of one; {hint}"

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tfnmt.data import vocabulary
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS, is_export
+from tfnmt.paths import AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS, other_kind
 
 
 class ModelDirError(ValueError):
@@ -249,9 +249,9 @@ def load_model(model_dir, which="auto"):
     """
     settings_path = os.path.join(model_dir, SETTINGS)
     if not os.path.exists(settings_path):
-        hint = ("; it is a SavedModel export: translate.py and evaluate.py read it with --export"
-                if is_export(model_dir) else "")
-        raise ModelDirError(f"{model_dir} holds no trained model (no {SETTINGS}){hint}")
+        hint = other_kind(model_dir)
+        raise ModelDirError(f"{model_dir} holds no trained model (no {SETTINGS})"
+                            + (f"; {hint}" if hint else ""))
     with open(settings_path) as f:
         settings = json.load(f)
     try:

@@ -24,3 +24,21 @@ def is_export(path):
     names = os.listdir(path) if os.path.isdir(path) else []
     candidates = [path] + [os.path.join(path, name) for name in names if name.isdigit()]
     return any(os.path.exists(os.path.join(c, "saved_model.pb")) for c in candidates)
+
+
+def is_ctranslate2(path):
+    """Whether `path` is a CTranslate2 model directory (export.py --format=ctranslate2)."""
+    return all(os.path.exists(os.path.join(path, name)) for name in ("model.bin", "config.json"))
+
+
+def other_kind(path):
+    """What a directory given in the wrong place is, for the error: "it is ...", or "" when it
+    is none of tfnmt's kinds."""
+    if is_export(path):
+        return "it is a SavedModel export: translate.py and evaluate.py read it with --export"
+    if is_ctranslate2(path):
+        return ("it is a CTranslate2 model: ctranslate2.Translator reads it, not tfnmt's "
+                "programs (docs/serving.md)")
+    if os.path.exists(os.path.join(path, SETTINGS)):
+        return "it is a training directory: give it as --model_dir"
+    return ""

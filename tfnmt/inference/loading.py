@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from tfnmt.inference.saved_model import next_version
 from tfnmt.inference.serving import TranslationModule
+from tfnmt.paths import other_kind
 
 
 def latest_export(path):
@@ -21,7 +22,9 @@ def latest_export(path):
         return path
     version = next_version(path) - 1
     if version < 1:
-        raise FileNotFoundError(f"{path} holds no SavedModel and no numbered version of one")
+        hint = other_kind(path)
+        raise FileNotFoundError(f"{path} holds no SavedModel and no numbered version of one"
+                                + (f"; {hint}" if hint else ""))
     return os.path.join(path, str(version))
 
 

@@ -19,7 +19,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli  # noqa: E402
-from tfnmt.paths import DEFAULT_MODEL_DIR, SETTINGS, is_export  # noqa: E402
+from tfnmt.paths import DEFAULT_MODEL_DIR, SETTINGS, is_export, other_kind  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory: its checkpoints "
@@ -63,7 +63,8 @@ def _split_pairs(model_dir, split):
     settings_path = os.path.join(model_dir, SETTINGS)
     if not os.path.exists(settings_path):
         advice = ("it is a SavedModel export: give it as --export, with --source and --reference"
-                  if is_export(model_dir) else "give --model_dir, or --source and --reference")
+                  if is_export(model_dir) else other_kind(model_dir)
+                  or "give --model_dir, or --source and --reference")
         raise app.UsageError(f"{model_dir} holds no trained model (no {SETTINGS}); {advice}")
     with open(settings_path) as f:
         data = json.load(f)["data"]
