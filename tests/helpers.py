@@ -16,6 +16,18 @@ def python(script, *args, env=None, timeout=300, cwd=ROOT):
                           env=environment, timeout=timeout, capture_output=True, text=True)
 
 
+def started(script, *args):
+    """An entry point started in a fresh process (stdout and stderr piped, text), with Ctrl-C's
+    SIGINT acting as at a terminal: a test runner started in the background (`cmd &` in a
+    script) has it ignored, and its children would inherit that."""
+    import signal
+
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
 def train_flags(small_corpus, train_data, model_dir, **overrides):
     """train.py's command line for a tiny run on the small corpus (train_data: its prepared
     records, or None to prepare them in the model_dir)."""

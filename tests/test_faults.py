@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import ROOT, python, train_flags
+from helpers import ROOT, python, started, train_flags
 from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes, load_model,
                                newest_readable_checkpoint)
 from tfnmt.data import records
@@ -303,9 +303,7 @@ def test_ctrl_c_saves_the_update_training_stopped_after(small_corpus, train_data
     model_dir = str(tmp_path / "run")
     flags = train_flags(small_corpus, train_data, model_dir, train_steps=100000, log_every=3,
                         checkpoint_every=1000, eval_every=0, average_last=0, test_report="false")
-    process = subprocess.Popen([sys.executable, os.path.join(ROOT, flags[0]), *flags[1:]],
-                               cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                               text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = started(*flags)
     try:
         for line in process.stdout:  # the loop is running once it logs
             if line.startswith("step "):

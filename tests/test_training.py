@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import ROOT, python, teacher_forced_log_prob, train_flags
+from helpers import ROOT, python, started, teacher_forced_log_prob, train_flags
 from tfnmt import cpu_kernels, fast_ops
 from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes
 from tfnmt.data import records
@@ -376,9 +376,7 @@ def test_a_time_budget_plans_the_run_and_a_resumed_run_keeps_the_plan(small_corp
                         train_minutes=0.25, lr_decay="linear", warmup_steps=5, log_every=10,
                         checkpoint_every=1000, eval_every=0, bleu_sentences=2,
                         average_last=0, test_report="false")
-    process = subprocess.Popen([sys.executable, os.path.join(ROOT, flags[0]), *flags[1:]],
-                               cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-                               text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = started(*flags)
     try:
         for line in process.stdout:  # the first plan, revised until 7.5 s of training
             if line.startswith(("planning ", "planned ")):
