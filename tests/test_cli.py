@@ -1,25 +1,5 @@
-"""tfnmt/cli.py: what the entry points share."""
+"""The entry points' command lines: what they refuse before any work."""
 import pytest
-
-from tfnmt import cli
-
-
-def test_read_lines_splits_at_newlines_only_and_drops_a_byte_order_mark(tmp_path):
-    path = tmp_path / "in.txt"
-    text = "\ufeffa\u2028b\r\nc\x0cd\x85e\r\n\r\n\ufefff\rg"
-    path.write_bytes(text.encode("utf-8"))
-    # Only the first three bytes are a byte order mark; U+FEFF later is text.
-    assert cli.read_lines(str(path)) == ["a\u2028b", "c\x0cd\x85e", "", "\ufefff\rg"]
-    path.write_bytes(b"")
-    assert cli.read_lines(str(path)) == []
-    path.write_bytes(b"\n")
-    assert cli.read_lines(str(path)) == [""]
-    # Invalid UTF-8: an error at its byte in the file (the mark counted), or U+FFFD.
-    path.write_bytes(b"\xef\xbb\xbfok\nbad \xff\n")
-    with pytest.raises(UnicodeDecodeError) as error:
-        cli.read_lines(str(path))
-    assert (error.value.start, error.value.reason) == (10, "invalid start byte")
-    assert cli.read_lines(str(path), errors="replace") == ["ok", "bad \ufffd"]
 
 
 @pytest.mark.parametrize("program, flag, message", [
@@ -60,12 +40,15 @@ def test_evaluate_py_refuses_an_output_it_could_not_write_before_translating(tmp
     (tmp_path / "ref.en").write_text("This is a house.\n")
     for output, reason in ((tmp_path / "missing" / "out.en",
                             f"directory {tmp_path / 'missing'} does not exist"),
-                           (tmp_path, "is a directory, not a file")):
+                           (tmp_path, "is a directory, not a file"),
+                           (tmp_path / "ref.en", "is the --reference file, which writing the "
+                                                 "output would overwrite")):
         result = python("evaluate.py", f"--model_dir={tmp_path / 'no_model'}",
                         f"--source={tmp_path / 'src.de'}", f"--reference={tmp_path / 'ref.en'}",
                         f"--output={output}", timeout=60)
         assert result.returncode == 1
         assert result.stderr.strip().splitlines()[-1] == f"evaluate.py: --output {output}: {reason}"
+    assert (tmp_path / "ref.en").read_text() == "This is a house.\n"
 
 
 @pytest.mark.parametrize("program", ["translate.py", "evaluate.py"])
@@ -100,3 +83,25 @@ def test_translate_py_flags_that_would_be_ignored_are_refused(flags, message, tm
     result = python("translate.py", f"--model_dir={tmp_path}", *flags, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == f"translate.py: {message}"
+
+
+@pytest.mark.parametrize("case", ["input", "target_prefix", "count"])
+def test_translate_py_refuses_what_would_lose_data_before_any_work(case, tmp_path):
+    # Output is written window by window while input is read: an --output that is one of the
+    # files being read would be emptied before it is read. Files of unequal line counts are
+    # refused before anything is translated. No file is touched.
+    from helpers import python
+
+    source, prefixes = tmp_path / "in.de", tmp_path / "prefixes.en"
+    source.write_text("Ein Haus.\nZwei Häuser.\n", encoding="utf-8")
+    prefixes.write_text("A\n" if case == "count" else "A\nTwo\n", encoding="utf-8")
+    output = {"input": source, "target_prefix": prefixes, "count": tmp_path / "out.en"}[case]
+    before = {path: path.read_bytes() for path in (source, prefixes)}
+    result = python("translate.py", f"--model_dir={tmp_path / 'model'}", f"--input={source}",
+                    f"--target_prefix={prefixes}", f"--output={output}", timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == "translate.py: " + (
+        "--target_prefix has 1 lines for 2 input lines" if case == "count" else
+        f"--output {output}: is the --{case} file, which writing the output would overwrite")
+    assert {path: path.read_bytes() for path in (source, prefixes)} == before
+    assert not (tmp_path / "out.en").exists()

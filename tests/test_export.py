@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from helpers import teacher_forced_log_prob
+from helpers import started, teacher_forced_log_prob
 from tfnmt import checkpoints
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
@@ -439,6 +439,67 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
     (model_dir / "settings.json").write_text(json_module.dumps(settings))
     error = run("evaluate.py", f"--model_dir={model_dir}", "--split=dev", returncode=1)
     assert "holds no sentence pairs" in error and "Traceback" not in error
+
+
+def test_translate_py_writes_each_window_before_reading_the_next(exported, serving_fn,
+                                                                   small_corpus):
+    # A window is 64 batches: with --batch_size=1, 64 lines. Its translations come out while
+    # stdin is still open (a large file streams in bounded memory, and what is done is on disk
+    # if the run stops), each what the export gives the sentence alone; a reader that goes away
+    # (`| head`) ends the program as it ends Unix tools, without a traceback.
+    with open(small_corpus["dev"], encoding="utf-8") as f:
+        sources = [line.split("\t")[0] for line in f.read().splitlines()[:64]]
+    process = started("translate.py", f"--export={os.path.dirname(exported)}",
+                      "--batch_size=1", stdin=subprocess.PIPE)
+    received = []
+
+    def read():
+        for line in process.stdout:
+            received.append(line)
+            if len(received) == 64:
+                return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    process.stdin.write("".join(s + "\n" for s in sources))
+    process.stdin.flush()
+    reader.join(timeout=240)
+    assert len(received) == 64, process.stderr.read() if process.poll() is not None else ""
+    expected = serving_fn(sentences=tf.constant(sources))["translations"].numpy()
+    assert [line.rstrip("\n") for line in received] == [t.decode() for t in expected]
+    process.stdout.close()  # the reader goes away; the next window's output has nowhere to go
+    process.stdin.write("".join(s + "\n" for s in sources[:3]))
+    process.stdin.close()
+    assert process.wait(timeout=240) == 128 + 13  # SIGPIPE's exit code
+    assert "Traceback" not in process.stderr.read()
+
+
+def test_translate_py_answers_each_line_typed_at_a_terminal(exported, serving_fn):
+    # stdin a terminal (a pseudo-terminal here): each line is translated once entered, without
+    # waiting for a window of lines or the end of input.
+    import pty
+
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "translate.py"),
+         f"--export={os.path.dirname(exported)}"], cwd=ROOT, stdin=terminal,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    os.close(terminal)
+    answers = []
+    reader = threading.Thread(target=lambda: answers.append(process.stdout.readline()))
+    reader.start()
+    try:
+        os.write(controller, "Das ist ein Haus.\n".encode())
+        reader.join(timeout=240)
+        assert answers, "no answer before the end of input"
+        expected = serving_fn(sentences=tf.constant(["Das ist ein Haus."]))["translations"]
+        assert answers[0] == expected.numpy()[0].decode() + "\n"
+        os.write(controller, b"\x04")  # Ctrl-D: the end of input
+        assert process.wait(timeout=120) == 0, process.stderr.read()[-3000:]
+    finally:
+        process.kill()
+        os.close(controller)
 
 
 LOOPS = ("While", "StatelessWhile")

@@ -15,6 +15,7 @@ Shared by all:
   allocator.py    the C memory allocator of the entry points (tcmalloc or tuned glibc)
   cpu_kernels.py  oneDNN's kernels for training on AVX2 CPUs, where TensorFlow leaves them off
   cli.py          what the entry points share
+  text_lines.py   text files of one sentence per line, read and written as they stream
   copy_task.py    the Annotated Transformer's synthetic copy task
 """
 import os

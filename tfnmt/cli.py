@@ -22,34 +22,6 @@ def define_beam_stop_flag(scope=""):
     flags.DEFINE_enum("beam_stop", "finished", ["finished", "bound"], text[0].upper() + text[1:])
 
 
-def read_lines(path, errors="strict"):
-    """A text file's lines as translate.py and evaluate.py read them: UTF-8 (a leading byte
-    order mark, which Windows editors write, dropped), split at "\\n" only (a "\\r" before it
-    dropped). Other line breaks (VT, FF, NEL, U+2028, a lone CR...) stay inside their line, as
-    in the exported graph and in the translations written back, so line i of one file pairs
-    with line i of another.
-
-    Args:
-      path: the file, or "-" for standard input.
-      errors: what invalid UTF-8 does: "strict" raises UnicodeDecodeError, "replace" makes
-        each bad byte U+FFFD (as the exported graph does).
-
-    Returns:
-      The lines, without their line breaks; [] for an empty file.
-    """
-    with (open(path, "rb") if path != "-" else sys.stdin.buffer) as f:
-        data = f.read()
-    start = 3 if data.startswith(b"\xef\xbb\xbf") else 0
-    try:
-        lines = data[start:].decode("utf-8", errors=errors).split("\n")
-    except UnicodeDecodeError as error:  # its position in the file, byte order mark included
-        raise UnicodeDecodeError("utf-8", data, error.start + start, error.end + start,
-                                 error.reason) from None
-    if lines[-1] == "":  # the last line's newline, or no input at all
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
 def refuse_checkpoint_search_flags():
     """Raises app.UsageError for a checkpoint search's flag given with --export (translate.py,
     evaluate.py), which would otherwise be ignored: an export searches as export.py built it."""
@@ -59,9 +31,10 @@ def refuse_checkpoint_search_flags():
                                  f"export.py built it (export.py --{name})")
 
 
-def check_output_path(path):
+def check_output_path(path, inputs=None):
     """Raises app.UsageError (one line, before any work) for an --output path that cannot be
-    written: a directory, or in a directory that is missing or not writable."""
+    written: a directory, or in a directory that is missing or not writable; or one of the
+    files the program reads (`inputs`: {flag name: path or None}), which writing would lose."""
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise app.UsageError(f"--output {path}: is a directory, not a file")
@@ -69,6 +42,11 @@ def check_output_path(path):
         raise app.UsageError(f"--output {path}: directory {directory} does not exist")
     if not os.access(directory, os.W_OK):
         raise app.UsageError(f"--output {path}: directory {directory} is not writable")
+    for flag, input_path in (inputs or {}).items():
+        if input_path not in (None, "-") and os.path.exists(path) and \
+                os.path.exists(input_path) and os.path.samefile(path, input_path):
+            raise app.UsageError(f"--output {path}: is the --{flag} file, which writing the "
+                                 "output would overwrite")
 
 
 def _parse_flags(argv):

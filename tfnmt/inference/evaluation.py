@@ -12,6 +12,33 @@ from tfnmt.inference.decoding import greedy_decode
 from tfnmt.training.losses import masked_accuracy_sum, masked_loss_sum
 
 
+def in_length_order(process, items, batch_size=32, length=len):
+    """Applies `process` to batches of items of similar length (less padding), in order of
+    length; returns its outputs in item order.
+
+    Args:
+      process: a function list of items [B] -> one output per item.
+      items: a list.
+      batch_size: items per call.
+      length: an item's length, for batching.
+
+    Returns:
+      A list: the output of items[i] at i.
+
+    Raises:
+      ValueError: batch_size < 1.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    order = sorted(range(len(items)), key=lambda i: length(items[i]))
+    outputs = [None] * len(items)
+    for start in range(0, len(order), batch_size):
+        index = order[start:start + batch_size]
+        for i, output in zip(index, process([items[i] for i in index]), strict=True):
+            outputs[i] = output
+    return outputs
+
+
 def translate_lines(translate_batch, lines, batch_size=32, length=len):
     """Translates sentences in batches of similar length.
 
@@ -27,16 +54,11 @@ def translate_lines(translate_batch, lines, batch_size=32, length=len):
     Raises:
       ValueError: batch_size < 1.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    order = sorted(range(len(lines)), key=lambda i: length(lines[i]))
-    results = [""] * len(lines)
-    for start in range(0, len(order), batch_size):
-        index = order[start:start + batch_size]
-        translations, _ = translate_batch([lines[i] for i in index])
-        for i, text in zip(index, translations.numpy()):
-            results[i] = text.decode("utf-8")
-    return results
+    def texts(batch):
+        translations, _ = translate_batch(batch)
+        return [text.decode("utf-8") for text in translations.numpy()]
+
+    return in_length_order(texts, lines, batch_size, length)
 
 
 def loss_sums_function(model, label_smoothing=0.1):

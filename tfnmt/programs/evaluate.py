@@ -18,7 +18,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags, logging  # noqa: E402
 
-from tfnmt import cli  # noqa: E402
+from tfnmt import cli, text_lines  # noqa: E402
 from tfnmt.paths import DEFAULT_MODEL_DIR, SETTINGS, is_export, other_kind  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -49,7 +49,7 @@ flags.register_validator("alpha", lambda v: v is None or v >= 0, "--alpha must b
 
 def _read_lines(path, flag):
     try:
-        return cli.read_lines(path)
+        return text_lines.read_lines(path)
     except UnicodeDecodeError as error:
         raise app.UsageError(f"--{flag}={path}: not UTF-8 text ({error.reason} at byte "
                              f"{error.start})")
@@ -113,7 +113,8 @@ def main(argv):
     if FLAGS.export:
         cli.refuse_checkpoint_search_flags()
     if FLAGS.output:  # written after translating: refused before, not after that work
-        cli.check_output_path(FLAGS.output)
+        cli.check_output_path(FLAGS.output, {"source": FLAGS.source,
+                                             "reference": FLAGS.reference})
     if FLAGS.hypotheses:
         references = _read_lines(FLAGS.reference, "reference")
         hypotheses = _read_lines(FLAGS.hypotheses, "hypotheses")
@@ -132,8 +133,9 @@ def main(argv):
     from tfnmt.inference.evaluation import corpus_scores
 
     if FLAGS.output:
-        with open(FLAGS.output, "w", encoding="utf-8") as f:
-            f.writelines(h.replace("\n", " ") + "\n" for h in hypotheses)
+        output = text_lines.LineWriter(FLAGS.output)
+        output.write(hypotheses)
+        output.close()
     scores = corpus_scores(hypotheses, references, ter=True, signatures=True)
     if FLAGS.json:
         print(json.dumps(dict(scores, sentences=len(references), scored=what)))

@@ -1,8 +1,10 @@
 """Translate text with a trained model (checkpoint) or an exported SavedModel.
 
 One sentence per line (a line ends at LF or CRLF only), from a file or stdin, to stdout or a
-file, one output line per input line; sentences are batched by length for speed and written
-back in input order.
+file, one output line per input line, in input order. Input is read and translated in windows
+of 64 batches (sentences sorted by length within each, for speed), each written out as soon as
+it is done, so a large file streams in bounded memory; typed into a terminal, each line is
+translated as it is entered.
 
   echo "Das ist ein Haus." | python translate.py --model_dir=runs/de-en
   python translate.py --export=runs/de-en/export --input=test.de --output=test.en
@@ -18,6 +20,7 @@ random sampling (back-translation), and scores of given translations (forced dec
   python translate.py --model_dir=runs/de-en --input=test.de --target_prefix=starts.en
 """
 import os
+import signal
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -25,7 +28,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags, logging  # noqa: E402
 
-from tfnmt import cli  # noqa: E402
+from tfnmt import cli, text_lines  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Training directory to translate with.")
@@ -65,15 +68,9 @@ flags.register_validator("sampling_temperature", lambda v: v > 0,
                          "--sampling_temperature must be positive")
 
 
-def write_lines(path, lines):
-    """One line per item; a line break inside an item becomes a space."""
-    text = "".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines)
-    if path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        with open(path, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+# Sentences are sorted by length within a window of this many batches: enough that batches
+# pad little, few enough that output follows input closely and memory stays bounded.
+WINDOW_BATCHES = 64
 
 
 def check_paths(input_path, output_path):
@@ -87,40 +84,30 @@ def check_paths(input_path, output_path):
         if not os.access(input_path, os.R_OK):
             raise app.UsageError(f"--input {input_path}: not readable")
     if output_path != "-":
-        cli.check_output_path(output_path)
+        cli.check_output_path(output_path, {"input": input_path,
+                                            "score_targets": FLAGS.score_targets,
+                                            "target_prefix": FLAGS.target_prefix})
 
 
-def score_lines(score, sources, targets, batch_size):
-    """(log-probability, length) of each target as a translation of its source, batching
-    pairs of similar source length."""
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    results = [None] * len(sources)
-    for start in range(0, len(order), batch_size):
-        index = order[start:start + batch_size]
-        log_probs, lengths = score([sources[i] for i in index], [targets[i] for i in index])
-        for i, p, n in zip(index, log_probs.numpy().tolist(), lengths.numpy().tolist()):
-            results[i] = (p, n)
-    return results
+def score_lines(score, pairs):
+    """'<log-probability>\t<length>' of each target as a translation of its source."""
+    log_probs, lengths = score([s for s, _ in pairs], [t for _, t in pairs])
+    return [f"{p:.6f}\t{n}" for p, n in zip(log_probs.numpy().tolist(), lengths.numpy().tolist())]
 
 
-def n_best_lines(translate_n_best, lines):
-    """Moses-style n-best lines, --n_best per input line, best first."""
+def n_best_lines(translate_n_best, numbered_lines):
+    """Moses-style n-best lines of (input line number, line) items: a list of --n_best
+    '<number> ||| <translation> ||| <score>' lines per item, best first."""
     import numpy as np
 
-    def one_batch(sentences):  # [B, N] -> the first --n_best of each, flattened
-        translations, scores = translate_n_best(sentences)
-        if translations.shape[1] < FLAGS.n_best:
-            raise app.UsageError(f"the export gives {translations.shape[1]} translations per "
-                                 f"sentence, fewer than --n_best={FLAGS.n_best}")
-        return translations[:, :FLAGS.n_best], scores[:, :FLAGS.n_best]
-
-    out = []
-    for start in range(0, len(lines), FLAGS.batch_size):
-        translations, scores = one_batch(lines[start:start + FLAGS.batch_size])
-        for row, (texts, values) in enumerate(zip(translations.numpy(), np.array(scores))):
-            out += [f"{start + row} ||| {t.decode('utf-8')} ||| {v:.6f}"
-                    for t, v in zip(texts, values)]
-    return out
+    translations, scores = translate_n_best([line for _, line in numbered_lines])  # [B, N]
+    if translations.shape[1] < FLAGS.n_best:
+        raise app.UsageError(f"the export gives {translations.shape[1]} translations per "
+                             f"sentence, fewer than --n_best={FLAGS.n_best}")
+    return [[f"{number} ||| {t.decode('utf-8')} ||| {v:.6f}"
+             for t, v in zip(texts[:FLAGS.n_best], values[:FLAGS.n_best])]
+            for (number, _), texts, values in zip(numbered_lines, translations.numpy(),
+                                                  np.array(scores))]
 
 
 def plot_attention(model_dir, checkpoint, sentence, translation, directory):
@@ -152,6 +139,9 @@ def main(argv):
         raise app.UsageError("give exactly one of --model_dir and --export")
     if FLAGS.plot_attention and not FLAGS.model_dir:
         raise app.UsageError("--plot_attention needs --model_dir (weights come from the model)")
+    if FLAGS.plot_attention and (FLAGS.n_best > 1 or FLAGS.score_targets or FLAGS.target_prefix):
+        raise app.UsageError("--plot_attention plots the first sentence's translation: drop "
+                             "--n_best, --score_targets and --target_prefix")
     sampling = None if FLAGS.sampling_topk is None else {
         "temperature": FLAGS.sampling_temperature, "top_k": FLAGS.sampling_topk,
         "seed": FLAGS.seed}
@@ -177,18 +167,16 @@ def main(argv):
     if FLAGS.target_prefix and (FLAGS.n_best > 1 or FLAGS.score_targets):
         raise app.UsageError("--target_prefix gives one translation per line: drop --n_best "
                              "and --score_targets")
+    paired = {flag: FLAGS[flag].value for flag in ("score_targets", "target_prefix")
+              if FLAGS[flag].value}
+    if FLAGS.input != "-" and paired:
+        expected = text_lines.count_lines(FLAGS.input)
+        for flag, path in paired.items():
+            if (count := text_lines.count_lines(path)) != expected:
+                raise app.UsageError(f"--{flag} has {count} lines for {expected} input lines")
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
-    from tfnmt.inference.evaluation import translate_lines
 
-    lines = cli.read_lines(FLAGS.input, errors="replace")
-    paired = {flag: cli.read_lines(FLAGS[flag].value, errors="replace")
-              for flag in ("score_targets", "target_prefix") if FLAGS[flag].value}
-    for flag, other in paired.items():
-        if len(other) != len(lines):
-            raise app.UsageError(f"--{flag} has {len(other)} lines for {len(lines)} input "
-                                 "lines")
-    targets = paired.get("score_targets")
     try:
         signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
                                              FLAGS.alpha, FLAGS.checkpoint,
@@ -196,30 +184,54 @@ def main(argv):
                                              beam_stop=FLAGS.beam_stop)
     except (ModelDirError, FileNotFoundError, OSError) as error:
         raise app.UsageError(str(error))
-    if targets is not None:
-        if "score" not in signatures:
-            raise app.UsageError(f"{FLAGS.export} has no score signature (export it again)")
-        scores = score_lines(signatures["score"], lines, targets, FLAGS.batch_size)
-        write_lines(FLAGS.output, [f"{p:.6f}\t{n}" for p, n in scores])
-        return
+    for flag, signature in (("score_targets", "score"),
+                            ("target_prefix", "translate_with_prefix")):
+        if flag in paired and signature not in signatures:
+            raise app.UsageError(f"{FLAGS.export} has no {signature} signature (export it "
+                                 "again)")
+    lines = text_lines.iter_lines(FLAGS.input, errors="replace")
+    for flag, path in paired.items():
+        lines = text_lines.paired_lines(lines, path, flag)
+    # A terminal's lines are translated as they are typed.
+    interactive = FLAGS.input == "-" and sys.stdin.isatty()
+    writer, lines_read = text_lines.LineWriter(FLAGS.output), 0
+    try:
+        for window_number, window in enumerate(text_lines.windows(
+                lines, 1 if interactive else FLAGS.batch_size * WINDOW_BATCHES)):
+            output = translate_window(signatures, window, lines_read)
+            writer.write(output)
+            lines_read += len(window)
+            if FLAGS.plot_attention and window_number == 0:
+                plot_attention(FLAGS.model_dir, FLAGS.checkpoint, window[0], output[0],
+                               FLAGS.plot_attention)
+        if lines_read == 0:
+            writer.write([])  # no input: an empty output file
+    except BrokenPipeError:  # the reader went away (`| head`): stop as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+    finally:
+        writer.close()
+
+
+def translate_window(signatures, window, first_number):
+    """The output lines of a window of input lines (of (line, paired line) pairs with
+    --score_targets or --target_prefix) that starts at input line `first_number`."""
+    from tfnmt.inference.evaluation import in_length_order, translate_lines
+
+    if FLAGS.score_targets:
+        return in_length_order(lambda pairs: score_lines(signatures["score"], pairs), window,
+                               FLAGS.batch_size, length=lambda pair: len(pair[0]))
     if FLAGS.n_best > 1:
-        write_lines(FLAGS.output, n_best_lines(signatures["translate_n_best"], lines))
-        return
-    if "target_prefix" in paired:
-        if "translate_with_prefix" not in signatures:
-            raise app.UsageError(f"{FLAGS.export} has no translate_with_prefix signature "
-                                 "(export it again)")
+        numbered = list(enumerate(window, first_number))
+        return [line for item_lines in in_length_order(
+            lambda batch: n_best_lines(signatures["translate_n_best"], batch), numbered,
+            FLAGS.batch_size, length=lambda item: len(item[1])) for line in item_lines]
+    if FLAGS.target_prefix:
         translate = signatures["translate_with_prefix"]
-        write_lines(FLAGS.output, translate_lines(
+        return translate_lines(
             lambda pairs: translate([s for s, _ in pairs], [p for _, p in pairs]),
-            list(zip(lines, paired["target_prefix"])), FLAGS.batch_size,
-            length=lambda pair: len(pair[0])))
-        return
-    translations = translate_lines(signatures["serving_default"], lines, FLAGS.batch_size)
-    write_lines(FLAGS.output, translations)
-    if FLAGS.plot_attention and lines:
-        plot_attention(FLAGS.model_dir, FLAGS.checkpoint, lines[0], translations[0],
-                       FLAGS.plot_attention)
+            window, FLAGS.batch_size, length=lambda pair: len(pair[0]))
+    return translate_lines(signatures["serving_default"], window, FLAGS.batch_size)
 
 
 def run():

@@ -1,0 +1,102 @@
+"""tfnmt/text_lines.py: the line files translate.py and evaluate.py read and write."""
+import itertools
+
+import numpy as np
+import pytest
+from absl import app
+
+from tfnmt import text_lines
+
+
+def whole_file_lines(data, errors):
+    """The reference: decode the whole file at once, then split at "\\n"."""
+    start = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+    lines = data[start:].decode("utf-8", errors=errors).split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def test_read_lines_splits_at_newlines_only_and_drops_a_byte_order_mark(tmp_path):
+    path = tmp_path / "in.txt"
+    text = "\ufeffa\u2028b\r\nc\x0cd\x85e\r\n\r\n\ufefff\rg"
+    path.write_bytes(text.encode("utf-8"))
+    # Only the first three bytes are a byte order mark; U+FEFF later is text.
+    assert text_lines.read_lines(str(path)) == ["a\u2028b", "c\x0cd\x85e", "", "\ufefff\rg"]
+    for data, lines in ((b"", []), (b"\n", [""]), (b"\xef\xbb\xbf", []),
+                        (b"\xef\xbb\xbf\n", [""]), (b"a\r", ["a"])):
+        path.write_bytes(data)
+        assert text_lines.read_lines(str(path)) == lines, data
+    # Invalid UTF-8: an error at its byte in the file (the mark counted), or U+FFFD.
+    path.write_bytes(b"\xef\xbb\xbfok\nbad \xff\n")
+    with pytest.raises(UnicodeDecodeError) as error:
+        text_lines.read_lines(str(path))
+    assert (error.value.start, error.value.reason) == (10, "invalid start byte")
+    assert text_lines.read_lines(str(path), errors="replace") == ["ok", "bad \ufffd"]
+
+
+def test_lines_read_one_at_a_time_are_the_whole_files_lines(tmp_path):
+    # Random files of line breaks, byte order marks, multi-byte and invalid UTF-8 (a sequence
+    # cut by a line break among them) against decoding the whole file at once.
+    pieces = [b"\n", b"\r\n", b"\r", b"a", b"\xef\xbb\xbf", "ä".encode(), "€".encode(),
+              b"\xc3", b"\xe2\x82", b"\xff", b" "]
+    rng = np.random.default_rng(0)
+    path = tmp_path / "in.txt"
+    for _ in range(300):
+        data = b"".join(pieces[i] for i in rng.integers(len(pieces), size=rng.integers(12)))
+        path.write_bytes(data)
+        expected = whole_file_lines(data, "replace")
+        assert text_lines.read_lines(str(path), errors="replace") == expected, data
+        assert text_lines.count_lines(str(path)) == len(expected), data
+        try:
+            expected = whole_file_lines(data, "strict")
+        except UnicodeDecodeError as error:
+            with pytest.raises(UnicodeDecodeError) as raised:
+                text_lines.read_lines(str(path))
+            mark = 3 if data.startswith(b"\xef\xbb\xbf") else 0  # the offset is in the file
+            assert (raised.value.start, raised.value.reason) == (error.start + mark,
+                                                                 error.reason), data
+        else:
+            assert text_lines.read_lines(str(path)) == expected, data
+
+
+def test_windows_take_from_their_source_only_what_they_give():
+    taken = []
+
+    def source():
+        for i in range(7):
+            taken.append(i)
+            yield i
+
+    windows = text_lines.windows(source(), 3)
+    assert next(windows) == [0, 1, 2] and taken == [0, 1, 2]
+    assert list(windows) == [[3, 4, 5], [6]]
+    assert list(text_lines.windows([], 3)) == []
+
+
+@pytest.mark.parametrize("other, message", [
+    (["x", "y"], "--target_prefix has 2 lines, fewer than the input"),
+    (["x", "y", "z", "w"], "--target_prefix has more lines than the input's 3"),
+])
+def test_paired_lines_of_unequal_files_end_in_a_usage_error(other, message, tmp_path):
+    path = tmp_path / "prefixes.en"
+    path.write_text("".join(line + "\n" for line in other), encoding="utf-8")
+    pairs = text_lines.paired_lines(iter(["a", "b", "c"]), str(path), "target_prefix")
+    # The pairs before the end are given (their output is written) before the error.
+    assert list(itertools.islice(pairs, 2)) == [("a", "x"), ("b", "y")]
+    with pytest.raises(app.UsageError, match=message):
+        list(pairs)
+    path.write_text("x\ny\nz\n", encoding="utf-8")
+    assert list(text_lines.paired_lines(["a", "b", "c"], str(path), "target_prefix")) == [
+        ("a", "x"), ("b", "y"), ("c", "z")]
+
+
+def test_line_writer_creates_its_file_at_the_first_write_and_flushes_each(tmp_path):
+    path = tmp_path / "out.en"
+    writer = text_lines.LineWriter(str(path))
+    assert not path.exists()
+    writer.write(["a\nb", "c\r\nd"])  # a line break inside a line would misalign the file
+    assert path.read_text(encoding="utf-8") == "a b\nc  d\n"
+    writer.write(["e"])
+    assert path.read_text(encoding="utf-8") == "a b\nc  d\ne\n"
+    writer.close()

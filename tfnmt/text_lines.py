@@ -1,0 +1,93 @@
+"""Text files of one sentence per line, as translate.py and evaluate.py read and write them."""
+import itertools
+import sys
+
+from absl import app
+
+
+def iter_lines(path, errors="strict"):
+    """A text file's lines as translate.py and evaluate.py read them, one at a time as they
+    arrive: UTF-8 (a leading byte order mark, which Windows editors write, dropped), split at
+    "\\n" only (a "\\r" before it dropped). Other line breaks (VT, FF, NEL, U+2028, a lone
+    CR...) stay inside their line, as in the exported graph and in the translations written
+    back, so line i of one file pairs with line i of another.
+
+    Args:
+      path: the file, or "-" for standard input.
+      errors: what invalid UTF-8 does: "strict" raises UnicodeDecodeError (its `start`: the
+        byte's offset in the file), "replace" makes each bad byte U+FFFD (as the exported
+        graph does).
+
+    Yields:
+      The lines, without their line breaks; none for an empty file.
+    """
+    f = open(path, "rb") if path != "-" else sys.stdin.buffer
+    try:
+        offset = 0  # of the line in the file
+        for number, raw in enumerate(f):  # binary files split at b"\n" only
+            start = 3 if number == 0 and raw.startswith(b"\xef\xbb\xbf") else 0
+            if start == len(raw):  # a file of a byte order mark only: no line
+                return
+            try:  # with its line break, which ends an invalid sequence as in the whole file
+                line = raw[start:].decode("utf-8", errors=errors)
+            except UnicodeDecodeError as error:
+                raise UnicodeDecodeError("utf-8", raw, offset + start + error.start,
+                                         offset + start + error.end, error.reason) from None
+            line = line[:-1] if line.endswith("\n") else line
+            yield line[:-1] if line.endswith("\r") else line
+            offset += len(raw)
+    finally:
+        if f is not sys.stdin.buffer:
+            f.close()
+
+
+def read_lines(path, errors="strict"):
+    """All of iter_lines(path, errors), a list."""
+    return list(iter_lines(path, errors))
+
+
+class LineWriter:
+    """Writes lines to a file or stdout ("-"), one per item, flushed after each call; a line
+    break inside an item becomes a space. The file is created at the first write, so a run that
+    fails before translating anything leaves an existing file alone."""
+
+    def __init__(self, path):
+        self.path, self.file = path, None
+
+    def write(self, lines):
+        text = "".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines)
+        if self.file is None:
+            self.file = (sys.stdout if self.path == "-" else
+                         open(self.path, "w", encoding="utf-8", newline="\n"))
+        self.file.write(text)
+        self.file.flush()
+
+    def close(self):
+        if self.file is not None and self.file is not sys.stdout:
+            self.file.close()
+
+
+def windows(items, size):
+    """Lists of `size` consecutive items (the last one shorter), taken as they come."""
+    items = iter(items)
+    while window := list(itertools.islice(items, size)):
+        yield window
+
+
+def count_lines(path):
+    """Lines of a file as iter_lines reads them."""
+    return sum(1 for _ in iter_lines(path, errors="replace"))
+
+
+def paired_lines(lines, path, flag):
+    """(line, line of `path`) pairs; a UsageError where one file ends before the other (checked
+    before any work where both are files)."""
+    other, count = iter_lines(path, errors="replace"), 0
+    for line in lines:
+        paired = next(other, None)
+        if paired is None:
+            raise app.UsageError(f"--{flag} has {count} lines, fewer than the input")
+        yield line, paired
+        count += 1
+    if next(other, None) is not None:
+        raise app.UsageError(f"--{flag} has more lines than the input's {count}")
