@@ -497,6 +497,7 @@ def test_translate_py_answers_each_line_typed_at_a_terminal(exported, serving_fn
         assert answers[0] == expected.numpy()[0].decode() + "\n"
         os.write(controller, b"\x04")  # Ctrl-D: the end of input
         assert process.wait(timeout=120) == 0, process.stderr.read()[-3000:]
+        assert "translate.py: type a sentence per line (Ctrl-D ends)" in process.stderr.read()
     finally:
         process.kill()
         os.close(controller)

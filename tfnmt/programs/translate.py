@@ -194,6 +194,8 @@ def main(argv):
         lines = text_lines.paired_lines(lines, path, flag)
     # A terminal's lines are translated as they are typed.
     interactive = FLAGS.input == "-" and sys.stdin.isatty()
+    if interactive:
+        print("translate.py: type a sentence per line (Ctrl-D ends)", file=sys.stderr)
     writer, lines_read = text_lines.LineWriter(FLAGS.output), 0
     try:
         for window_number, window in enumerate(text_lines.windows(
