@@ -471,7 +471,8 @@ def test_translate_py_writes_each_window_before_reading_the_next(exported, servi
     process.stdin.write("".join(s + "\n" for s in sources[:3]))
     process.stdin.close()
     assert process.wait(timeout=240) == 128 + 13  # SIGPIPE's exit code
-    assert "Traceback" not in process.stderr.read()
+    errors = process.stderr.read()
+    assert "Traceback" not in errors and "translate.py: 64 lines (" in errors  # progress
 
 
 def test_translate_py_answers_each_line_typed_at_a_terminal(exported, serving_fn):

@@ -22,6 +22,7 @@ random sampling (back-translation), and scores of given translations (forced dec
 import os
 import signal
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -169,11 +170,10 @@ def main(argv):
                              "and --score_targets")
     paired = {flag: FLAGS[flag].value for flag in ("score_targets", "target_prefix")
               if FLAGS[flag].value}
-    if FLAGS.input != "-" and paired:
-        expected = text_lines.count_lines(FLAGS.input)
-        for flag, path in paired.items():
-            if (count := text_lines.count_lines(path)) != expected:
-                raise app.UsageError(f"--{flag} has {count} lines for {expected} input lines")
+    total = text_lines.count_lines(FLAGS.input) if FLAGS.input != "-" else None
+    for flag, path in paired.items():
+        if total is not None and (count := text_lines.count_lines(path)) != total:
+            raise app.UsageError(f"--{flag} has {count} lines for {total} input lines")
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
 
@@ -196,13 +196,15 @@ def main(argv):
     interactive = FLAGS.input == "-" and sys.stdin.isatty()
     if interactive:
         print("translate.py: type a sentence per line (Ctrl-D ends)", file=sys.stderr)
-    writer, lines_read = text_lines.LineWriter(FLAGS.output), 0
+    window_size = 1 if interactive else FLAGS.batch_size * WINDOW_BATCHES
+    writer, lines_read, start = text_lines.LineWriter(FLAGS.output), 0, time.monotonic()
     try:
-        for window_number, window in enumerate(text_lines.windows(
-                lines, 1 if interactive else FLAGS.batch_size * WINDOW_BATCHES)):
+        for window_number, window in enumerate(text_lines.windows(lines, window_size)):
             output = translate_window(signatures, window, lines_read)
             writer.write(output)
             lines_read += len(window)
+            if not interactive and len(window) == window_size and lines_read != total:
+                print(progress(lines_read, total, time.monotonic() - start), file=sys.stderr)
             if FLAGS.plot_attention and window_number == 0:
                 plot_attention(FLAGS.model_dir, FLAGS.checkpoint, window[0], output[0],
                                FLAGS.plot_attention)
@@ -213,6 +215,15 @@ def main(argv):
         return 128 + signal.SIGPIPE
     finally:
         writer.close()
+
+
+def progress(lines_read, total, seconds):
+    """A progress line on stderr between windows of a long input (`total`: its line count,
+    None for stdin)."""
+    rate = lines_read / max(seconds, 1e-9)
+    done = f"{lines_read:,} lines" if total is None else (
+        f"{lines_read:,} of {total:,} lines, {(total - lines_read) / rate:.0f} s left")
+    return f"translate.py: {done} ({rate:.1f} lines/s)"
 
 
 def translate_window(signatures, window, first_number):
