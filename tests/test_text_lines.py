@@ -1,5 +1,7 @@
 """tfnmt/text_lines.py: the line files translate.py and evaluate.py read and write."""
+import gzip
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -41,13 +43,15 @@ def test_lines_read_one_at_a_time_are_the_whole_files_lines(tmp_path):
     pieces = [b"\n", b"\r\n", b"\r", b"a", b"\xef\xbb\xbf", "ä".encode(), "€".encode(),
               b"\xc3", b"\xe2\x82", b"\xff", b" "]
     rng = np.random.default_rng(0)
-    path = tmp_path / "in.txt"
+    path, compressed = tmp_path / "in.txt", tmp_path / "in.txt.gz"
     for _ in range(300):
         data = b"".join(pieces[i] for i in rng.integers(len(pieces), size=rng.integers(12)))
         path.write_bytes(data)
         expected = whole_file_lines(data, "replace")
         assert text_lines.read_lines(str(path), errors="replace") == expected, data
         assert text_lines.count_lines(str(path)) == len(expected), data
+        compressed.write_bytes(gzip.compress(data))  # .gz files read as train.py reads them
+        assert text_lines.read_lines(str(compressed), errors="replace") == expected, data
         try:
             expected = whole_file_lines(data, "strict")
         except UnicodeDecodeError as error:
@@ -100,3 +104,30 @@ def test_line_writer_creates_its_file_at_the_first_write_and_flushes_each(tmp_pa
     writer.write(["e"])
     assert path.read_text(encoding="utf-8") == "a b\nc  d\ne\n"
     writer.close()
+
+
+def test_a_damaged_or_mislabelled_gz_is_one_line_naming_the_last_line_read(tmp_path):
+    data = gzip.compress("".join(f"Satz {i}\n" for i in range(20000)).encode())
+    path = tmp_path / "cut.de.gz"
+    path.write_bytes(data[:len(data) // 2])
+    good = 0  # what Python's gzip yields before its error: the reference
+    with gzip.open(path, "rb") as f, pytest.raises(EOFError):
+        for good, _ in enumerate(f, 1):
+            pass
+    assert 0 < good < 20000
+    with pytest.raises(app.UsageError, match=re.escape(f"{path}: unreadable after line "
+                                                       f"{good:,d} (Compressed file ended")):
+        text_lines.read_lines(str(path))
+    path.write_bytes(b"Ein Satz.\n")  # not gzip at all
+    with pytest.raises(app.UsageError, match="unreadable after line 0 .Not a gzipped file"):
+        text_lines.read_lines(str(path))
+
+
+def test_line_writer_compresses_a_gz_output(tmp_path):
+    path = tmp_path / "out.en.gz"
+    writer = text_lines.LineWriter(str(path))
+    writer.write(["a", "b"])
+    writer.write(["c"])
+    writer.close()
+    assert gzip.decompress(path.read_bytes()) == b"a\nb\nc\n"
+    assert text_lines.read_lines(str(path)) == ["a", "b", "c"]

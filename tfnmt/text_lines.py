@@ -1,6 +1,8 @@
 """Text files of one sentence per line, as translate.py and evaluate.py read and write them."""
+import gzip
 import itertools
 import sys
+import zlib
 
 from absl import app
 
@@ -13,15 +15,22 @@ def iter_lines(path, errors="strict"):
     back, so line i of one file pairs with line i of another.
 
     Args:
-      path: the file, or "-" for standard input.
+      path: the file (gzip-compressed where it ends in .gz, as train.py reads corpora), or "-"
+        for standard input.
       errors: what invalid UTF-8 does: "strict" raises UnicodeDecodeError (its `start`: the
-        byte's offset in the file), "replace" makes each bad byte U+FFFD (as the exported
-        graph does).
+        byte's offset in the (uncompressed) file), "replace" makes each bad byte U+FFFD (as
+        the exported graph does).
 
     Yields:
       The lines, without their line breaks; none for an empty file.
+
+    Raises:
+      app.UsageError: a .gz file that is not gzip or is damaged part way, naming the last line
+        read.
     """
-    f = open(path, "rb") if path != "-" else sys.stdin.buffer
+    f = sys.stdin.buffer if path == "-" else (
+        gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb"))
+    number = -1
     try:
         offset = 0  # of the line in the file
         for number, raw in enumerate(f):  # binary files split at b"\n" only
@@ -36,6 +45,8 @@ def iter_lines(path, errors="strict"):
             line = line[:-1] if line.endswith("\n") else line
             yield line[:-1] if line.endswith("\r") else line
             offset += len(raw)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise app.UsageError(f"{path}: unreadable after line {number + 1:,d} ({error})") from None
     finally:
         if f is not sys.stdin.buffer:
             f.close()
@@ -47,8 +58,8 @@ def read_lines(path, errors="strict"):
 
 
 class LineWriter:
-    """Writes lines to a file or stdout ("-"), one per item, flushed after each call; a line
-    break inside an item becomes a space. The file is created at the first write, so a run that
+    """Writes lines to a file (gzip-compressed where it ends in .gz) or stdout ("-"), one per
+    item, flushed after each call; a line break inside an item becomes a space. The file is created at the first write, so a run that
     fails before translating anything leaves an existing file alone."""
 
     def __init__(self, path):
@@ -57,8 +68,9 @@ class LineWriter:
     def write(self, lines):
         text = "".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines)
         if self.file is None:
-            self.file = (sys.stdout if self.path == "-" else
-                         open(self.path, "w", encoding="utf-8", newline="\n"))
+            self.file = sys.stdout if self.path == "-" else (
+                (gzip.open if self.path.endswith(".gz") else open)(
+                    self.path, "wt", encoding="utf-8", newline="\n"))
         self.file.write(text)
         self.file.flush()
 
