@@ -49,6 +49,11 @@ def test_evaluate_py_refuses_an_output_it_could_not_write_before_translating(tmp
         assert result.returncode == 1
         assert result.stderr.strip().splitlines()[-1] == f"evaluate.py: --output {output}: {reason}"
     assert (tmp_path / "ref.en").read_text() == "This is a house.\n"
+    result = python("evaluate.py", f"--hypotheses={tmp_path / 'src.de'}",
+                    f"--reference={tmp_path / 'ref.en'}", f"--output={tmp_path / 'out.en'}",
+                    timeout=60)
+    assert result.returncode == 1 and result.stderr.strip().splitlines()[-1] == (
+        "evaluate.py: --output writes translations, and --hypotheses translates nothing")
 
 
 @pytest.mark.parametrize("program", ["translate.py", "evaluate.py"])

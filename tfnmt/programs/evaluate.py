@@ -110,6 +110,8 @@ def main(argv):
                              "not both")
     if FLAGS.reference and not (FLAGS.source or FLAGS.hypotheses):
         raise app.UsageError("--reference needs --source (to translate) or --hypotheses")
+    if FLAGS.hypotheses and FLAGS.output:
+        raise app.UsageError("--output writes translations, and --hypotheses translates nothing")
     if FLAGS.export:
         cli.refuse_checkpoint_search_flags()
     if FLAGS.output:  # written after translating: refused before, not after that work
