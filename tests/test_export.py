@@ -442,15 +442,19 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
 
 
 def test_translate_py_writes_each_window_before_reading_the_next(exported, serving_fn,
-                                                                   small_corpus):
+                                                                   small_corpus, tmp_path):
     # A window is 64 batches: with --batch_size=1, 64 lines. Its translations come out while
-    # stdin is still open (a large file streams in bounded memory, and what is done is on disk
-    # if the run stops), each what the export gives the sentence alone; a reader that goes away
-    # (`| head`) ends the program as it ends Unix tools, without a traceback.
+    # the input is still open (a large file streams in bounded memory, and what is done is on
+    # disk if the run stops), each what the export gives the sentence alone. The input is a
+    # named pipe, as `--input=<(zcat news.de.gz)` gives: read once, not consumed by a count. A
+    # reader that goes away (`| head`) ends the program as it ends Unix tools, without a
+    # traceback.
     with open(small_corpus["dev"], encoding="utf-8") as f:
         sources = [line.split("\t")[0] for line in f.read().splitlines()[:64]]
+    pipe = tmp_path / "in.de"
+    os.mkfifo(pipe)
     process = started("translate.py", f"--export={os.path.dirname(exported)}",
-                      "--batch_size=1", stdin=subprocess.PIPE)
+                      "--batch_size=1", f"--input={pipe}")
     received = []
 
     def read():
@@ -461,15 +465,15 @@ def test_translate_py_writes_each_window_before_reading_the_next(exported, servi
 
     reader = threading.Thread(target=read)
     reader.start()
-    process.stdin.write("".join(s + "\n" for s in sources))
-    process.stdin.flush()
-    reader.join(timeout=240)
-    assert len(received) == 64, process.stderr.read() if process.poll() is not None else ""
-    expected = serving_fn(sentences=tf.constant(sources))["translations"].numpy()
-    assert [line.rstrip("\n") for line in received] == [t.decode() for t in expected]
-    process.stdout.close()  # the reader goes away; the next window's output has nowhere to go
-    process.stdin.write("".join(s + "\n" for s in sources[:3]))
-    process.stdin.close()
+    with open(pipe, "w", encoding="utf-8") as source:  # opens once translate.py reads it
+        source.write("".join(s + "\n" for s in sources))
+        source.flush()
+        reader.join(timeout=240)
+        assert len(received) == 64, process.stderr.read() if process.poll() is not None else ""
+        expected = serving_fn(sentences=tf.constant(sources))["translations"].numpy()
+        assert [line.rstrip("\n") for line in received] == [t.decode() for t in expected]
+        process.stdout.close()  # the reader goes away: the next window's output has nowhere
+        source.write("".join(s + "\n" for s in sources[:3]))
     assert process.wait(timeout=240) == 128 + 13  # SIGPIPE's exit code
     errors = process.stderr.read()
     assert "Traceback" not in errors and "translate.py: 64 lines (" in errors  # progress

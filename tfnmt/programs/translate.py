@@ -163,16 +163,20 @@ def main(argv):
                              "nothing: drop --n_best and --sampling_topk")
     check_paths(FLAGS.input, FLAGS.output)
     for flag in ("score_targets", "target_prefix"):
-        if FLAGS[flag].value and not os.path.isfile(FLAGS[flag].value):
+        if FLAGS[flag].value and not os.path.exists(FLAGS[flag].value):
             raise app.UsageError(f"--{flag} {FLAGS[flag].value}: file not found")
+        if FLAGS[flag].value and os.path.isdir(FLAGS[flag].value):
+            raise app.UsageError(f"--{flag} {FLAGS[flag].value}: is a directory, not a file")
     if FLAGS.target_prefix and (FLAGS.n_best > 1 or FLAGS.score_targets):
         raise app.UsageError("--target_prefix gives one translation per line: drop --n_best "
                              "and --score_targets")
     paired = {flag: FLAGS[flag].value for flag in ("score_targets", "target_prefix")
               if FLAGS[flag].value}
-    total = text_lines.count_lines(FLAGS.input) if FLAGS.input != "-" else None
+    # Counted before any work where that does not consume them (not a pipe: `<(zcat …)`).
+    total = text_lines.count_lines(FLAGS.input) if os.path.isfile(FLAGS.input) else None
     for flag, path in paired.items():
-        if total is not None and (count := text_lines.count_lines(path)) != total:
+        if total is not None and os.path.isfile(path) and \
+                (count := text_lines.count_lines(path)) != total:
             raise app.UsageError(f"--{flag} has {count} lines for {total} input lines")
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
