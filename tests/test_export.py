@@ -465,7 +465,16 @@ def test_translate_py_writes_each_window_before_reading_the_next(exported, servi
 
     reader = threading.Thread(target=read)
     reader.start()
-    with open(pipe, "w", encoding="utf-8") as source:  # opens once translate.py reads it
+    opened = []  # a pipe opens for writing once translate.py opens it for reading
+    opener = threading.Thread(target=lambda: opened.append(open(pipe, "w", encoding="utf-8")),
+                              daemon=True)
+    opener.start()
+    opener.join(timeout=240)
+    if not opened:  # never opened: free the opener, then say why
+        os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))
+        process.kill()
+        pytest.fail(f"translate.py never read its input: {process.stderr.read()[-3000:]}")
+    with opened[0] as source:
         source.write("".join(s + "\n" for s in sources))
         source.flush()
         reader.join(timeout=240)
