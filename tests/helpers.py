@@ -16,16 +16,15 @@ def python(script, *args, env=None, timeout=300, cwd=ROOT):
                           env=environment, timeout=timeout, capture_output=True, text=True)
 
 
-def started(script, *args, stdin=None):
-    """An entry point started in a fresh process (stdout and stderr piped, text; stdin
-    subprocess.PIPE for a pipe), with Ctrl-C's SIGINT acting as at a terminal: a test runner
-    started in the background (`cmd &` in a script) has it ignored, and its children would
-    inherit that."""
+def started(script, *args):
+    """An entry point started in a fresh process (stdout and stderr piped, text), with Ctrl-C's
+    SIGINT acting as at a terminal: a test runner started in the background (`cmd &` in a
+    script) has it ignored, and its children would inherit that."""
     import signal
 
     return subprocess.Popen([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), text=True,
-                            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
