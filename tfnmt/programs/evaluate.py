@@ -40,7 +40,8 @@ flags.DEFINE_float("alpha", None, "Length penalty exponent (checkpoints only; de
                    "one train.py chose on dev, <model_dir>/decoding.json, else 0.6).")
 cli.define_beam_stop_flag("Checkpoints only: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
-flags.DEFINE_string("output", None, "Also write the translations here, one per line.")
+flags.DEFINE_string("output", None, "Also write the translations here, one per line ('-': "
+                    "stdout, before the scores; .gz: compressed).")
 flags.DEFINE_bool("json", False, "Print one JSON line instead of text.")
 flags.register_validator("batch_size", lambda v: v > 0, "--batch_size must be positive")
 flags.register_validator("beam_size", lambda v: v > 0, "--beam_size must be positive")
