@@ -37,8 +37,9 @@ flags.DEFINE_string("export", None, "SavedModel version directory, or an export_
                     "version); beam settings are the export's own.")
 flags.DEFINE_string("checkpoint", "auto", "With --model_dir: auto (averaged at the newest update, "
                     "else best, else latest) | latest | averaged | best | a checkpoint path.")
-flags.DEFINE_string("input", "-", "Input file, one sentence per line ('-': stdin).")
-flags.DEFINE_string("output", "-", "Output file ('-': stdout).")
+flags.DEFINE_string("input", "-", "Input file, one sentence per line ('-': stdin; .gz: "
+                    "compressed).")
+flags.DEFINE_string("output", "-", "Output file ('-': stdout; .gz: compressed).")
 flags.DEFINE_integer("beam_size", 4, "With --model_dir: beam size.")
 flags.DEFINE_float("alpha", None, "With --model_dir: length penalty exponent (default: the one "
                    "train.py chose on dev, <model_dir>/decoding.json, else 0.6).")
