@@ -651,6 +651,16 @@ def test_export_command_matmul_dtype(tiny_model_dir, tmp_path):
     result = export("--matmul_dtype=float16")
     assert result.returncode != 0 and "matmul_dtype" in result.stderr
     assert os.listdir(tmp_path / "export") == ["1"]
+    # A greedy export needs no --n_best: translate_n_best returns the beam's one hypothesis.
+    result = export("--beam_size=1", "--matmul_dtype=float32", "--parallel_searches=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    import tensorflow_text  # noqa: F401  (the export's tokenizer ops)
+
+    n_best = tf.saved_model.load(str(tmp_path / "export" / "2")).signatures["translate_n_best"]
+    assert n_best.structured_outputs["translations"].shape.as_list() == [None, 1]
+    result = export("--beam_size=2", "--n_best=3")
+    assert result.returncode != 0 and "--n_best must be in [1, --beam_size=2]" in result.stderr
+    assert sorted(os.listdir(tmp_path / "export")) == ["1", "2"]
 
 
 @pytest.mark.parametrize("onednn", [None, "0"])

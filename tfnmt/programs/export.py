@@ -52,7 +52,8 @@ flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtyp
                   "weight matmuls: float32, bfloat16, or auto (default): bfloat16 where the "
                   "serving CPU has native bf16 and times it faster, decided by each server "
                   "process on its first request. For GPUs choose float32 or bfloat16.")
-flags.DEFINE_integer("n_best", 4, "Hypotheses returned by the translate_n_best signature.")
+flags.DEFINE_integer("n_best", None, "Hypotheses returned by the translate_n_best signature, "
+                     "best first, at most --beam_size (default: --beam_size).")
 flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into on a CPU, searched "
                      "at the same time to keep its cores busy; a server with a GPU searches "
                      "one group. Translations are the same. Default 2.")
@@ -77,7 +78,8 @@ SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "beam_stop", "max_decode_le
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if not 1 <= FLAGS.n_best <= FLAGS.beam_size:
+    n_best = FLAGS.beam_size if FLAGS.n_best is None else FLAGS.n_best
+    if not 1 <= n_best <= FLAGS.beam_size:
         raise app.UsageError(f"--n_best must be in [1, --beam_size={FLAGS.beam_size}]")
     if FLAGS.format != "ctranslate2" and FLAGS["quantization"].present:
         raise app.UsageError("--quantization needs --format=ctranslate2")
@@ -113,7 +115,7 @@ def main(argv):
         else length_penalty.default_alpha(FLAGS.model_dir)
     print(f"length penalty {alpha:g} ({source})", flush=True)
     module = TranslationModule(model, vocab, FLAGS.beam_size, alpha,
-                               FLAGS.max_decode_length, FLAGS.n_best,
+                               FLAGS.max_decode_length, n_best,
                                parallel_searches=FLAGS.parallel_searches,
                                matmul_dtype=FLAGS.matmul_dtype, chunk_size=FLAGS.chunk_size,
                                beam_stop=FLAGS.beam_stop)
