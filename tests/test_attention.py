@@ -40,10 +40,16 @@ def test_matches_numpy_reference_with_padding_mask():
     assert np.all(weights.numpy()[1, :, :, 3:] == 0.0)
 
 
-@pytest.mark.parametrize("query_length,per_query_mask", [(1, False), (3, False), (3, True)])
-def test_static_cache_shared_by_groups_of_queries(query_length, per_query_mask):
+@pytest.mark.parametrize("given_groups", [False, True])
+@pytest.mark.parametrize("query_length,per_query_mask",
+                         [(None, False), (1, False), (3, False), (3, True)])
+def test_static_cache_shared_by_groups_of_queries(query_length, per_query_mask, given_groups):
     # A cache row per sentence, queried by its 3 beams: same as repeating the cache per beam.
+    # given_groups: the memory says 3 (as a search's does), else the layer infers it from the
+    # shapes. query_length None: one query per row, [B, D], as a decoding step gives it.
     layer = MultiHeadAttention(num_heads=2, d_model=8)
+    rows = query_length is None
+    query_length = query_length or 1
     query, memory = tf.random.normal([2 * 3, query_length, 8]), tf.random.normal([2, 5, 8])
     mask = np.ones((2, query_length if per_query_mask else 1, 5), bool)  # per sentence
     mask[1, :, 2:] = False
@@ -51,10 +57,12 @@ def test_static_cache_shared_by_groups_of_queries(query_length, per_query_mask):
         mask[0, -1, 1:] = False  # the last query of the first sentence's beams: key 0 only
     shared = layer.project_key_value(memory)
     repeated = tf.nest.map_structure(lambda t: tf.repeat(t, 3, axis=0), shared)
-    out, weights = layer.call_memory(query, shared, mask, return_attention_scores=True)
+    out, weights = layer.call_memory(query[:, 0] if rows else query,
+                                     dict(shared, groups=3) if given_groups else shared, mask,
+                                     return_attention_scores=True)
     expected, expected_weights = layer.call_memory(query, repeated, np.repeat(mask, 3, axis=0),
                                                    return_attention_scores=True)
-    np.testing.assert_allclose(out, expected, atol=1e-6)
+    np.testing.assert_allclose(out, expected[:, 0] if rows else expected, atol=1e-6)
     np.testing.assert_allclose(weights, expected_weights, atol=1e-6)
     assert np.all(weights.numpy()[3:, :, :, 2:] == 0.0)  # the second sentence's beams
     if per_query_mask:
@@ -63,6 +71,13 @@ def test_static_cache_shared_by_groups_of_queries(query_length, per_query_mask):
         np.testing.assert_allclose(weights.numpy()[:3, :, -1, 0], 1.0, rtol=0, atol=1e-6)
         assert np.all(weights.numpy()[:3, :, -1, 1:] == 0.0)
         np.testing.assert_array_equal(weights.numpy()[:3, :, 0, 1:] > 0, True)
+    if given_groups:
+        # The queries regroup by a gather of constant indices: no index arithmetic per step.
+        spec = tf.TensorSpec([None, 8] if rows else [None, query_length, 8], tf.float32)
+        step = tf.function(lambda q: layer.call_memory(q, dict(shared, groups=3), mask)[0])
+        ops = {op.type for op in step.get_concrete_function(spec).graph.get_operations()}
+        assert "GatherV2" in ops and not ops & {"Range", "FloorDiv"}
+        assert not rows or "Shape" not in ops  # a decoding step's [B, D]: no shape arithmetic
 
 
 def test_cached_steps_equal_causal_full_attention():

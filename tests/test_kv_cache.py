@@ -28,7 +28,8 @@ def test_decoder_cache_reads_what_a_reordered_concatenated_cache_holds():
     slots = sentences * beams
     memory = tf.constant(rng.normal(size=(sentences, HEADS, 5, HEAD_DIM)), tf.float32)
     padding = tf.constant(rng.random((sentences, 5)) > 0.3)
-    cache = kv_cache.DecoderCache(OneLayerModel(), memory, padding, slots, max_length)
+    cache = kv_cache.DecoderCache(OneLayerModel(), memory, padding, slots, max_length,
+                                  groups=beams)
     state = cache.state
     active = np.arange(sentences)  # sentence indices still searched
     reference = tf.zeros([slots, HEADS, 0, HEAD_DIM])
@@ -37,6 +38,7 @@ def test_decoder_cache_reads_what_a_reordered_concatenated_cache_holds():
                                 tf.int32)
         layers, state = cache.for_step(state, step, row_slots)
         np.testing.assert_array_equal(layers[0]["memory"]["key"], tf.gather(memory, active))
+        assert layers[0]["memory"]["groups"] == beams  # each sentence's rows query it
         np.testing.assert_array_equal(state["source_padding"], tf.gather(padding, active))
         new = tf.constant(rng.normal(size=(len(row_slots), HEADS, 1, HEAD_DIM)), tf.float32)
         keys, values, written = layers[0]["self"].append(new, 2 * new)

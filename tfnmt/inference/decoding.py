@@ -306,7 +306,8 @@ def dynamic_decode(model, strategy, source_ids, max_length=None):
     limits = decode_limits(model, source_ids, max_length)  # [B]
     memory, source_padding = model.encode(source_ids, training=False)
     cache = kv_cache.DecoderCache(model, memory, source_padding, batch * rows_per_sentence,
-                                  max_length=tf.reduce_max(tf.concat([limits, [1]], 0)))
+                                  max_length=tf.reduce_max(tf.concat([limits, [1]], 0)),
+                                  groups=rows_per_sentence)
     sentences, results = strategy.initialize(batch, limits, source_length)
 
     def not_done(step, sentences, results, cache_state):

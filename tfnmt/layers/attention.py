@@ -15,6 +15,16 @@ def _swap_axes_1_2(x, n0, n1, n2, rest=None):
     return tf.gather(rows, index)  # index [n0, n2, n1]
 
 
+def _swap_static_axes(x, n1, n2, rest):
+    """x holding [n0, n1, n2, rest] with n1, n2 Python ints -> [n0, n2 * n1, rest]: the
+    [n0, n2, n1, rest] of `_swap_axes_1_2`, as one gather along axis 1 by constant indices (no
+    index arithmetic at run time: a decoding step's fixed cost is per op)."""
+    if n1 == 1 or n2 == 1:  # a length-1 axis moves by the reshape alone
+        return tf.reshape(x, [-1, n1 * n2, rest])
+    order = [j * n2 + k for k in range(n2) for j in range(n1)]  # [n2, n1] of [n1, n2] rows
+    return tf.gather(tf.reshape(x, [-1, n1 * n2, rest]), order, axis=1)
+
+
 def _small_softmax(logits):
     """softmax over the last axis as exp(x - max) / sum: at a decoding step's sizes (a few
     rows per head) these Eigen ops take a third of the time of oneDNN's softmax kernel, which
@@ -208,7 +218,9 @@ class MultiHeadAttention(keras.layers.Layer):
         Args:
           query: [B, Tq, D] with B = Bc * G, or [B, D]: one query per row (the output is
             [B, D] too, the weights [B, H, 1, Tk]).
-          memory: {"key", "value"} [Bc, H, Tk, Dh] from `project_key_value`.
+          memory: {"key", "value"} [Bc, H, Tk, Dh] from `project_key_value`, and optionally
+            "groups": G as a Python int (a search's beams per sentence), which makes the
+            regrouping of queries a gather by constant indices (fewer ops per step).
           attention_mask: [Bc, 1 or Tq, Tk] bool, per memory row.
           return_attention_scores: also return the weights (regrouping them costs a gather
             per step).
@@ -220,28 +232,37 @@ class MultiHeadAttention(keras.layers.Layer):
         q = self._project(query, self.query_kernel, self.query_bias)  # [B, H, Tq, Dh]
         k, v = memory["key"], memory["value"]
         length = 1 if rows else query.shape[1] or tf.shape(q)[2]  # static when known
-        batch = tf.shape(q)[0]
+        heads = self.num_heads
+        row_width = self.head_dim * length if isinstance(length, int) else None
         # Per head, the group's queries as one [G * Tq, Dh] matrix, so that each cache row
         # and head is one matrix product (a broadcast batched product of single rows is
         # slower on CPU).
-        cache_rows = tf.shape(k)[0]
-        groups = batch // cache_rows
-        row_width = self.head_dim * length if isinstance(length, int) else None
-        q = tf.reshape(_swap_axes_1_2(q, cache_rows, groups, self.num_heads, row_width),
-                       [cache_rows, self.num_heads, -1, self.head_dim])  # [Bc, H, G*Tq, Dh]
+        groups = memory.get("groups")
+        if isinstance(groups, int) and row_width is not None:
+            grouped = [-1, heads, groups * length, self.head_dim]
+
+            def regroup(x, n1, n2):  # [Bc, n1, n2, row] -> [Bc, n2 * n1, row]
+                return _swap_static_axes(x, n1, n2, row_width)
+        else:
+            cache_rows = tf.shape(k)[0]
+            groups = tf.shape(q)[0] // cache_rows
+            grouped = [cache_rows, heads, -1, self.head_dim]
+
+            def regroup(x, n1, n2):
+                return _swap_axes_1_2(x, cache_rows, n1, n2, row_width)
+        q = tf.reshape(regroup(q, groups, heads), grouped)  # [Bc, H, G * Tq, Dh]
         mask = attention_mask
         if mask is not None and mask.shape[1] != 1:  # [Bc, Tq, Tk] -> [Bc, G * Tq, Tk]
             mask = tf.tile(tf.cast(mask, tf.bool), [1, groups, 1])
         attended, weights = self._attend(q, k, v, self._mask(mask), training=False, step=True)
         # [Bc, H, G * Tq, .] -> [B, H, Tq, .]
-        attended = tf.reshape(
-            _swap_axes_1_2(attended, cache_rows, self.num_heads, groups, row_width),
-            [-1, self.num_heads, length, self.head_dim])
+        attended = tf.reshape(regroup(attended, heads, groups),
+                              [-1, heads, length, self.head_dim])
         output = self._output(attended, False, rows)
         if not return_attention_scores:
             return output, None
-        weights = tf.reshape(_swap_axes_1_2(weights, cache_rows, self.num_heads, groups),
-                             [batch, self.num_heads, length, -1])
+        weights = tf.reshape(_swap_axes_1_2(weights, tf.shape(k)[0], heads, groups),
+                             [tf.shape(query)[0], heads, length, -1])
         return output, weights
 
     def get_config(self):

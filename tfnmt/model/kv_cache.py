@@ -187,6 +187,8 @@ class DecoderCache:
       source_padding: [B, S] from `model.encode`.
       slots: hypothesis rows of the first step (B * beams).
       max_length: the longest output, which bounds the stores' capacity.
+      groups: the hypothesis rows per sentence (its beams), which query their sentence's
+        memory row together; a Python int.
 
     Example (one search step, inside the decoding loop):
       caches, state = cache.for_step(state, step, row_slots)
@@ -194,10 +196,10 @@ class DecoderCache:
       state = cache.reorder(cache.update(state, caches), row_slots, parents, staying)
     """
 
-    def __init__(self, model, memory, source_padding, slots, max_length):
+    def __init__(self, model, memory, source_padding, slots, max_length, groups):
         initial = model.initial_cache(memory)
         _, self.heads, _, head_dim = initial[0]["self"].key.shape  # [B, H, 0, Dh]
-        self.slots, self.max_length = slots, max_length
+        self.slots, self.max_length, self.groups = slots, max_length, int(groups)
         stores = [{name: tf.zeros([0, head_dim], c["self"].key.dtype) for name in ("key", "value")}
                   for c in initial]
         self.state = {"stores": stores, "ancestry": tf.zeros([slots, 0], tf.int32),
@@ -212,13 +214,14 @@ class DecoderCache:
           row_slots: [R] int32, the slot of each hypothesis row.
 
         Returns:
-          (per-layer caches {"self": StoreCache, "memory"} for `model.decode_step`, the state
-          with stores grown to hold the step).
+          (per-layer caches {"self": StoreCache, "memory": {"key", "value", "groups"}} for
+          `model.decode_step`, the state with stores grown to hold the step).
         """
         rows = step_rows(step, self.slots, self.heads, row_slots, state["ancestry"])
         stores = grow(state["stores"], step, self.slots, self.heads, self.max_length)
         caches = [{"self": StoreCache(store["key"], store["value"], rows["write_rows"],
-                                      rows["read_rows"]), "memory": memory}
+                                      rows["read_rows"]),
+                   "memory": dict(memory, groups=self.groups)}
                   for store, memory in zip(stores, state["memory"])]
         return caches, dict(state, stores=stores)
 
