@@ -658,6 +658,13 @@ def test_export_command_matmul_dtype(tiny_model_dir, tmp_path):
 
     n_best = tf.saved_model.load(str(tmp_path / "export" / "2")).signatures["translate_n_best"]
     assert n_best.structured_outputs["translations"].shape.as_list() == [None, 1]
+    asked = subprocess.run([sys.executable, "translate.py", f"--export={tmp_path / 'export'}",
+                            "--n_best=2"], input="Das Haus.\n", cwd=ROOT, capture_output=True,
+                           text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert asked.returncode != 0 and asked.stdout == ""
+    assert asked.stderr.strip().endswith(
+        "the export gives 1 translation per sentence, fewer than --n_best=2 (export.py "
+        "--n_best sets how many, up to its --beam_size)")
     result = export("--beam_size=2", "--n_best=3")
     assert result.returncode != 0 and "--n_best must be in [1, --beam_size=2]" in result.stderr
     assert sorted(os.listdir(tmp_path / "export")) == ["1", "2"]

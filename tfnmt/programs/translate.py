@@ -103,9 +103,11 @@ def n_best_lines(translate_n_best, numbered_lines):
     import numpy as np
 
     translations, scores = translate_n_best([line for _, line in numbered_lines])  # [B, N]
-    if translations.shape[1] < FLAGS.n_best:
-        raise app.UsageError(f"the export gives {translations.shape[1]} translations per "
-                             f"sentence, fewer than --n_best={FLAGS.n_best}")
+    given = translations.shape[1]
+    if given < FLAGS.n_best:
+        raise app.UsageError(f"the export gives {given} translation{'s' if given > 1 else ''} "
+                             f"per sentence, fewer than --n_best={FLAGS.n_best} (export.py "
+                             "--n_best sets how many, up to its --beam_size)")
     return [[f"{number} ||| {t.decode('utf-8')} ||| {v:.6f}"
              for t, v in zip(texts[:FLAGS.n_best], values[:FLAGS.n_best])]
             for (number, _), texts, values in zip(numbered_lines, translations.numpy(),
