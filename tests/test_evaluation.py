@@ -89,6 +89,14 @@ def test_evaluate_py_without_a_model_dir_says_what_to_give(tmp_path):
         assert result.returncode == 1
         assert result.stderr.strip().splitlines()[-1] == (
             f"evaluate.py: {model_dir} holds no trained model (no settings.json); {advice}")
+    # An export with a split but no training directory: which directory is meant.
+    result = python("evaluate.py", f"--model_dir={tmp_path / 'empty'}",
+                    f"--export={tmp_path / 'export'}", "--split=dev", timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"evaluate.py: {tmp_path / 'empty'} holds no trained model (no settings.json); --export "
+        "scores the --split of the data its training directory names: give that directory as "
+        "--model_dir, or give --source and --reference")
 
 
 def test_report_samples_are_readable_and_spread():

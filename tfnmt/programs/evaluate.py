@@ -63,9 +63,13 @@ def _split_pairs(model_dir, split):
 
     settings_path = os.path.join(model_dir, SETTINGS)
     if not os.path.exists(settings_path):
-        advice = ("it is a SavedModel export: give it as --export, with --source and --reference"
-                  if is_export(model_dir) else other_kind(model_dir)
-                  or "give --model_dir, or --source and --reference")
+        if is_export(model_dir):
+            advice = "it is a SavedModel export: give it as --export, with --source and --reference"
+        elif FLAGS.export:  # the split is of the training data that model_dir names
+            advice = ("--export scores the --split of the data its training directory names: "
+                      "give that directory as --model_dir, or give --source and --reference")
+        else:
+            advice = other_kind(model_dir) or "give --model_dir, or --source and --reference"
         raise app.UsageError(f"{model_dir} holds no trained model (no {SETTINGS}); {advice}")
     with open(settings_path) as f:
         data = json.load(f)["data"]
