@@ -59,8 +59,9 @@ def read_lines(path, errors="strict"):
 
 class LineWriter:
     """Writes lines to a file (gzip-compressed where it ends in .gz) or stdout ("-"), one per
-    item, flushed after each call; a line break inside an item becomes a space. The file is created at the first write, so a run that
-    fails before translating anything leaves an existing file alone."""
+    item, flushed after each call; a line break inside an item becomes a space. The file is
+    created at the first write, so a run that fails before translating anything leaves an
+    existing file alone."""
 
     def __init__(self, path):
         self.path, self.file = path, None

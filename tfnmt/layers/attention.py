@@ -6,23 +6,28 @@ from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.linear import linear, linear_many
 
 
-def _swap_axes_1_2(x, n0, n1, n2, rest=None):
-    """x holding [n0, n1, n2, ...] -> [n0, n2, n1, rest] (rest: the remaining axes flattened,
-    their size if known). A row gather: oneDNN's transpose is slow on the small tensors of a
-    decoding step."""
-    rows = tf.reshape(x, [n0 * n1 * n2, -1] if rest is None else [-1, rest])
-    index = (tf.range(n0)[:, None, None] * n1 + tf.range(n1)) * n2 + tf.range(n2)[:, None]
-    return tf.gather(rows, index)  # index [n0, n2, n1]
+def _swap_axes_1_2(x, n1, n2, rest):
+    """x holding [n0, n1, n2, rest] -> [n0, n2 * n1, rest], i.e. [n0, n2, n1, rest] with the
+    middle axes merged: one gather along axis 1 (oneDNN's transpose is slow on a decoding
+    step's small tensors). With n1 and n2 Python ints its indices are constants: no index
+    arithmetic at run time, where a decoding step's fixed cost is per op.
 
+    Args:
+      x: a tensor of n0 * n1 * n2 * rest elements.
+      n1, n2: the axes to swap (ints, or scalar int32 tensors).
+      rest: the size of the trailing axes (int or scalar tensor).
 
-def _swap_static_axes(x, n1, n2, rest):
-    """x holding [n0, n1, n2, rest] with n1, n2 Python ints -> [n0, n2 * n1, rest]: the
-    [n0, n2, n1, rest] of `_swap_axes_1_2`, as one gather along axis 1 by constant indices (no
-    index arithmetic at run time: a decoding step's fixed cost is per op)."""
-    if n1 == 1 or n2 == 1:  # a length-1 axis moves by the reshape alone
-        return tf.reshape(x, [-1, n1 * n2, rest])
-    order = [j * n2 + k for k in range(n2) for j in range(n1)]  # [n2, n1] of [n1, n2] rows
-    return tf.gather(tf.reshape(x, [-1, n1 * n2, rest]), order, axis=1)
+    Returns:
+      [n0, n2 * n1, rest].
+    """
+    rows = tf.reshape(x, [-1, n1 * n2, rest])
+    if isinstance(n1, int) and isinstance(n2, int):
+        if n1 == 1 or n2 == 1:  # a length-1 axis moves by the reshape alone
+            return rows
+        order = [j * n2 + k for k in range(n2) for j in range(n1)]
+    else:
+        order = tf.reshape(tf.range(n1)[None, :] * n2 + tf.range(n2)[:, None], [-1])
+    return tf.gather(rows, order, axis=1)  # position k * n1 + j: row j * n2 + k
 
 
 def _small_softmax(logits):
@@ -232,37 +237,27 @@ class MultiHeadAttention(keras.layers.Layer):
         q = self._project(query, self.query_kernel, self.query_bias)  # [B, H, Tq, Dh]
         k, v = memory["key"], memory["value"]
         length = 1 if rows else query.shape[1] or tf.shape(q)[2]  # static when known
-        heads = self.num_heads
-        row_width = self.head_dim * length if isinstance(length, int) else None
+        heads, row = self.num_heads, self.head_dim * length
+        groups = memory.get("groups")
+        if not isinstance(groups, int):  # B = Bc * G query rows for Bc memory rows
+            groups = tf.shape(q)[0] // tf.shape(k)[0]
         # Per head, the group's queries as one [G * Tq, Dh] matrix, so that each cache row
         # and head is one matrix product (a broadcast batched product of single rows is
         # slower on CPU).
-        groups = memory.get("groups")
-        if isinstance(groups, int) and row_width is not None:
-            grouped = [-1, heads, groups * length, self.head_dim]
-
-            def regroup(x, n1, n2):  # [Bc, n1, n2, row] -> [Bc, n2 * n1, row]
-                return _swap_static_axes(x, n1, n2, row_width)
-        else:
-            cache_rows = tf.shape(k)[0]
-            groups = tf.shape(q)[0] // cache_rows
-            grouped = [cache_rows, heads, -1, self.head_dim]
-
-            def regroup(x, n1, n2):
-                return _swap_axes_1_2(x, cache_rows, n1, n2, row_width)
-        q = tf.reshape(regroup(q, groups, heads), grouped)  # [Bc, H, G * Tq, Dh]
+        q = tf.reshape(_swap_axes_1_2(q, groups, heads, row),
+                       [-1, heads, groups * length, self.head_dim])  # [Bc, H, G * Tq, Dh]
         mask = attention_mask
         if mask is not None and mask.shape[1] != 1:  # [Bc, Tq, Tk] -> [Bc, G * Tq, Tk]
             mask = tf.tile(tf.cast(mask, tf.bool), [1, groups, 1])
         attended, weights = self._attend(q, k, v, self._mask(mask), training=False, step=True)
         # [Bc, H, G * Tq, .] -> [B, H, Tq, .]
-        attended = tf.reshape(regroup(attended, heads, groups),
+        attended = tf.reshape(_swap_axes_1_2(attended, heads, groups, row),
                               [-1, heads, length, self.head_dim])
         output = self._output(attended, False, rows)
         if not return_attention_scores:
             return output, None
-        weights = tf.reshape(_swap_axes_1_2(weights, tf.shape(k)[0], heads, groups),
-                             [tf.shape(query)[0], heads, length, -1])
+        weights = tf.reshape(_swap_axes_1_2(weights, heads, groups, length * tf.shape(k)[2]),
+                             [-1, heads, length, tf.shape(k)[2]])
         return output, weights
 
     def get_config(self):
