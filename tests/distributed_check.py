@@ -1,7 +1,8 @@
 """Run as a subprocess by test_training.py, over 2 logical CPUs; prints JSON.
 
   distributed_check.py           one train step on the same global batch under
-                                 OneDeviceStrategy and MirroredStrategy
+                                 OneDeviceStrategy and MirroredStrategy, and under
+                                 MirroredStrategy with XLA (jit_compile)
   distributed_check.py matrix    for every model flag combination (post-/pre-norm, sinusoidal/
                                  learned positions, shared/separate embeddings): the training
                                  gradients on 2 replicas with 2 micro-batches each (and, with
@@ -42,14 +43,14 @@ def global_batch():
     return {"source": source, "target_in": target_in, "target_out": target}
 
 
-def one_step(strategy, weights):
+def one_step(strategy, weights, jit_compile=False):
     with strategy.scope():
         model = Transformer(vocab_size=40, **get_preset("tiny", dropout=0.0))
         model.build()
         model.set_weights(weights)
         optimizer = paper_adam(model.d_model, 10, 1.0, PreReducedAdam)
         optimizer.build(model.trainable_variables)
-    trainer = Trainer(model, optimizer, strategy, label_smoothing=0.1)
+    trainer = Trainer(model, optimizer, strategy, label_smoothing=0.1, jit_compile=jit_compile)
     dataset = tf.data.Dataset.from_tensors(global_batch()).repeat()
     # One device reads the global batch as train.py reads its batches (a plain tf.data
     # iterator); two replicas get halves of it through tf.distribute.
@@ -178,8 +179,9 @@ def main():
     reference.build()
     weights = reference.get_weights()
     single = one_step(tf.distribute.OneDeviceStrategy("/cpu:0"), weights)
-    mirrored = one_step(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), weights)
-    print(json.dumps({"single": single, "mirrored": mirrored}))
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    print(json.dumps({"single": single, "mirrored": one_step(mirrored, weights),
+                      "mirrored_xla": one_step(mirrored, weights, jit_compile=True)}))
 
 
 if __name__ == "__main__":

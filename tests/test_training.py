@@ -27,30 +27,35 @@ TINY = get_preset("tiny", dropout=0.0)
 
 
 def test_mirrored_two_devices_equal_one_device():
+    # Two replicas, without and with XLA (`--jit_compile`, which compiles only each replica's
+    # forward and backward passes: the all-reduce and the mirrored update run outside XLA).
     result = python("tests/distributed_check.py")
     assert result.returncode == 0, result.stderr[-3000:]
     runs = json.loads(result.stdout.strip().splitlines()[-1])
-    single, mirrored = runs["single"], runs["mirrored"]
-    assert (single["replicas"], mirrored["replicas"]) == (1, 2)
-    for key in ("loss", "target_tokens", "grad_norm", "padding_fraction"):
-        assert mirrored["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-5)
-    np.testing.assert_allclose(mirrored["grads"], single["grads"], atol=1e-6)
-    # The update: every replica's copy of every weight changed alike, and as on one device.
-    # Adam's first step moves a weight by about lr * sign(gradient), so only weights whose
-    # gradient is clearly non-zero are compared.
-    assert mirrored["replica_spread"] == 0.0
-    moved = np.abs(single["grads"]) > 1e-4
-    assert moved.sum() > 1000
-    np.testing.assert_allclose(np.array(mirrored["weights"])[moved],
-                               np.array(single["weights"])[moved], atol=1e-6)
-    # PreReducedAdam overrides Keras's private `_all_reduce_sum_gradients` (keras is pinned in
-    # requirements.txt): if Keras reduced again, the moments on 2 replicas would be 2x and 4x.
-    single_moments, mirrored_moments = np.array(single["moments"]), np.array(mirrored["moments"])
-    assert len(single_moments) == 2 * len(single["grads"])
-    clear = np.abs(single_moments) > 1e-6  # above the summation-order noise of tiny values
-    assert clear.sum() > 1000
-    np.testing.assert_allclose(mirrored_moments[clear], single_moments[clear], rtol=1e-2,
-                               err_msg="Keras reduced the gradients again: see PreReducedAdam")
+    single = runs["single"]
+    for mirrored in (runs["mirrored"], runs["mirrored_xla"]):
+        assert (single["replicas"], mirrored["replicas"]) == (1, 2)
+        for key in ("loss", "target_tokens", "grad_norm", "padding_fraction"):
+            assert mirrored["metrics"][key] == pytest.approx(single["metrics"][key], rel=1e-5)
+        np.testing.assert_allclose(mirrored["grads"], single["grads"], atol=1e-6)
+        # The update: every replica's copy of every weight changed alike, and as on one
+        # device. Adam's first step moves a weight by about lr * sign(gradient), so only
+        # weights whose gradient is clearly non-zero are compared.
+        assert mirrored["replica_spread"] == 0.0
+        moved = np.abs(single["grads"]) > 1e-4
+        assert moved.sum() > 1000
+        np.testing.assert_allclose(np.array(mirrored["weights"])[moved],
+                                   np.array(single["weights"])[moved], atol=1e-6)
+        # PreReducedAdam overrides Keras's private `_all_reduce_sum_gradients` (keras is
+        # pinned in requirements.txt): if Keras reduced again, the moments on 2 replicas would
+        # be 2x and 4x.
+        single_moments = np.array(single["moments"])
+        mirrored_moments = np.array(mirrored["moments"])
+        assert len(single_moments) == 2 * len(single["grads"])
+        clear = np.abs(single_moments) > 1e-6  # above the summation-order noise of tiny values
+        assert clear.sum() > 1000
+        np.testing.assert_allclose(mirrored_moments[clear], single_moments[clear], rtol=1e-2,
+                                   err_msg="Keras reduced the gradients again: see PreReducedAdam")
 
 
 def test_adam_update_equals_float64_adam_on_the_schedule():

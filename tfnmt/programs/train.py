@@ -131,8 +131,8 @@ flags.DEFINE_float("subword_alpha", 0.0, "Subword regularization: each read of a
                    "(unigram; BPE: merge-dropout rate). Default 0: the best segmentation.")
 flags.DEFINE_integer("subword_nbest", 64, "With --subword_alpha: sample among this many best "
                      "segmentations (-1: all). Default 64.")
-flags.DEFINE_bool("jit_compile", False, "XLA-compile the replica's train step (default false: "
-                  "slower on the CPUs of bench/README.md).")
+flags.DEFINE_bool("jit_compile", False, "XLA-compile each replica's forward and backward passes "
+                  "(default false: slower on the CPUs of bench/README.md).")
 flags.DEFINE_bool("plain_ops", False, "Stock TensorFlow ops instead of tfnmt's hand-written "
                   "fast ones (tfnmt/fast_ops.py): slower, same results up to rounding.")
 flags.DEFINE_integer("seed", 1234, "Seed for initialisation and data order.")

@@ -38,7 +38,7 @@ class Trainer:
       strategy: the `tf.distribute` strategy the model and optimizer live in.
       label_smoothing: the loss's label smoothing (paper: 0.1).
       accum_steps: micro-batches per replica per update.
-      jit_compile: compile each replica's step with XLA.
+      jit_compile: compile each replica's forward and backward passes with XLA.
       clip_norm: scale the update's gradients down to this global norm when it is larger
         (0: no clipping). The reported norm is the one before clipping.
 
@@ -62,11 +62,14 @@ class Trainer:
     def retrace(self):
         """A new trace of the train step at its next call (after a change to what the trace
         holds as constants, such as a dropout rate)."""
-        # XLA can compile the replica's work (not the iterator reads around it). autograph=False
-        # here and on every tfnmt tf.function: their loops and branches are written as
+        # XLA compiles a replica's forward and backward passes, which talk to no other replica:
+        # an all-reduce or a mirrored variable's update inside a compiled function fails under
+        # MirroredStrategy (a compiled function reaches no other device's variables). autograph=
+        # False here and on every tfnmt tf.function: their loops and branches are written as
         # tf.while_loop/tf.cond, and converting the code they call cost ~5 s per process.
-        self.replica_step = tf.function(self._replica_step, jit_compile=True, autograph=False) \
-            if self.jit_compile else self._replica_step
+        self.local_gradients = tf.function(self._local_gradients, jit_compile=True,
+                                           autograph=False) \
+            if self.jit_compile else self._local_gradients
         self.train_step = tf.function(self._train_step, autograph=False)
 
     def __call__(self, iterator, train_steps, keeper=None, stats=None, evaluate=None,
@@ -160,6 +163,22 @@ class Trainer:
         local_tokens = tf.add_n([tf.reduce_sum(tf.cast(tf.not_equal(b["target_out"], PAD_ID),
                                                        tf.float32)) for b in batches])
         global_tokens = tf.maximum(context.all_reduce(SUM, local_tokens), 1.0)
+        loss_sum, padded, grads = self.local_gradients(batches, global_tokens)
+        grads = context.all_reduce(SUM, grads)
+        return loss_sum, local_tokens, padded, grads
+
+    def _local_gradients(self, batches, global_tokens):
+        """This replica's forward and backward passes over its micro-batches, with no
+        cross-replica work (XLA compiles this with `jit_compile`).
+
+        Args:
+          batches: this replica's micro-batches.
+          global_tokens: real target tokens in the whole global batch (float32 scalar).
+
+        Returns:
+          (summed loss, padded positions, gradients of this replica's share of the global
+          per-token mean loss).
+        """
         variables = self.model.trainable_variables
         grads, loss_sum, padded = None, 0.0, 0.0
         for batch in batches:
@@ -171,8 +190,7 @@ class Trainer:
             grads = step_grads if grads is None else [a + b for a, b in zip(grads, step_grads)]
             loss_sum += batch_loss
             padded += tf.cast(tf.size(batch["source"]) + tf.size(batch["target_in"]), tf.float32)
-        grads = context.all_reduce(SUM, grads)
-        return loss_sum, local_tokens, padded, grads
+        return loss_sum, padded, grads
 
     def _loss_sum(self, batch):
         """The batch's summed smoothed loss over its real target tokens."""
@@ -205,7 +223,7 @@ class Trainer:
 
     def _train_step(self, iterator):
         batches = [next(iterator) for _ in range(self.accum_steps)]
-        out = self.strategy.run(self.replica_step, args=(batches,))
+        out = self.strategy.run(self._replica_step, args=(batches,))
         totals = {k: self.strategy.reduce(SUM, out[k], axis=None)
                   for k in ("loss_sum", "tokens", "padded", "real")}
         return {"loss": totals["loss_sum"] / tf.maximum(totals["tokens"], 1.0),
