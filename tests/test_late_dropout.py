@@ -55,8 +55,14 @@ def test_a_run_resumed_before_the_measurement_measures_its_own_updates():
 def test_a_start_inside_the_measurement_comes_at_its_end():
     layer = Layer()
     start = DropoutStart([layer], 0.1, 0.5, 20_000, first_step=0, measure_steps=100)
-    assert feed(start, [250.0] * 120) == [100] and start.start_step == 40
+    # 0.5 epochs are 10,000 tokens: 40 updates of 250, passed while the first 100 measured
+    # them. Dropout starts at the measurement's end, and that update is the one saved.
+    assert feed(start, [250.0] * 120) == [100]
+    assert (start.epoch_step, start.start_step) == (40, 100)
     assert layer.rate == 0.1
+    resumed = DropoutStart([Layer()], 0.1, 0.5, 20_000, first_step=90,
+                           start_step=start.start_step)
+    assert feed(resumed, [250.0] * 20, first=90) == [100]  # a resumed run starts it there too
 
 
 @pytest.mark.parametrize("values", [(0.0, 1.0, 10.0), (0.1, 0.0, 10.0), (0.1, 1.0, 0.0)])

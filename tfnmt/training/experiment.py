@@ -214,8 +214,13 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         started = dropout_start.update(step, float(outputs["target_tokens"]))
         if t.get("dropout_from_step") is None and dropout_start.start_step is not None:
             t["dropout_from_step"] = dropout_start.start_step
-            log(f"dropout {dropout_start.rate:g} starts at update {dropout_start.start_step:,d} "
-                f"(epoch {dropout_start.epochs:g} of the training data), if the run gets there")
+            start, passed = dropout_start.start_step, dropout_start.epoch_step
+            epoch = f"epoch {dropout_start.epochs:g} of the training data"
+            log(f"dropout {dropout_start.rate:g} starts at update {start:,d} ("
+                + (epoch if passed == start else
+                   f"{epoch} passed at update {passed:,d}, while the first "
+                   f"{dropout_start.measure_steps} updates measured it")
+                + "), if the run gets there")
             if is_chief:  # a resumed run starts it at the same update
                 write_json(os.path.join(model_dir, SETTINGS), settings)
         if started:

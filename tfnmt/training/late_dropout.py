@@ -39,6 +39,7 @@ class DropoutStart:
         self.epochs, self.epoch_tokens = float(epochs), float(epoch_tokens)
         self.first_step, self.measure_steps = int(first_step), int(measure_steps)
         self.start_step = start_step
+        self.epoch_step = None  # the update where `epochs` passed, once measured by this run
         self.tokens = 0.0  # target tokens of this run's updates so far
         self.started = start_step is not None and first_step >= start_step
         for layer in layers:
@@ -62,8 +63,11 @@ class DropoutStart:
             if done < self.measure_steps:
                 return False
             per_update = self.tokens / done
-            self.start_step = self.first_step + math.ceil(
+            self.epoch_step = self.first_step + math.ceil(
                 self.epochs * self.epoch_tokens / per_update)
+            # An epoch count passed while its updates were being counted starts dropout now,
+            # and this update is the one saved, so that a resumed run starts it here too.
+            self.start_step = max(self.epoch_step, step)
         if step < self.start_step:
             return False
         for layer in self.layers:
