@@ -63,10 +63,10 @@ class Trainer:
         """A new trace of the train step at its next call (after a change to what the trace
         holds as constants, such as a dropout rate)."""
         # XLA compiles a replica's forward and backward passes, which talk to no other replica:
-        # an all-reduce or a mirrored variable's update inside a compiled function fails under
-        # MirroredStrategy (a compiled function reaches no other device's variables). autograph=
-        # False here and on every tfnmt tf.function: their loops and branches are written as
-        # tf.while_loop/tf.cond, and converting the code they call cost ~5 s per process.
+        # with the all-reduce and the mirrored variables' update inside, the compiled step
+        # failed at its first update under MirroredStrategy. autograph=False here and on every
+        # tfnmt tf.function: their loops and branches are written as tf.while_loop/tf.cond,
+        # and converting the code they call cost ~5 s per process.
         self.local_gradients = tf.function(self._local_gradients, jit_compile=True,
                                            autograph=False) \
             if self.jit_compile else self._local_gradients
