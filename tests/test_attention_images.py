@@ -1,7 +1,16 @@
+import os
+
 import numpy as np
 import pytest
 
+from tfnmt.data import vocabulary
+from tfnmt.inference.evaluation import Translator
+from tfnmt.model.presets import get_preset
+from tfnmt.model.transformer import Transformer
+from tfnmt.paths import VOCAB
 from tfnmt.training.attention_images import labelled_heads
+from tfnmt.training.evaluator import attention_inputs
+from tfnmt.training.summaries import attention_pictures
 
 CELL, GAP = 10, 3
 
@@ -54,3 +63,24 @@ def test_tokens_are_written_beside_their_rows_and_above_their_columns():
 def test_mismatched_tokens_are_refused():
     with pytest.raises(ValueError, match="4 x 5 positions for 3 query"):
         labelled_heads(weights(), ["a"] * 3, ["b"] * 5)
+
+
+def test_the_pictured_dev_pair_fits_a_learned_position_table(small_prepared):
+    # A model with 12 learned positions and a dev pair of more pieces than that on each side:
+    # the evaluation's pictures are cut to the table (the embedding's gather would fail past
+    # its last row, and with it the run's evaluation).
+    path = os.path.join(small_prepared, VOCAB)
+    vocab = vocabulary.Vocabulary(path, path)
+    model = Transformer(vocab_size=600, **dict(get_preset("tiny", dropout=0.0),
+                                               position="learned", max_length=12))
+    model.build()
+    pair = ("Und Gott sprach: Es werde Licht! Und es ward Licht, und Gott sah das Licht.",
+            "And God said, Let there be light: and there was light. And God saw the light.")
+    assert min(len(vocab.source.tokenize([pair[0]])[0]),
+               len(vocab.target.tokenize([pair[1]])[0])) > 12
+    source_ids, target_in = attention_inputs([pair], Translator(model, vocab), model.max_length)
+    assert source_ids.shape == (1, 12) and target_in.shape == (1, 12)
+    pictures = attention_pictures(model, source_ids, target_in, vocab.source.id_to_piece,
+                                  vocab.target.id_to_piece)
+    assert len(pictures) == 6 and all(p.ndim == 3 and p.shape[2] == 3
+                                      for p in pictures.values())

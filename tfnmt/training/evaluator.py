@@ -21,6 +21,26 @@ def attention_pair(pairs, words=(6, 16)):
     return pairs[0]
 
 
+def attention_inputs(pairs, translator, max_length):
+    """The model inputs of the dev pair the attention pictures show (`attention_pair`), cut to
+    ATTENTION_LENGTH positions and to the model's `max_length` (a learned position table has
+    no more rows).
+
+    Args:
+      pairs: (source, reference) strings.
+      translator: the evaluation's `Translator` (its vocabulary tokenizes both sides).
+      max_length: the model's positions.
+
+    Returns:
+      (source_ids [1, S], target_in [1, T]): S, T <= min(ATTENTION_LENGTH, max_length).
+    """
+    length = min(ATTENTION_LENGTH, max_length)
+    source, reference = attention_pair(pairs)
+    source_ids = translator.source_ids([source])[:, :length]
+    target = translator.vocabulary.target.tokenize([reference])[:, :length - 1]
+    return source_ids, padded_with_ends(target, start_id=BOS_ID)
+
+
 class Evaluator:
     """Evaluates a training model on the dev split.
 
@@ -64,10 +84,8 @@ class Evaluator:
                 tf.summary.text("samples/translations", tf.constant(samples), step=step,
                                 description="The first dev sentences, their references and "
                                 "the model's translations at this step.")
-                source, reference = attention_pair(self.pairs)
-                source_ids = self.translator.source_ids([source])[:, :ATTENTION_LENGTH]
-                target = self.vocabulary.target.tokenize([reference])[:, :ATTENTION_LENGTH - 1]
-                target_in = padded_with_ends(target, start_id=BOS_ID)
+                source_ids, target_in = attention_inputs(self.pairs, self.translator,
+                                                         self.model.max_length)
                 write_attention_images(self.model, source_ids, target_in, step,
                                        self.vocabulary)
             writer.flush()
