@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from helpers import python, train_flags
 from tfnmt.data import pipeline, records
+from tfnmt.data.corpus import CorpusError
 from tfnmt.data.filters import PairFilter
 
 
@@ -148,3 +149,15 @@ def test_train_py_with_two_weighted_corpora(two_corpora, small_corpus, tmp_path)
     refused = python(*flags, "--train_weights=3,1")
     assert refused.returncode == 1
     assert "one positive weight per --train_files (1), got 2" in refused.stderr
+
+
+def test_a_corpus_the_filters_emptied_is_not_sampled_and_cannot_be_weighted():
+    # All of b's pairs were duplicates of a.tsv's: sample_from_datasets would skip the
+    # empty corpus and give its share to the others, whatever the weights said.
+    manifest = {"splits": {"train": {"examples": 5, "corpora": [
+        {"files": "a.tsv", "examples": 5}, {"files": "b.de,b.en", "examples": 0}]}}}
+    assert pipeline.corpus_weights(manifest) == [1.0, 0.0]
+    with pytest.raises(CorpusError, match=r"^--train_files=b.de,b.en: no training pair of it is "
+                       r"left after the filters, so it cannot be sampled at weight 1: drop it "
+                       r"and its --train_weights entry$"):
+        pipeline.corpus_weights(manifest, [3, 1])

@@ -12,6 +12,7 @@ import os
 import tensorflow as tf
 
 from tfnmt.data import records
+from tfnmt.data.corpus import CorpusError
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -144,18 +145,28 @@ def corpus_weights(manifest, weights=None):
         if they were one corpus).
 
     Returns:
-      A list of probabilities summing to 1 (one per corpus; [1.0] for one corpus).
+      A list of probabilities summing to 1 (one per corpus; [1.0] for one corpus). A corpus
+      the filters left empty gets 0 when no weights are given.
 
     Raises:
       ValueError: as many weights as corpora are needed, all positive.
+      CorpusError: a weight is given to a corpus the filters left empty (it could not be
+        sampled: the others would share its part).
     """
     corpora = manifest["splits"]["train"].get("corpora") or [
         {"examples": manifest["splits"]["train"]["examples"]}]
     if weights is None:
-        weights = [max(c["examples"], 1) for c in corpora]
-    if len(weights) != len(corpora) or min(weights) <= 0:
+        weights = [c["examples"] for c in corpora] if any(c["examples"] for c in corpora) \
+            else [1] * len(corpora)
+    elif len(weights) != len(corpora) or min(weights) <= 0:
         raise ValueError(f"{len(corpora)} training corpora need {len(corpora)} positive "
                          f"weights, got {list(weights)}")
+    elif len(corpora) > 1:
+        for corpus, weight in zip(corpora, weights):
+            if not corpus["examples"]:
+                raise CorpusError(f"--train_files={corpus['files']}: no training pair of it is "
+                                  f"left after the filters, so it cannot be sampled at weight "
+                                  f"{weight:g}: drop it and its --train_weights entry")
     return [w / sum(weights) for w in weights]
 
 
