@@ -4,13 +4,14 @@ import numpy as np
 import pytest
 
 from tfnmt.data import vocabulary
+from tfnmt.data.special_tokens import BOS_ID
 from tfnmt.inference.evaluation import Translator
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
 from tfnmt.paths import VOCAB
 from tfnmt.training.attention_images import labelled_heads
 from tfnmt.training.evaluator import attention_inputs
-from tfnmt.training.summaries import attention_pictures
+from tfnmt.training.summaries import attention_pictures, teacher_forced_inputs
 
 CELL, GAP = 10, 3
 
@@ -79,6 +80,12 @@ def test_the_pictured_dev_pair_fits_a_learned_position_table(small_prepared):
     assert min(len(vocab.source.tokenize([pair[0]])[0]),
                len(vocab.target.tokenize([pair[1]])[0])) > 12
     source_ids, target_in = attention_inputs([pair], Translator(model, vocab), model.max_length)
+    assert source_ids.shape == (1, 12) and target_in.shape == (1, 12)
+    assert target_in[0, 0] == BOS_ID
+    # translate.py --plot_attention: a translation tokenized again, past the table too.
+    source_ids, target_in = teacher_forced_inputs(
+        Translator(model, vocab, max_source_length=40).source_ids([pair[0]]),
+        vocab.target.tokenize([pair[1] + " " + pair[1]]), model.max_length)
     assert source_ids.shape == (1, 12) and target_in.shape == (1, 12)
     pictures = attention_pictures(model, source_ids, target_in, vocab.source.id_to_piece,
                                   vocab.target.id_to_piece)

@@ -119,13 +119,13 @@ def plot_attention(model_dir, checkpoint, sentence, translation, directory):
 
     from tfnmt.checkpoints import load_model
     from tfnmt.inference.serving import TranslationModule
-    from tfnmt.training.summaries import attention_pictures
+    from tfnmt.training.summaries import attention_pictures, teacher_forced_inputs
 
     model, vocab, _ = load_model(model_dir, checkpoint)
     module = TranslationModule(model, vocab, n_best=1)
-    source_ids = module.source_ids(tf.constant([sentence]))
-    target = module.target_tokenizer.tokenize([translation]).to_tensor()
-    target_in = tf.concat([tf.fill([1, 1], 2), tf.cast(target, tf.int32)], axis=1)
+    source_ids, target_in = teacher_forced_inputs(
+        module.source_ids(tf.constant([sentence])),
+        module.target_tokenizer.tokenize([translation]), model.max_length)
     os.makedirs(directory, exist_ok=True)
     pictures = attention_pictures(model, source_ids, target_in,
                                   module.source_tokenizer.id_to_string,

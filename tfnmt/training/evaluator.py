@@ -4,10 +4,9 @@ import tensorflow as tf
 
 from tfnmt.data import pipeline
 from tfnmt.data.corpus import read_corpus
-from tfnmt.data.special_tokens import BOS_ID
-from tfnmt.data.tokenizer import padded_with_ends
 from tfnmt.inference.evaluation import Translator, corpus_scores, evaluate_loss, loss_sums_function
-from tfnmt.training.summaries import write_attention_images, write_scalars
+from tfnmt.training.summaries import (teacher_forced_inputs, write_attention_images,
+                                     write_scalars)
 
 ATTENTION_LENGTH = 40  # positions of the attention pictures, at most
 
@@ -34,11 +33,10 @@ def attention_inputs(pairs, translator, max_length):
     Returns:
       (source_ids [1, S], target_in [1, T]): S, T <= min(ATTENTION_LENGTH, max_length).
     """
-    length = min(ATTENTION_LENGTH, max_length)
     source, reference = attention_pair(pairs)
-    source_ids = translator.source_ids([source])[:, :length]
-    target = translator.vocabulary.target.tokenize([reference])[:, :length - 1]
-    return source_ids, padded_with_ends(target, start_id=BOS_ID)
+    return teacher_forced_inputs(translator.source_ids([source]),
+                                 translator.vocabulary.target.tokenize([reference]),
+                                 min(ATTENTION_LENGTH, max_length))
 
 
 class Evaluator:

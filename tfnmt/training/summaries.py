@@ -10,6 +10,8 @@ import os
 
 import tensorflow as tf
 
+from tfnmt.data.special_tokens import BOS_ID
+from tfnmt.data.tokenizer import padded_with_ends
 from tfnmt.training.attention_images import labelled_heads
 
 # name -> (TensorBoard tag, description).
@@ -68,6 +70,22 @@ def write_hparams(model_dir, settings):
     with tf.summary.create_file_writer(model_dir).as_default() as writer:
         hparams_api.hparams(values, trial_id=os.path.basename(os.path.abspath(model_dir)))
         writer.flush()
+
+
+def teacher_forced_inputs(source_ids, target, max_length):
+    """A sentence pair as the inputs of `attention_weights`, within `max_length` positions (a
+    learned position table has no more rows).
+
+    Args:
+      source_ids: [1, S] the source's model inputs.
+      target: [1, None] ragged target subword ids (no BOS).
+      max_length: the positions either side may take.
+
+    Returns:
+      (source_ids [1, <= max_length], target_in [1, <= max_length] starting with BOS).
+    """
+    return (source_ids[:, :max_length],
+            padded_with_ends(target[:, :max_length - 1], start_id=BOS_ID))
 
 
 def attention_weights(model, source_ids, target_in):
