@@ -1,4 +1,5 @@
 import os
+import re
 
 import numpy as np
 import pytest
@@ -60,10 +61,19 @@ def test_detokenize_dense_stops_at_eos_and_ignores_padding(small_prepared):
 def test_a_vocabulary_the_text_cannot_give_is_one_clear_error(tmp_path):
     from tfnmt.data.tokenizer import train_sentencepiece
 
+    # In --vocab_size's terms: SentencePiece's own advice names options tfnmt does not have.
     sentences = ["Zimmer 1 ist frei.", "Room 1 is free."] * 50
-    with pytest.raises(ValueError, match=r"vocabulary size 5,000 does not fit the training "
-                                         r"text: Vocabulary size too high \(5000\)"):
+    with pytest.raises(ValueError, match=r"^vocabulary size 5,000 does not fit the training "
+                                         r"text: it can give at most \d+ pieces "
+                                         r"\(--vocab_size\)$"):
         train_sentencepiece(sentences, str(tmp_path / "spm.model"), vocab_size=5000)
+    characters = len(set("".join(sentences)))  # 13, the space included
+    with pytest.raises(ValueError, match=r"^vocabulary size 12 does not fit the training text: "
+                                         r"it needs at least (\d+) pieces \(one per character, "
+                                         r"256 for bytes, the special ones\): give "
+                                         r"--vocab_size=\1 or more$") as refused:
+        train_sentencepiece(sentences, str(tmp_path / "spm.model"), vocab_size=12)
+    assert int(re.search(r"least (\d+)", str(refused.value))[1]) >= characters + 256
     with pytest.raises(ValueError, match="no training text"):
         train_sentencepiece([], str(tmp_path / "spm.model"), vocab_size=100)
 

@@ -7,6 +7,7 @@ its UTF-8 bytes instead of <unk>, so any valid text round-trips.
 """
 import hashlib
 import os
+import re
 
 import tensorflow as tf
 
@@ -65,7 +66,7 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
         detail = str(error).split("] ")[-1]
         if "ocabulary size" in detail:  # too large or too small for this text
             raise ValueError(f"vocabulary size {vocab_size:,d} does not fit the training text: "
-                             f"{detail}") from None
+                             f"{_vocabulary_size_advice(detail)}") from None
         raise
     with open(prefix + ".model", "rb") as f:
         proto = portable_model_proto(f.read())
@@ -74,6 +75,19 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
     os.replace(prefix + ".model", model_path)
     os.remove(prefix + ".vocab")
     return model_path
+
+
+def _vocabulary_size_advice(detail):
+    """SentencePiece's complaint about a vocabulary size, told in terms of --vocab_size (its
+    own advice names its own options, which tfnmt's programs do not have)."""
+    high = re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", detail)
+    if high:
+        return f"it can give at most {int(high[2]):,d} pieces (--vocab_size)"
+    low = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", detail)
+    if low:
+        return (f"it needs at least {int(low[2]):,d} pieces (one per character, 256 for "
+                f"bytes, the special ones): give --vocab_size={int(low[2])} or more")
+    return detail
 
 
 def _train(spm, sentences, prefix, vocab_size, model_type, max_sentences,
