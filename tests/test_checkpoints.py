@@ -184,6 +184,30 @@ def test_auto_passes_over_an_average_older_than_the_run(tmp_path):
     assert names("averaged") == ["averaged/ckpt-40", "averaged/ckpt-20"]
 
 
+def test_a_checkpoint_named_as_the_log_names_it_is_found_in_the_model_dir(tmp_path,
+                                                                         monkeypatch):
+    # `--checkpoint=ckpt-40` (train.py logs "ckpt-40 at step 40"): not a path from the
+    # working directory, so looked for in checkpoints/, best/ and averaged/, in that order.
+    model_dir = tmp_path / "run"
+    for directory, numbers in (("checkpoints", (30, 40)), ("averaged", (40,)), ("best", (35,))):
+        os.makedirs(model_dir / directory)
+        for n in numbers:
+            (model_dir / directory / f"ckpt-{n}.index").write_bytes(b"")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for name, found in (("ckpt-40", "checkpoints/ckpt-40"), ("ckpt-35", "best/ckpt-35"),
+                        (str(model_dir / "averaged" / "ckpt-40"), "averaged/ckpt-40")):
+        assert [os.path.relpath(p, model_dir)
+                for p in candidate_checkpoints(str(model_dir), name)] == [found]
+    (elsewhere / "ckpt-30.index").write_bytes(b"")  # a path from here comes first
+    assert candidate_checkpoints(str(model_dir), "ckpt-30") == ["ckpt-30"]
+    with pytest.raises(ModelDirError) as error:
+        candidate_checkpoints(str(model_dir), "ckpt-50")
+    assert str(error.value) == (f"no checkpoint at ckpt-50; {model_dir} holds checkpoints/ckpt-30, "
+                                "checkpoints/ckpt-40, best/ckpt-35, averaged/ckpt-40")
+
+
 def test_an_export_given_as_model_dir_is_named_as_one(tmp_path):
     # A SavedModel version, or an export_dir of numbered versions, where a training directory
     # belongs: the error says which flag reads it. Any other directory gets no such hint.

@@ -204,9 +204,10 @@ def candidate_checkpoints(model_dir, which="auto"):
       model_dir: a training directory.
       which: "latest" (the run's checkpoints, newest first), "averaged", "best" (the one
         with the best dev metric), "auto" (averaged ones made at the run's newest update, then
-        the best, then the latest ones) or a checkpoint path prefix. An average made before
-        the run was resumed and trained on without averaging is older than the model: "auto"
-        passes over it.
+        the best, then the latest ones) or a checkpoint path prefix; a relative prefix that is
+        not a path from here is looked for in the model_dir's checkpoints/, best/ and
+        averaged/ (`ckpt-2000`). An average made before the run was resumed and trained on
+        without averaging is older than the model: "auto" passes over it.
 
     Returns:
       Checkpoint prefixes, best first.
@@ -215,9 +216,15 @@ def candidate_checkpoints(model_dir, which="auto"):
       ModelDirError: none found.
     """
     if which not in ("auto", "latest", "averaged", "best"):
-        if not tf.io.gfile.exists(which + ".index"):
-            raise ModelDirError(f"no checkpoint at {which}")
-        return [which]
+        places = [which] if os.path.isabs(which) else [which] + [
+            os.path.join(model_dir, sub, which) for sub in (CHECKPOINTS, BEST, AVERAGED)]
+        for prefix in places:
+            if tf.io.gfile.exists(prefix + ".index"):
+                return [prefix]
+        names = [os.path.relpath(p, model_dir) for sub in (CHECKPOINTS, BEST, AVERAGED)
+                 for p in checkpoint_prefixes(os.path.join(model_dir, sub))]
+        raise ModelDirError(f"no checkpoint at {which}" + (
+            f"; {model_dir} holds {', '.join(names)}" if names else ""))
     averaged = checkpoint_prefixes(os.path.join(model_dir, AVERAGED))[::-1]
     best = [p for p in [best_checkpoint(os.path.join(model_dir, BEST))] if p]
     latest = checkpoint_prefixes(os.path.join(model_dir, CHECKPOINTS))[::-1]
