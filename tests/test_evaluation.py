@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import sacrebleu
 
@@ -89,6 +91,17 @@ def test_evaluate_py_without_a_model_dir_says_what_to_give(tmp_path):
         assert result.returncode == 1
         assert result.stderr.strip().splitlines()[-1] == (
             f"evaluate.py: {model_dir} holds no trained model (no settings.json); {advice}")
+    # A run on its own files without --test_files: no test split to score (the message names
+    # evaluate.py's flags, not train.py's).
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    (trained / "settings.json").write_text(json.dumps(
+        {"data": {"dataset": "files", "files": {"train": "a.tsv", "dev": "b.tsv"}}}))
+    result = python("evaluate.py", f"--model_dir={trained}", timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"evaluate.py: {trained} was trained on its own files with no test split (train.py "
+        "--test_files): give --source and --reference")
     # An export with a split but no training directory: which directory is meant.
     result = python("evaluate.py", f"--model_dir={tmp_path / 'empty'}",
                     f"--export={tmp_path / 'export'}", "--split=dev", timeout=60)

@@ -75,6 +75,9 @@ def _split_pairs(model_dir, split):
     with open(settings_path) as f:
         data = json.load(f)["data"]
     files = (data.get("files") or {}).get(split)
+    if data["dataset"] == "files" and not files:  # read_corpus would name train.py's flag
+        raise app.UsageError(f"{model_dir} was trained on its own files with no {split} split "
+                             f"(train.py --{split}_files): give --source and --reference")
     try:
         pairs = list(read_corpus(data["dataset"], split, files, data.get("tfds_data_dir")))
     except (CorpusError, OSError) as error:
