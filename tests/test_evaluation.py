@@ -110,6 +110,22 @@ def test_evaluate_py_without_a_model_dir_says_what_to_give(tmp_path):
         f"evaluate.py: {tmp_path / 'empty'} holds no trained model (no settings.json); --export "
         "scores the --split of the data its training directory names: give that directory as "
         "--model_dir, or give --source and --reference")
+    # Without --model_dir, the split is the data of the training directory the export lies in
+    # (export.py's <model_dir>/export/<version>), not of the default runs/de-en.
+    (trained / "export" / "3").mkdir(parents=True)
+    (trained / "export" / "3" / "saved_model.pb").write_bytes(b"")
+    for export in (trained / "export", trained / "export" / "3"):
+        result = python("evaluate.py", f"--export={export}", timeout=60)
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines()[-1] == (
+            f"evaluate.py: {trained} was trained on its own files with no test split (train.py "
+            "--test_files): give --source and --reference")
+    result = python("evaluate.py", f"--export={tmp_path / 'export'}", timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"evaluate.py: --export={tmp_path / 'export'} lies in no training directory, whose "
+        "settings.json names the data of --split: give that directory as --model_dir, or give "
+        "--source and --reference")
 
 
 def test_report_samples_are_readable_and_spread():

@@ -23,7 +23,8 @@ from tfnmt.paths import DEFAULT_MODEL_DIR, SETTINGS, is_export, other_kind  # no
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory: its checkpoints "
-                    "translate (unless --export), its settings.json names the dataset of --split.")
+                    "translate (unless --export), its settings.json names the dataset of --split "
+                    "(with --export: by default the directory the export lies in).")
 flags.DEFINE_string("export", None, "Translate with this SavedModel (version dir or export_dir) "
                     "instead of a checkpoint.")
 flags.DEFINE_string("checkpoint", "auto", "auto (averaged at the newest update, else best, else "
@@ -57,6 +58,32 @@ def _read_lines(path, flag):
                              f"{error.start})")
     except OSError as error:
         raise app.UsageError(f"--{flag}={path}: {error.strerror}")
+
+
+def _training_dir_of(export):
+    """The training directory an export lies in (export.py writes <model_dir>/export/<version>),
+    or None."""
+    path = os.path.abspath(export)
+    for _ in range(2):
+        path = os.path.dirname(path)
+        if os.path.exists(os.path.join(path, SETTINGS)):
+            return path
+    return None
+
+
+def _split_model_dir():
+    """The training directory whose settings name the --split's data: --model_dir, or with
+    --export and no --model_dir, the one the export lies in (not the default runs/de-en, which
+    may hold another model)."""
+    if not FLAGS.export or FLAGS["model_dir"].present:
+        return FLAGS.model_dir
+    found = _training_dir_of(FLAGS.export)
+    if found is None:
+        raise app.UsageError(
+            f"--export={FLAGS.export} lies in no training directory, whose settings.json names "
+            "the data of --split: give that directory as --model_dir, or give --source and "
+            "--reference")
+    return found
 
 
 def _split_pairs(model_dir, split):
@@ -138,7 +165,7 @@ def main(argv):
             _aligned(sources, references, "--source and --reference")
             what = os.path.basename(FLAGS.source)
         else:
-            sources, references, what = _split_pairs(FLAGS.model_dir, FLAGS.split)
+            sources, references, what = _split_pairs(_split_model_dir(), FLAGS.split)
         hypotheses = _translate(sources)
     # TensorFlow is imported only once the inputs are good.
     from tfnmt.inference.evaluation import corpus_scores
