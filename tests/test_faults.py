@@ -21,7 +21,7 @@ from helpers import ROOT, python, started, train_flags
 from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes, load_model,
                                newest_readable_checkpoint)
 from tfnmt.data import records
-from tfnmt.paths import VOCAB
+from tfnmt.paths import VOCAB, DamagedFileError, read_settings
 from tfnmt.training.stop_signals import StopSignals
 
 FAST = dict(log_every=2, checkpoint_every=2, eval_every=0, bleu_sentences=2, average_last=0,
@@ -343,3 +343,35 @@ def test_stop_signals_record_the_first_signal_and_pass_on_the_second():
     finally:
         signal.signal(signal.SIGUSR1, previous)
         signal.signal(signal.SIGUSR2, ignored)
+
+
+def test_a_damaged_settings_file_or_vocabulary_is_named_in_one_line(tiny_model_dir, tmp_path):
+    # Cut short or edited into something else, settings.json and spm.model are refused where
+    # they are read, naming the file (not a JSON or protobuf traceback from deep inside).
+    model_dir = tmp_path / "run"
+    shutil.copytree(tiny_model_dir, model_dir)
+    settings_path, spm_path = model_dir / "settings.json", model_dir / VOCAB
+    settings, spm = settings_path.read_text(), spm_path.read_bytes()
+    settings_path.write_text(settings[:40])
+    with pytest.raises(DamagedFileError, match=re.escape(f"{settings_path} does not read as "
+                                                         "JSON (")):
+        load_model(str(model_dir))
+    settings_path.write_text("[1, 2]")
+    with pytest.raises(DamagedFileError, match="holds a JSON list, not the object"):
+        read_settings(str(model_dir))
+    settings_path.write_text(settings)
+    for damaged, reason in ((spm[:1000], r"\(Error parsing message"),
+                            (b"", r"\(it holds no pieces\)")):
+        spm_path.write_bytes(damaged)
+        with pytest.raises(DamagedFileError,
+                           match=re.escape(f"{spm_path} is not a SentencePiece model ") + reason):
+            load_model(str(model_dir))
+    # A program prints it as one line and exits 1 (evaluate.py reads settings.json before it
+    # loads TensorFlow).
+    settings_path.write_text(settings[:40])
+    result = python("evaluate.py", f"--model_dir={model_dir}", timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert re.fullmatch(re.escape(f"evaluate.py: {settings_path} does not read as JSON (") + r".+"
+                        + re.escape("): restore it as train.py wrote it, or use another "
+                                    "--model_dir"), result.stderr.strip().splitlines()[-1])
+

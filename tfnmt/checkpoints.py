@@ -12,7 +12,8 @@ import tensorflow as tf
 
 from tfnmt.data import vocabulary
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS, other_kind
+from tfnmt.paths import (AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS, other_kind,
+                         read_settings)
 
 
 class ModelDirError(ValueError):
@@ -254,13 +255,11 @@ def load_model(model_dir, which="auto"):
     Raises:
       ModelDirError: no settings, vocabulary or readable checkpoint.
     """
-    settings_path = os.path.join(model_dir, SETTINGS)
-    if not os.path.exists(settings_path):
+    settings = read_settings(model_dir)
+    if settings is None:
         hint = other_kind(model_dir)
         raise ModelDirError(f"{model_dir} holds no trained model (no {SETTINGS})"
                             + (f"; {hint}" if hint else ""))
-    with open(settings_path) as f:
-        settings = json.load(f)
     try:
         protos = vocabulary.read_protos(*vocabulary.paths(
             model_dir, (settings.get("data") or {}).get("separate_vocabularies", False)))

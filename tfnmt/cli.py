@@ -7,6 +7,7 @@ import sys
 from absl import app, flags
 
 from tfnmt import allocator, cpu_kernels
+from tfnmt.paths import DamagedFileError
 
 # What use_fast_allocator() and use_onednn() chose for this process (set by run()).
 ALLOCATOR = "system"
@@ -58,12 +59,12 @@ def _parse_flags(argv):
 
 
 def run(main, doc=None, training=False):
-    """absl's app.run(main), with flag errors and an app.UsageError printed as one line,
-    `<program>: <message>`, and exit code 1 (absl would print the module's help before a
-    UsageError, and a hint after a flag error); Ctrl-C outside what a program handles itself
-    prints `<program>: interrupted` (exit 130). First the process gets its memory allocator
-    (tfnmt/allocator.py; may re-execute the process once) and, for training, its CPU kernels
-    (tfnmt/cpu_kernels.py).
+    """absl's app.run(main), with flag errors, an app.UsageError and a damaged model_dir file
+    (`paths.DamagedFileError`) printed as one line, `<program>: <message>`, and exit code 1
+    (absl would print the module's help before a UsageError, and a hint after a flag error);
+    Ctrl-C outside what a program handles itself prints `<program>: interrupted` (exit 130).
+    First the process gets its memory allocator (tfnmt/allocator.py; may re-execute the process
+    once) and, for training, its CPU kernels (tfnmt/cpu_kernels.py).
 
     Args:
       main: the entry point's main(argv).
@@ -90,7 +91,7 @@ def run(main, doc=None, training=False):
     def main_with_one_line_usage_errors(argv):
         try:
             return main(argv)
-        except app.UsageError as error:
+        except (app.UsageError, DamagedFileError) as error:
             print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback

@@ -1,5 +1,6 @@
 """Names of the files in a model_dir, and where the embedded corpus lives, in one place (every
-entry point and module reads them from here)."""
+entry point and module reads them from here); reading a model_dir's settings.json."""
+import json
 import os
 
 # The embedded German-English corpus, shipped inside the package: {train,dev,test}.tsv.gz.
@@ -42,3 +43,33 @@ def other_kind(path):
     if os.path.exists(os.path.join(path, SETTINGS)):
         return "it is a training directory: give it as --model_dir"
     return ""
+
+
+class DamagedFileError(ValueError):
+    """A model_dir file that is there but does not read as what tfnmt writes there (cut short,
+    overwritten, or edited by hand into something else). The programs print it as one line."""
+
+
+def read_settings(model_dir):
+    """A model_dir's settings.json.
+
+    Returns:
+      The settings dict, or None where the file is missing.
+
+    Raises:
+      DamagedFileError: the file is not a JSON object.
+    """
+    path = os.path.join(model_dir, SETTINGS)
+    try:
+        with open(path, encoding="utf-8") as f:
+            settings = json.load(f)
+    except FileNotFoundError:
+        return None
+    except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError
+        raise DamagedFileError(f"{path} does not read as JSON ({error}): restore it as train.py "
+                               "wrote it, or use another --model_dir") from None
+    if not isinstance(settings, dict):
+        raise DamagedFileError(f"{path} holds a JSON {type(settings).__name__}, not the object "
+                               "of settings train.py writes: restore it, or use another "
+                               "--model_dir")
+    return settings

@@ -15,7 +15,7 @@ import os
 from typing import NamedTuple
 
 from tfnmt.data.tokenizer import Tokenizer, fingerprint
-from tfnmt.paths import VOCAB
+from tfnmt.paths import VOCAB, DamagedFileError
 
 SIDE_FILES = {"source": "source.spm.model", "target": "target.spm.model"}
 
@@ -68,13 +68,32 @@ def read_protos(source_path, target_path):
 
     Raises:
       OSError: a file is missing or unreadable.
+      DamagedFileError: a file is not a SentencePiece model.
     """
-    with open(source_path, "rb") as f:
-        source = f.read()
+    source = _read_model(source_path)
     if target_path == source_path:
         return VocabularyProtos(source, source)
-    with open(target_path, "rb") as f:
-        return VocabularyProtos(source, f.read())
+    return VocabularyProtos(source, _read_model(target_path))
+
+
+def _read_model(path):
+    """A SentencePiece model file's bytes, refused here (one line) where they do not parse:
+    tf-text and sentencepiece would fail later, with a traceback of their own."""
+    from google.protobuf.message import DecodeError
+    from sentencepiece import sentencepiece_model_pb2
+
+    with open(path, "rb") as f:
+        data = f.read()
+    model = sentencepiece_model_pb2.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except DecodeError as error:
+        raise DamagedFileError(f"{path} is not a SentencePiece model ({error}): restore it, or "
+                               "use another --model_dir") from None
+    if not model.pieces:
+        raise DamagedFileError(f"{path} is not a SentencePiece model (it holds no pieces): "
+                               "restore it, or use another --model_dir")
+    return data
 
 
 def write_protos(directory, protos):

@@ -19,7 +19,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli, text_lines  # noqa: E402
-from tfnmt.paths import DEFAULT_MODEL_DIR, SETTINGS, is_export, other_kind  # noqa: E402
+from tfnmt.paths import (DEFAULT_MODEL_DIR, SETTINGS, is_export, other_kind,  # noqa: E402
+                         read_settings)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory: its checkpoints "
@@ -89,8 +90,8 @@ def _split_model_dir():
 def _split_pairs(model_dir, split):
     from tfnmt.data.corpus import CorpusError, read_corpus
 
-    settings_path = os.path.join(model_dir, SETTINGS)
-    if not os.path.exists(settings_path):
+    settings = read_settings(model_dir)
+    if settings is None:
         if is_export(model_dir):
             advice = "it is a SavedModel export: give it as --export, with --source and --reference"
         elif FLAGS.export:  # the split is of the training data that model_dir names
@@ -99,8 +100,10 @@ def _split_pairs(model_dir, split):
         else:
             advice = other_kind(model_dir) or "give --model_dir, or --source and --reference"
         raise app.UsageError(f"{model_dir} holds no trained model (no {SETTINGS}); {advice}")
-    with open(settings_path) as f:
-        data = json.load(f)["data"]
+    data = settings.get("data") or {}
+    if not data.get("dataset"):
+        raise app.UsageError(f"{os.path.join(model_dir, SETTINGS)} names no dataset (its "
+                             "data.dataset): give --source and --reference")
     files = (data.get("files") or {}).get(split)
     if data["dataset"] == "files" and not files:  # read_corpus would name train.py's flag
         raise app.UsageError(f"{model_dir} was trained on its own files with no {split} split "

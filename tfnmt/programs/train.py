@@ -302,21 +302,21 @@ def starting_settings():
     """The requested settings and explicit flags; with --init_from, those of the source model.
     Raises SettingsError for an --init_from that cannot start this model_dir."""
     from tfnmt.checkpoints import checkpoint_prefixes
-    from tfnmt.paths import CHECKPOINTS
+    from tfnmt.paths import CHECKPOINTS, read_settings
     from tfnmt.training import fine_tune
-    from tfnmt.training.settings import SettingsError, load_settings
+    from tfnmt.training.settings import SettingsError
 
     if not FLAGS.init_from:
         if FLAGS.init_optimizer:
             raise SettingsError("--init_optimizer needs --init_from")
         return requested_settings()
     source = fine_tune.resolve_source(FLAGS.init_from, FLAGS.init_optimizer)
-    saved = load_settings(FLAGS.model_dir) or {}
+    saved = read_settings(FLAGS.model_dir) or {}
     started = checkpoint_prefixes(os.path.join(FLAGS.model_dir, CHECKPOINTS))
     if started and saved.get("init_from") != source:
         raise SettingsError(f"--init_from: {FLAGS.model_dir} holds a trained model already; "
                             "fine-tune into a new --model_dir (or drop --init_from to resume)")
-    settings, explicit = requested_settings(load_settings(source["model_dir"]).get("preset"))
+    settings, explicit = requested_settings(read_settings(source["model_dir"]).get("preset"))
     return fine_tune.apply_source(settings, explicit, source), explicit
 
 

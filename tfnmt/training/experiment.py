@@ -23,7 +23,7 @@ import tensorflow as tf
 from tfnmt.checkpoints import DirectoryLock, newest_readable_checkpoint
 from tfnmt.data import pipeline, records, vocabulary
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS
+from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS, read_settings
 from tfnmt.training import fine_tune
 from tfnmt.training.best import BestCheckpoint
 from tfnmt.training.budget import TrainingBudget
@@ -32,7 +32,7 @@ from tfnmt.training.distribute import (PreReducedAdam, batch_iterator, resolve_m
 from tfnmt.training.evaluator import Evaluator
 from tfnmt.training.late_dropout import DropoutStart
 from tfnmt.training.schedule import make_schedule, paper_adam
-from tfnmt.training.settings import SettingsError, load_settings, write_json
+from tfnmt.training.settings import SettingsError, write_json
 from tfnmt.training.stats import TrainingStats
 from tfnmt.training.stop_signals import SIGNALS, StopSignals
 from tfnmt.training.summaries import write_hparams
@@ -321,7 +321,7 @@ def _prepare_data(settings, is_chief, data_dir):
     (manifest, `Vocabulary`)."""
     model_dir, d = settings["model_dir"], settings["data"]
     separate = d.get("separate_vocabularies", False)
-    saved = load_settings(model_dir)
+    saved = read_settings(model_dir)
     # A trained model's vocabulary is its own: data rebuilt for it is tokenized with it.
     model_vocab = vocabulary.paths(model_dir, separate)
     model_fingerprint = vocabulary.readable_fingerprint(*model_vocab) if saved else None

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from tfnmt.checkpoints import candidate_checkpoints, newest_readable_checkpoint
 from tfnmt.data import vocabulary
-from tfnmt.paths import CHECKPOINTS, SETTINGS
-from tfnmt.training.settings import DATA_DEFAULTS_BEFORE, SettingsError, load_settings
+from tfnmt.paths import CHECKPOINTS, SETTINGS, read_settings
+from tfnmt.training.settings import DATA_DEFAULTS_BEFORE, SettingsError
 
 # Model settings a fine-tuning run may change: they create no variables.
 CHANGEABLE_MODEL = ("dropout", "attention_dropout", "ffn_dropout")
@@ -43,7 +43,7 @@ def resolve_source(path, optimizer=False):
         model_dir = path
     else:
         raise SettingsError(f"--init_from={path}: neither a model_dir nor a checkpoint prefix")
-    separate = ((load_settings(model_dir) or {}).get("data") or {}).get("separate_vocabularies",
+    separate = ((read_settings(model_dir) or {}).get("data") or {}).get("separate_vocabularies",
                                                                           False)
     for name in [SETTINGS] + sorted(set(vocabulary.file_names(separate).values())):
         if not os.path.exists(os.path.join(model_dir, name)):
@@ -94,7 +94,7 @@ def apply_source(settings, explicit, source):
     Raises:
       SettingsError: an explicit model flag differs from the source's model.
     """
-    saved = load_settings(source["model_dir"])
+    saved = read_settings(source["model_dir"])
     model = dict(saved["model"])
     # Sinusoidal positions exist at any length; learned ones are a table of max_length rows.
     changeable = CHANGEABLE_MODEL + (("max_length",) if model.get("position") != "learned"

@@ -6,7 +6,7 @@ import os
 
 from tfnmt.checkpoints import checkpoint_prefixes
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import CHECKPOINTS, SETTINGS
+from tfnmt.paths import CHECKPOINTS, SETTINGS, read_settings
 
 # Settings a run in an existing model_dir must share with it: every model and training setting
 # but those meant to change on resume, and the data that defines the vocabulary.
@@ -19,22 +19,6 @@ RESUMABLE_TRAIN = ("train_steps", "train_minutes", "log_every", "eval_every", "b
 
 class SettingsError(ValueError):
     """Settings that cannot run in this model_dir (raised before any work)."""
-
-
-def load_settings(model_dir):
-    """The settings saved in a model_dir.
-
-    Args:
-      model_dir: the run's directory.
-
-    Returns:
-      The settings dict, or None where there are none.
-    """
-    path = os.path.join(model_dir, SETTINGS)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 MODEL_DEFAULTS = {name: parameter.default for name, parameter
@@ -98,7 +82,7 @@ def resolve_settings(requested, explicit, model_dir):
         that has checkpoints, or model_dir holds checkpoints without a settings file (nothing
         could tell whether they fit). Raised before any work.
     """
-    saved = load_settings(model_dir)
+    saved = read_settings(model_dir)
     if saved is None:
         if checkpoint_prefixes(os.path.join(model_dir, CHECKPOINTS)):
             raise SettingsError(f"{model_dir} holds checkpoints but no {SETTINGS}: nothing says "
