@@ -87,6 +87,26 @@ def test_each_weight_is_saved_once_with_its_values(exported, module):
     assert_each_weight_saved_once(exported, module.model)
 
 
+def test_a_damaged_export_is_named_in_one_line(exported, tmp_path):
+    from tfnmt.inference.loading import load_signatures
+    from tfnmt.paths import DamagedFileError
+
+    for damage in ("cut", "missing"):
+        version = tmp_path / damage
+        shutil.copytree(exported, version)
+        variables = version / "variables"
+        if damage == "cut":
+            data = next(variables.glob("variables.data-*"))
+            data.write_bytes(data.read_bytes()[:1000])
+        else:
+            (variables / "variables.index").unlink()
+        with pytest.raises(DamagedFileError) as raised:
+            load_signatures(export=str(version))
+        message = str(raised.value)
+        assert message.startswith(f"{version} does not load as a SavedModel: ")
+        assert "\n" not in message and "experimental_io_device" not in message
+
+
 def test_only_core_and_tf_text_ops(exported):
     core = set(dir(tf.raw_ops))
     ops = graph_ops(exported)

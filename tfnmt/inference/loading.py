@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from tfnmt.inference.saved_model import next_version
 from tfnmt.inference.serving import TranslationModule
-from tfnmt.paths import other_kind
+from tfnmt.paths import DamagedFileError, other_kind
 
 
 def latest_export(path):
@@ -65,11 +65,22 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
        "translate_with_prefix": (sentences, prefixes) -> (translations [B], scores [B]),
        "score": (sentences, targets) -> (log-probabilities [B], lengths [B])}, each taking
       lists of str and returning tensors.
+
+    Raises:
+      FileNotFoundError: `export` holds no SavedModel.
+      DamagedFileError: the export's files do not load (cut short, or missing).
+      checkpoints.ModelDirError: the model_dir has no model that reads back.
     """
     if export:
         import tensorflow_text  # noqa: F401  registers the SentencePiece ops
 
-        signatures = tf.saved_model.load(latest_export(export)).signatures
+        version = latest_export(export)
+        try:
+            signatures = tf.saved_model.load(version).signatures
+        except (tf.errors.OpError, OSError, IndexError, ValueError) as error:
+            # A cut or missing file: TensorFlow's message, without its advice on devices.
+            raise DamagedFileError(f"{version} does not load as a SavedModel: "
+                                   f"{str(error).strip().splitlines()[0]}") from None
         run = {name: _from_strings(signatures[name]) for name in signatures}
     else:
         from tfnmt.checkpoints import load_model
