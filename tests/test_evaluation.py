@@ -18,16 +18,27 @@ def test_corpus_scores_are_sacrebleus():
     assert full["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp")
     assert "nc:6|nw:0" in full["chrf_signature"] and "tok:tercom" in full["ter_signature"]
     assert corpus_scores(references, references)["bleu"] == pytest.approx(100)
+    # Several references per sentence: sacreBLEU's multi-reference scores.
+    second = ["The house is red.", "Good morning!", "He told them."]
+    both = corpus_scores(hypotheses, references, ter=True, signatures=True,
+                         more_references=[second])
+    assert both["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references, second]).score
+    assert both["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references, second]).score
+    assert both["ter"] == sacrebleu.corpus_ter(hypotheses, [references, second]).score
+    assert both["bleu"] > scores["bleu"] and both["bleu_signature"].startswith("nrefs:2|")
 
 
 @pytest.mark.parametrize("hypotheses,references,message", [
     (["a b c", "d e f", "g h i"], ["a b c", "d e f"], "3 hypotheses for 2 references"),
     (["a b c"], ["a b c", "d e f"], "1 hypotheses for 2 references"),
     ([], [], "no sentences"),
+    (["a b c", "d e f"], ["a b c", "d e f", "g"], "2 hypotheses for 3 references"),
 ])
 def test_corpus_scores_refuse_what_cannot_be_scored(hypotheses, references, message):
     with pytest.raises(ValueError, match=message):
         corpus_scores(hypotheses, references)
+    with pytest.raises(ValueError, match=message):  # as a second reference
+        corpus_scores(hypotheses, hypotheses, more_references=[references])
 
 
 def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir, tmp_path):
@@ -37,19 +48,23 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
 
     sources = ["Das ist ein Haus.", "Guten Morgen!", "Er sprach zu ihnen."]
     references = ["That is a house.", "Good morning!", "He spoke to them."]
+    second = ["This is a house.", "Morning!", "He talked to them."]
     (tmp_path / "src.de").write_text("\n".join(sources) + "\n", encoding="utf-8")
     (tmp_path / "ref.en").write_text("\n".join(references) + "\n", encoding="utf-8")
+    (tmp_path / "ref-b.en").write_text("\n".join(second) + "\n", encoding="utf-8")
     output = tmp_path / "hyp.en"
+    # Two references per sentence (--reference repeated).
     translated = python("evaluate.py", f"--model_dir={tiny_model_dir}",
                         f"--source={tmp_path / 'src.de'}", f"--reference={tmp_path / 'ref.en'}",
-                        f"--output={output}", "--json")
+                        f"--reference={tmp_path / 'ref-b.en'}", f"--output={output}", "--json")
     assert translated.returncode == 0, translated.stderr[-2000:]
     scores = json.loads(translated.stdout.strip().splitlines()[-1])
     hypotheses = output.read_text(encoding="utf-8").splitlines()
-    assert len(hypotheses) == 3 and scores["sentences"] == 3
-    assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
-    assert scores["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references]).score
-    assert scores["ter"] == sacrebleu.corpus_ter(hypotheses, [references]).score
+    assert len(hypotheses) == 3 and (scores["sentences"], scores["references"]) == (3, 2)
+    assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references, second]).score
+    assert scores["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references, second]).score
+    assert scores["ter"] == sacrebleu.corpus_ter(hypotheses, [references, second]).score
+    assert scores["bleu_signature"].startswith("nrefs:2|")
 
     # Translations made elsewhere: scored without a model, with the signatures printed. Lines
     # end at \n (or \r\n) only, as translate.py writes them, so a U+2028 or a form feed inside
@@ -71,6 +86,12 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
     assert misaligned.returncode == 1
     assert misaligned.stderr.strip() == ("evaluate.py: --hypotheses and --reference have 1 and "
                                          "3 lines: they must be line-aligned")
+    misaligned = python("evaluate.py", f"--hypotheses={tmp_path / 'hyp.en'}",
+                        f"--reference={tmp_path / 'ref.en'}", f"--reference={tmp_path / 'short.en'}")
+    assert misaligned.returncode == 1
+    assert misaligned.stderr.strip() == (f"evaluate.py: --hypotheses and --reference="
+                                         f"{tmp_path / 'short.en'} have 3 and 1 lines: they must "
+                                         "be line-aligned")
 
 
 def test_evaluate_py_without_a_model_dir_says_what_to_give(tmp_path):

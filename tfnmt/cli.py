@@ -35,7 +35,8 @@ def refuse_checkpoint_search_flags():
 def check_output_path(path, inputs=None):
     """Raises app.UsageError (one line, before any work) for an --output path that cannot be
     written: a directory, or in a directory that is missing or not writable; or one of the
-    files the program reads (`inputs`: {flag name: path or None}), which writing would lose."""
+    files the program reads (`inputs`: {flag name: path or None}, or (flag name, path) pairs),
+    which writing would lose."""
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise app.UsageError(f"--output {path}: is a directory, not a file")
@@ -43,7 +44,8 @@ def check_output_path(path, inputs=None):
         raise app.UsageError(f"--output {path}: directory {directory} does not exist")
     if not os.access(directory, os.W_OK):
         raise app.UsageError(f"--output {path}: directory {directory} is not writable")
-    for flag, input_path in (inputs or {}).items():
+    pairs = inputs.items() if isinstance(inputs, dict) else (inputs or ())
+    for flag, input_path in pairs:
         if input_path not in (None, "-") and os.path.exists(path) and \
                 os.path.exists(input_path) and os.path.samefile(path, input_path):
             raise app.UsageError(f"--output {path}: is the --{flag} file, which writing the "

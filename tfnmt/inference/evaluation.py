@@ -180,7 +180,7 @@ class Translator:
         return translate_lines(self.translate_batch, list(sentences), self.batch_size)
 
 
-def corpus_scores(hypotheses, references, ter=False, signatures=False):
+def corpus_scores(hypotheses, references, ter=False, signatures=False, more_references=()):
     """Corpus scores with sacreBLEU's defaults (BLEU with 13a tokenization, chrF, TER).
 
     Args:
@@ -189,24 +189,28 @@ def corpus_scores(hypotheses, references, ter=False, signatures=False):
       ter: also compute TER.
       signatures: also return "<metric>_signature", the strings that say exactly how each
         score was computed.
+      more_references: further references per sentence, each a list like `references`
+        (sacreBLEU's multi-reference scores; the signatures say nrefs).
 
     Returns:
       {"bleu", "chrf"[, "ter"][, "<metric>_signature"...]}.
 
     Raises:
       ValueError: no sentences, or unequal counts."""
-    hypotheses, references = list(hypotheses), list(references)
-    if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references: "
-                         "scores need one hypothesis per reference")
-    if not references:
+    hypotheses = list(hypotheses)
+    streams = [list(references)] + [list(more) for more in more_references]
+    for stream in streams:
+        if len(hypotheses) != len(stream):
+            raise ValueError(f"{len(hypotheses)} hypotheses for {len(stream)} references: "
+                             "scores need one hypothesis per reference")
+    if not hypotheses:
         raise ValueError("no sentences to score")
     metrics = {"bleu": sacrebleu.metrics.BLEU(), "chrf": sacrebleu.metrics.CHRF()}
     if ter:
         metrics["ter"] = sacrebleu.metrics.TER()
     scores = {}
     for name, metric in metrics.items():
-        scores[name] = metric.corpus_score(hypotheses, [references]).score
+        scores[name] = metric.corpus_score(hypotheses, streams).score
         if signatures:
             scores[f"{name}_signature"] = str(metric.get_signature())
     return scores

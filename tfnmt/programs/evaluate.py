@@ -1,7 +1,8 @@
 """Score translations with sacreBLEU: BLEU, chrF and TER, each with its signature.
 
 What is translated: a split of the model's dataset (--split, the default: test), or your own
-line-aligned files (--source and --reference). Who translates: a training directory's
+line-aligned files (--source and --reference; repeat --reference for several references per
+sentence). Who translates: a training directory's
 checkpoint (--model_dir, beam search) or an export (--export, its own settings); or nobody,
 with --hypotheses naming translations made elsewhere.
 
@@ -9,6 +10,7 @@ with --hypotheses naming translations made elsewhere.
   python evaluate.py --model_dir=runs/de-en --split=dev --output=dev.hyp
   python evaluate.py --export=runs/de-en/export --source=news.de --reference=news.en
   python evaluate.py --hypotheses=news.hyp --reference=news.en      # score existing output
+  python evaluate.py --hypotheses=news.hyp --reference=news.en --reference=news.2.en
 """
 import json
 import os
@@ -34,8 +36,9 @@ flags.DEFINE_string("checkpoint", "auto", "auto (averaged at the newest update, 
 flags.DEFINE_enum("split", "test", ["dev", "test"], "Split of the model's dataset to score "
                   "(ignored with --source/--reference).")
 flags.DEFINE_string("source", None, "Source sentences, one per line (with --reference).")
-flags.DEFINE_string("reference", None, "Reference translations, line-aligned with --source "
-                    "or --hypotheses.")
+flags.DEFINE_multi_string("reference", None, "Reference translations, line-aligned with "
+                          "--source or --hypotheses; repeat it for several references per "
+                          "sentence.")
 flags.DEFINE_string("hypotheses", None, "Score these translations (one per line) against "
                     "--reference, translating nothing.")
 flags.DEFINE_integer("beam_size", 4, "Beam size (checkpoints only).")
@@ -126,6 +129,16 @@ def _aligned(lines, references, flags_named):
         raise app.UsageError(f"{flags_named} are empty: nothing to score")
 
 
+def _read_references(lines, flag):
+    """Each --reference file's lines (a list per file), each aligned with --<flag>'s `lines`."""
+    references = []
+    for path in FLAGS.reference:
+        named = "--reference" if len(FLAGS.reference) == 1 else f"--reference={path}"
+        references.append(_read_lines(path, "reference"))
+        _aligned(lines, references[-1], f"--{flag} and {named}")
+    return references
+
+
 def _translate(sources):
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
@@ -154,22 +167,17 @@ def main(argv):
     if FLAGS.export:
         cli.refuse_checkpoint_search_flags()
     if FLAGS.output:  # written after translating: refused before, not after that work
-        cli.check_output_path(FLAGS.output, {"source": FLAGS.source,
-                                             "reference": FLAGS.reference})
-    if FLAGS.hypotheses:
-        references = _read_lines(FLAGS.reference, "reference")
-        hypotheses = _read_lines(FLAGS.hypotheses, "hypotheses")
-        _aligned(hypotheses, references, "--hypotheses and --reference")
-        what = os.path.basename(FLAGS.hypotheses)
+        cli.check_output_path(FLAGS.output, [("source", FLAGS.source)]
+                              + [("reference", path) for path in FLAGS.reference or ()])
+    if FLAGS.hypotheses or FLAGS.source:
+        flag = "hypotheses" if FLAGS.hypotheses else "source"
+        lines = _read_lines(FLAGS[flag].value, flag)
+        references = _read_references(lines, flag)
+        what = os.path.basename(FLAGS[flag].value)
     else:
-        if FLAGS.source:
-            sources = _read_lines(FLAGS.source, "source")
-            references = _read_lines(FLAGS.reference, "reference")
-            _aligned(sources, references, "--source and --reference")
-            what = os.path.basename(FLAGS.source)
-        else:
-            sources, references, what = _split_pairs(_split_model_dir(), FLAGS.split)
-        hypotheses = _translate(sources)
+        lines, split_references, what = _split_pairs(_split_model_dir(), FLAGS.split)
+        references = [split_references]
+    hypotheses = lines if FLAGS.hypotheses else _translate(lines)  # else lines are sources
     # TensorFlow is imported only once the inputs are good.
     from tfnmt.inference.evaluation import corpus_scores
 
@@ -177,11 +185,14 @@ def main(argv):
         output = text_lines.LineWriter(FLAGS.output)
         output.write(hypotheses)
         output.close()
-    scores = corpus_scores(hypotheses, references, ter=True, signatures=True)
+    scores = corpus_scores(hypotheses, references[0], ter=True, signatures=True,
+                           more_references=references[1:])
     if FLAGS.json:
-        print(json.dumps(dict(scores, sentences=len(references), scored=what)))
+        print(json.dumps(dict(scores, sentences=len(hypotheses), references=len(references),
+                              scored=what)))
         return
-    print(f"{what}: {len(references)} sentences")
+    print(f"{what}: {len(hypotheses)} sentences"
+          + (f", {len(references)} references each" if len(references) > 1 else ""))
     for name, label in (("bleu", "BLEU"), ("chrf", "chrF2"), ("ter", "TER")):
         print(f"  {label:6s} {scores[name]:6.2f}  {scores[f'{name}_signature']}")
 
