@@ -2,9 +2,9 @@
 
 What is translated: a split of the model's dataset (--split, the default: test), or your own
 line-aligned files (--source and --reference; repeat --reference for several references per
-sentence). Who translates: a training directory's
-checkpoint (--model_dir, beam search) or an export (--export, its own settings); or nobody,
-with --hypotheses naming translations made elsewhere.
+sentence). Who translates: a training directory's checkpoint (--model_dir, beam search) or an
+export (--export, its own settings); or nobody, with --hypotheses naming translations made
+elsewhere.
 
   python evaluate.py                                                # test split, beam 4
   python evaluate.py --model_dir=runs/de-en --split=dev --output=dev.hyp
