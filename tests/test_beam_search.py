@@ -8,7 +8,8 @@ import tensorflow as tf
 from helpers import random_ids
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from tfnmt.inference.beam_search import STOP_RULES, beam_search, length_penalty
-from tfnmt.inference.decoding import greedy_decode, greedy_decode_uncached, top_log_probs
+from tfnmt.inference.decoding import greedy_decode_uncached, top_log_probs
+from tfnmt.inference.greedy_search import greedy_decode
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
 

@@ -3,7 +3,8 @@ import numpy as np
 from tfnmt.copy_task import copy_batch, train_copy_model
 from tfnmt.data.special_tokens import EOS_ID
 from tfnmt.inference.beam_search import beam_search
-from tfnmt.inference.decoding import greedy_decode, greedy_decode_uncached
+from tfnmt.inference.decoding import greedy_decode_uncached
+from tfnmt.inference.greedy_search import greedy_decode
 
 
 def test_tiny_model_learns_to_copy_unseen_inputs():

@@ -14,7 +14,7 @@ from tfnmt.data.special_tokens import EOS_ID, PAD_ID
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.ctranslate2_export import (CTranslate2ExportError, export_ctranslate2,
                                                 spm_pieces, transformer_spec)
-from tfnmt.inference.decoding import greedy_decode
+from tfnmt.inference.greedy_search import greedy_decode
 from tfnmt.model.transformer import Transformer
 
 ctranslate2 = pytest.importorskip("ctranslate2")

@@ -11,8 +11,8 @@ from tfnmt.checkpoints import load_model
 from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.data.tokenizer import Tokenizer, to_source_ids
 from tfnmt.inference.beam_search import beam_search
-from tfnmt.inference.decoding import (SamplingSearch, batch_major, greedy_decode,
-                                     sample_decode)
+from tfnmt.inference.greedy_search import (SamplingSearch, batch_major, greedy_decode,
+                                          sample_decode)
 
 SOURCES = ["Das ist ein Haus.", "Er sprach zu ihnen.", "Guten Morgen!", "Ja."]
 

@@ -144,7 +144,8 @@ def test_sizes_no_transformer_can_have_are_refused_before_building():
 
 
 def test_cached_greedy_equals_uncached_greedy():
-    from tfnmt.inference.decoding import greedy_decode, greedy_decode_uncached
+    from tfnmt.inference.decoding import greedy_decode_uncached
+    from tfnmt.inference.greedy_search import greedy_decode
 
     model = Transformer(vocab_size=30, **TINY)
     source = tf.constant(random_ids(np.random.default_rng(5), 3, 6, 30))

@@ -481,7 +481,7 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     from tfnmt.checkpoints import load_model
     from tfnmt.data.special_tokens import EOS_ID, PAD_ID
     from tfnmt.inference.ctranslate2_export import export_ctranslate2
-    from tfnmt.inference.decoding import greedy_decode
+    from tfnmt.inference.greedy_search import greedy_decode
     from tfnmt.inference.saved_model import export_saved_model
     from tfnmt.inference.serving import TranslationModule
 

@@ -1,11 +1,14 @@
 """Inference: searches, scoring and the exported translators.
 
   decoding.py            `dynamic_decode`, the one decoding loop, and its strategies' interface;
-                         greedy search, random sampling, target prefixes; exact top-k
+                         target prefixes; exact top-k; greedy search by full recomputation
+  greedy_search.py       the greedy and random-sampling strategies
   beam_search.py         the beam strategy, with length penalty
+  length_penalty.py      the length penalty chosen on dev at the end of training
   scoring.py             forced decoding: log P(target | source) of given translations
   evaluation.py          loss/perplexity, batched translation, sacreBLEU/chrF/TER
   serving.py             the in-graph translator (`TranslationModule`) and its signatures
+  serving_precision.py   bf16 or float32 products, chosen on the serving machine
   saved_model.py         the versioned SavedModel export, checked by the C++ loader
   loading.py             a model_dir's or an export's signatures as Python functions
   session_loader.py      TensorFlow's C++ SavedModel loader (TF Serving's) via ctypes

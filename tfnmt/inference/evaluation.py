@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tfnmt.data.tokenizer import to_source_ids
 from tfnmt.inference.beam_search import beam_search
-from tfnmt.inference.decoding import greedy_decode
+from tfnmt.inference.greedy_search import greedy_decode
 from tfnmt.training.losses import masked_accuracy_sum, masked_loss_sum
 
 

@@ -27,7 +27,8 @@ from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.data.tokenizer import has_content, portable_model_proto, strip_output, to_source_ids
 from tfnmt.data.vocabulary import as_protos
 from tfnmt.inference.beam_search import STOP_RULES, beam_search
-from tfnmt.inference.decoding import EXTRA_LENGTH, SamplingSearch, decode_limits, dynamic_decode
+from tfnmt.inference.decoding import EXTRA_LENGTH, decode_limits, dynamic_decode
+from tfnmt.inference.greedy_search import SamplingSearch
 from tfnmt.inference.scoring import sequence_log_probs, target_arrays
 from tfnmt.inference.serving_precision import CPUINFO, ENVIRON, SearchPrecision
 from tfnmt.layers.linear import low_precision_matmuls
@@ -100,7 +101,7 @@ class TranslationModule:
       chunk_size: sentences searched at once; a larger request is translated in chunks of this
         many, one after another.
       sampling: None for beam search, or {"temperature", "top_k", "seed"}: each translation is
-        drawn at random instead (`decoding.SamplingSearch`; n_best must be 1).
+        drawn at random instead (`greedy_search.SamplingSearch`; n_best must be 1).
       cpuinfo: the file an "auto" export reads its CPU flags from (tests give their own).
       environ: the file an "auto" export reads its process environment from (its
         ONEDNN_MAX_CPU_ISA; tests give their own).
