@@ -631,6 +631,10 @@ def test_two_workers_train_to_identical_weights(small_corpus, train_data, tmp_pa
     for p, (out, err) in zip(processes, outputs):
         assert p.returncode == 0, err[-3000:]
         assert "2 replica(s)" in out and "step      6/6" in out and "eval step 3:" in out
+    # The chief evaluates the final weights and reports; the other worker only says it is done.
+    assert "dev sacreBLEU" in outputs[0][0] and "dev sacreBLEU" not in outputs[1][0]
+    assert outputs[1][0].strip().splitlines()[-1] == (
+        "worker 1 done at step 6; the chief reports the run's dev scores")
     chief = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints", "ckpt-6"))
     worker = tf.train.load_checkpoint(os.path.join(model_dir, "workers", "1", "ckpt-6"))
     # Every tensor: weights (stored under the optimizer's shorter object path) and Adam slots.

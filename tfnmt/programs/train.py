@@ -383,11 +383,12 @@ def main(argv):
     except TrainingInterrupted as interrupted:  # Ctrl-C or SIGTERM: the last update is saved
         print(interrupted, flush=True)
         return 128 + interrupted.signum  # as a shell reports a process the signal ended
+    if metrics is None:  # a worker other than the chief: the chief reports
+        return 0
     search = "greedy" if settings["train"]["eval_beam_size"] == 1 \
         else f"beam {settings['train']['eval_beam_size']}"
     print(f"dev sacreBLEU {metrics['bleu']:.2f} ({search})  ({FLAGS.model_dir})", flush=True)
-    if distribute.task_role(strategy)[0]:
-        final_report(settings, metrics)
+    final_report(settings, metrics)
 
 
 def final_report(settings, dev_metrics):

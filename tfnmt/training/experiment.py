@@ -78,7 +78,8 @@ def run(settings, strategy, log=print):
       log: called with each line of the training log.
 
     Returns:
-      The final dev metrics: loss, perplexity, accuracy, bleu, chrf.
+      The final dev metrics: loss, perplexity, accuracy, bleu, chrf (None on a worker other
+      than the chief).
 
     Raises:
       TrainingError: a full disk, damaged prepared data or a diverged fp16 loss (one line;
@@ -114,7 +115,7 @@ def run(settings, strategy, log=print):
 def _run(settings, strategy, log, checkpoint_dir, data_dir):
     model_dir = settings["model_dir"]
     t = settings["train"]
-    is_chief, _ = task_role(strategy)
+    is_chief, task_id = task_role(strategy)
     # Seed before any tokenizer exists: tf.random.set_seed deletes their TF resources.
     keras.utils.set_random_seed(t["seed"])
     os.makedirs(model_dir, exist_ok=True)
@@ -268,8 +269,11 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
             log(f"stopped early at step {step}: {_early_stop_reason(best)}")
     train_writer.flush()
 
+    if not is_chief:  # the chief evaluates the run's final weights (perhaps averaged) and reports
+        log(f"worker {task_id} done at step {step}; the chief reports the run's dev scores")
+        return None
     final_name = "latest"
-    if t["average_last"] > 1 and is_chief:
+    if t["average_last"] > 1:
         paths = keeper.manager.checkpoints[-t["average_last"]:]
         if len(paths) > 1:
             prefix = os.path.join(model_dir, AVERAGED, f"ckpt-{step}")
