@@ -570,6 +570,14 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
      "--eval_every is 0"),
     ("--average_last=20", "--average_last=20 averages the last 20 checkpoints, and "
      "--keep_checkpoints=5 keeps 5: raise --keep_checkpoints"),
+    # Files given mean --dataset=files (their paths are checked), unless --dataset says
+    # otherwise, which would leave them unread.
+    ("--train_files=/nonexistent/a.tsv --dev_files=/nonexistent/b.tsv",
+     "--train_files: /nonexistent/a.tsv: file not found"),
+    ("--test_files=/nonexistent/b.tsv", "--dataset=files (your own corpus) needs --train_files"),
+    ("--dataset=embedded --train_files=/nonexistent/a.tsv", "--train_files is for "
+     "--dataset=files, and --dataset=embedded reads its own splits: give --dataset=files, or "
+     "drop --train_files"),
 ])
 def test_bad_flags_fail_fast(flag, message, tmp_path):
     result = python("train.py", f"--model_dir={tmp_path}", *flag.split(), timeout=60)

@@ -40,8 +40,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Directory for checkpoints, settings, "
                     "vocabulary and TensorBoard logs; rerunning resumes from it.")
 flags.DEFINE_string("dataset", "embedded", "'embedded' (tfnmt/data/de-en, the default), 'files' "
-                    "(with --train_files etc.), or a TFDS translation dataset name such as "
-                    "wmt14_translate/de-en or ted_hrlr_translate/pt_to_en.")
+                    "(your own, with --train_files etc.; the default when they are given), or a "
+                    "TFDS translation dataset name such as wmt14_translate/de-en.")
 flags.DEFINE_multi_string("train_files", None, "With --dataset=files: a TSV (source<TAB>target) "
                           "or 'source.txt,target.txt' of line-aligned files; .gz is read too. "
                           "Repeat the flag for several corpora (see --train_weights).")
@@ -255,6 +255,8 @@ def requested_settings(preset=None):
         settings["train"]["train_minutes"] = 0.0
         explicit.add("train.train_minutes")
     explicit |= {f"data.{k}" for k in DATA_FLAGS if FLAGS[k].present}
+    if FLAGS.dataset == "files" and not FLAGS["dataset"].present:  # given files mean it
+        explicit.add("data.dataset")
     explicit |= {"data.files" for s in ("train", "dev", "test") if FLAGS[f"{s}_files"].present}
     explicit |= {"data.train_weights"} if FLAGS["train_weights"].present else set()
     explicit |= {f"model.{k}" for k in MODEL_FLAGS if FLAGS[k].present}
@@ -320,11 +322,26 @@ def starting_settings():
     return fine_tune.apply_source(settings, explicit, source), explicit
 
 
+def use_files_given():
+    """--train_files and the like name the user's own corpus: --dataset=files unless --dataset
+    says otherwise, which is refused (the files would be left unread)."""
+    given = [f"--{name}" for name in ("train_files", "dev_files", "test_files", "train_weights")
+             if FLAGS[name].present]
+    if not given or FLAGS.dataset == "files":
+        return
+    if FLAGS["dataset"].present:
+        raise app.UsageError(f"{given[0]} is for --dataset=files, and --dataset={FLAGS.dataset} "
+                             f"reads its own splits: give --dataset=files, or drop {given[0]}")
+    FLAGS.dataset = "files"
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    use_files_given()
     if FLAGS.dataset == "files" and not FLAGS.train_files:
-        raise app.UsageError("--dataset=files needs --train_files (and --dev_files for BLEU)")
+        raise app.UsageError("--dataset=files (your own corpus) needs --train_files (and "
+                             "--dev_files for BLEU)")
     if FLAGS.dataset == "files" and not FLAGS.dev_files:
         raise app.UsageError("--dataset=files needs --dev_files: evaluation reports dev BLEU")
     if FLAGS["train_minutes"].present and FLAGS["train_steps"].present:
