@@ -563,6 +563,8 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--alpha=short", "--alpha: give auto or a number >= 0"),
     ("--subword_alpha=-0.1", "--subword_alpha must be >= 0"),
     ("--subword_nbest=0", "--subword_nbest must be positive or -1"),
+    ("--subword_nbest=8", "--subword_nbest is for subword sampling, which --subword_alpha turns "
+     "on (it is 0 for this run): give --subword_alpha, or drop --subword_nbest"),
     ("--d_model=66 --num_heads=4", "d_model=66 must be a multiple of num_heads=4"),
     ("--batch_tokens=100", "batch_tokens=100 cannot hold one pair of the maximum length 256"),
     ("--cpu_devices=2", "--cpu_devices=2 splits the CPU for --strategy=mirrored"),

@@ -383,6 +383,10 @@ def main(argv):
         raise app.UsageError(f"--early_stopping={t['early_stopping']} counts dev evaluations "
                              f"during the run, and --eval_every is 0{default}: give "
                              "--eval_every")
+    if FLAGS["subword_nbest"].present and not t.get("subword_alpha"):  # it would change nothing
+        raise app.UsageError("--subword_nbest is for subword sampling, which --subword_alpha "
+                             "turns on (it is 0 for this run): give --subword_alpha, or drop "
+                             "--subword_nbest")
     if t.get("average_last", 0) > t["keep_checkpoints"]:  # it would average fewer
         raise app.UsageError(f"--average_last={t['average_last']} averages the last "
                              f"{t['average_last']} checkpoints, and --keep_checkpoints="
