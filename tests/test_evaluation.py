@@ -94,6 +94,25 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
                                          "be line-aligned")
 
 
+@pytest.mark.parametrize("flag, message", [
+    ("--beam_size=8", "--beam_size is for translating, and --hypotheses scores translations "
+     "made elsewhere: drop --beam_size"),
+    ("--export=runs/de-en/export", "--export is for translating"),
+    ("--checkpoint=best", "--checkpoint is for translating"),
+    ("--split=dev", "--split scores the model's dataset, and --source or --hypotheses give your "
+     "own sentences: drop --split"),
+])
+def test_evaluate_py_refuses_flags_that_scoring_given_translations_would_leave_unused(
+        flag, message, tmp_path):
+    from helpers import python
+
+    (tmp_path / "hyp.en").write_text("A house.\n")
+    result = python("evaluate.py", f"--hypotheses={tmp_path / 'hyp.en'}",
+                    f"--reference={tmp_path / 'hyp.en'}", flag, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(f"evaluate.py: {message}")
+
+
 def test_evaluate_py_without_a_model_dir_says_what_to_give(tmp_path):
     from helpers import python
 

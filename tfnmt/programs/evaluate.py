@@ -34,7 +34,7 @@ flags.DEFINE_string("checkpoint", "auto", "auto (averaged at the newest update, 
                     "latest) | latest | averaged | best | a checkpoint path, or a name such as "
                     "ckpt-2000 in the model_dir.")
 flags.DEFINE_enum("split", "test", ["dev", "test"], "Split of the model's dataset to score "
-                  "(ignored with --source/--reference).")
+                  "(not with --source or --hypotheses, which give your own).")
 flags.DEFINE_string("source", None, "Source sentences, one per line (with --reference).")
 flags.DEFINE_multi_string("reference", None, "Reference translations, line-aligned with "
                           "--source or --hypotheses; repeat it for several references per "
@@ -164,6 +164,14 @@ def main(argv):
         raise app.UsageError("--reference needs --source (to translate) or --hypotheses")
     if FLAGS.hypotheses and FLAGS.output:
         raise app.UsageError("--output writes translations, and --hypotheses translates nothing")
+    if FLAGS.hypotheses:  # what would translate: left unused, so refused
+        for name in ("export", "checkpoint", "beam_size", "alpha", "beam_stop", "batch_size"):
+            if FLAGS[name].present:
+                raise app.UsageError(f"--{name} is for translating, and --hypotheses scores "
+                                     f"translations made elsewhere: drop --{name}")
+    if FLAGS["split"].present and (FLAGS.source or FLAGS.hypotheses):
+        raise app.UsageError("--split scores the model's dataset, and --source or --hypotheses "
+                             "give your own sentences: drop --split")
     if FLAGS.export:
         cli.refuse_checkpoint_search_flags()
     if FLAGS.output:  # written after translating: refused before, not after that work
