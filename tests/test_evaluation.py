@@ -101,14 +101,17 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
     ("--checkpoint=best", "--checkpoint is for translating"),
     ("--split=dev", "--split scores the model's dataset, and --source or --hypotheses give your "
      "own sentences: drop --split"),
+    ("--model_dir=runs/x --export=runs/x/export", "give one of --model_dir and --export to "
+     "translate --source"),
 ])
 def test_evaluate_py_refuses_flags_that_scoring_given_translations_would_leave_unused(
         flag, message, tmp_path):
     from helpers import python
 
     (tmp_path / "hyp.en").write_text("A house.\n")
-    result = python("evaluate.py", f"--hypotheses={tmp_path / 'hyp.en'}",
-                    f"--reference={tmp_path / 'hyp.en'}", flag, timeout=60)
+    given = "--source" if flag.startswith("--model_dir") else "--hypotheses"
+    result = python("evaluate.py", f"{given}={tmp_path / 'hyp.en'}",
+                    f"--reference={tmp_path / 'hyp.en'}", *flag.split(), timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith(f"evaluate.py: {message}")
 

@@ -169,6 +169,9 @@ def main(argv):
             if FLAGS[name].present:
                 raise app.UsageError(f"--{name} is for translating, and --hypotheses scores "
                                      f"translations made elsewhere: drop --{name}")
+    if FLAGS.export and FLAGS.source and FLAGS["model_dir"].present:
+        raise app.UsageError("give one of --model_dir and --export to translate --source (with "
+                             "--export, --model_dir only names the data of --split)")
     if FLAGS["split"].present and (FLAGS.source or FLAGS.hypotheses):
         raise app.UsageError("--split scores the model's dataset, and --source or --hypotheses "
                              "give your own sentences: drop --split")
