@@ -424,6 +424,12 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
         error = run("translate.py", f"--export={os.path.dirname(exported)}", flag,
                     returncode=1)
         assert message in error and len(error.strip().splitlines()) == 1, error
+    # An output that fills the disk (/dev/full) fails in one line too, after translating.
+    error = run("translate.py", f"--export={os.path.dirname(exported)}", "--output=/dev/full",
+                stdin="Guten Morgen!\n", returncode=1)
+    assert error.strip().splitlines()[-1] == ("translate.py: /dev/full: No space left on device; "
+                                              "0 lines were written in full before it")
+    assert "Traceback" not in error
     # From the checkpoint, file -> file, with attention plots of the first sentence.
     source = tmp_path / "in.de"
     source.write_text("Er sprach zu ihnen.\nJa.\n", encoding="utf-8")

@@ -131,3 +131,28 @@ def test_line_writer_compresses_a_gz_output(tmp_path):
     writer.close()
     assert gzip.decompress(path.read_bytes()) == b"a\nb\nc\n"
     assert text_lines.read_lines(str(path)) == ["a", "b", "c"]
+
+
+def test_a_file_that_cannot_be_written_is_named_with_the_lines_it_got(tmp_path):
+    # /dev/full fails every write with ENOSPC, as a full disk does.
+    writer = text_lines.LineWriter("/dev/full")
+    with pytest.raises(text_lines.OutputError, match=r"^/dev/full: No space left on device; 0 "
+                                                     r"lines were written in full before it$"):
+        writer.write(["a", "b"])
+    writer.close()  # the first failure is the one told: closing does not raise another
+    # Lines written before a failure are counted; a reader that went away passes unchanged.
+    path = tmp_path / "out.en"
+    writer = text_lines.LineWriter(str(path))
+    writer.write(["one", "two"])
+    writer.close()
+    assert writer.written == 2 and path.read_text() == "one\ntwo\n"
+
+    class GoneReader:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    writer = text_lines.LineWriter("-")
+    writer.file = GoneReader()
+    with pytest.raises(BrokenPipeError):
+        writer.write(["x"])
+

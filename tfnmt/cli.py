@@ -8,6 +8,7 @@ from absl import app, flags
 
 from tfnmt import allocator, cpu_kernels
 from tfnmt.paths import DamagedFileError
+from tfnmt.text_lines import OutputError
 
 # What use_fast_allocator() and use_onednn() chose for this process (set by run()).
 ALLOCATOR = "system"
@@ -61,8 +62,9 @@ def _parse_flags(argv):
 
 
 def run(main, doc=None, training=False):
-    """absl's app.run(main), with flag errors, an app.UsageError and a damaged model_dir file
-    (`paths.DamagedFileError`) printed as one line, `<program>: <message>`, and exit code 1
+    """absl's app.run(main), with flag errors, an app.UsageError, a damaged model_dir file
+    (`paths.DamagedFileError`) and an output file that could not be written
+    (`text_lines.OutputError`) printed as one line, `<program>: <message>`, and exit code 1
     (absl would print the module's help before a UsageError, and a hint after a flag error);
     Ctrl-C outside what a program handles itself prints `<program>: interrupted` (exit 130).
     First the process gets its memory allocator (tfnmt/allocator.py; may re-execute the process
@@ -93,7 +95,7 @@ def run(main, doc=None, training=False):
     def main_with_one_line_usage_errors(argv):
         try:
             return main(argv)
-        except (app.UsageError, DamagedFileError) as error:
+        except (app.UsageError, DamagedFileError, OutputError) as error:
             print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback

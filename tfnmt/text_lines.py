@@ -57,27 +57,48 @@ def read_lines(path, errors="strict"):
     return list(iter_lines(path, errors))
 
 
+class OutputError(OSError):
+    """A LineWriter's file that could not be written (a full disk, for example): one line
+    naming it and how many lines it got, which the programs print as their error."""
+
+
 class LineWriter:
     """Writes lines to a file (gzip-compressed where it ends in .gz) or stdout ("-"), one per
     item, flushed after each call; a line break inside an item becomes a space. The file is
     created at the first write, so a run that fails before translating anything leaves an
-    existing file alone."""
+    existing file alone. A write that fails raises OutputError (BrokenPipeError, a reader that
+    went away, passes unchanged)."""
 
     def __init__(self, path):
-        self.path, self.file = path, None
+        self.path, self.file, self.written, self.failed = path, None, 0, False
 
     def write(self, lines):
         text = "".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines)
-        if self.file is None:
-            self.file = sys.stdout if self.path == "-" else (
-                (gzip.open if self.path.endswith(".gz") else open)(
-                    self.path, "wt", encoding="utf-8", newline="\n"))
-        self.file.write(text)
-        self.file.flush()
+        try:
+            if self.file is None:
+                self.file = sys.stdout if self.path == "-" else (
+                    (gzip.open if self.path.endswith(".gz") else open)(
+                        self.path, "wt", encoding="utf-8", newline="\n"))
+            self.file.write(text)
+            self.file.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise self._failure(error) from None
+        self.written += len(lines)
 
     def close(self):
         if self.file is not None and self.file is not sys.stdout:
-            self.file.close()
+            try:
+                self.file.close()
+            except OSError as error:
+                if not self.failed:  # else the first failure is the one to tell
+                    raise self._failure(error) from None
+
+    def _failure(self, error):
+        self.failed = True
+        return OutputError(f"{self.path}: {error.strerror}; {self.written:,d} lines were "
+                           "written in full before it")
 
 
 def windows(items, size):
