@@ -175,9 +175,24 @@ def test_sources_that_cannot_start_a_run(source, tmp_path):
                                             "fine-tuned model keeps its source's shape"):
         fine_tune.apply_source(dict(longer, model={"max_length": 128}), {"model.max_length"},
                                {"model_dir": str(learned)})
+    # Separate vocabularies (which also unshare the embeddings) are told as the vocabulary.
     with pytest.raises(SettingsError, match="vocabulary differs: separate_vocabularies=True"):
-        fine_tune.apply_source(dict(requested, data={"separate_vocabularies": True}),
-                               {"data.separate_vocabularies"}, fine_tune.resolve_source(source))
+        fine_tune.apply_source(dict(requested, data={"separate_vocabularies": True},
+                                    model={"share_embeddings": False}),
+                               {"data.separate_vocabularies", "model.share_embeddings"},
+                               fine_tune.resolve_source(source))
+    # Settings hold what differs from the Transformer's defaults: flags given at those defaults
+    # are the source's shape, and other values are told against them.
+    at_defaults = {"position": "sinusoidal", "share_embeddings": True, "activation": "relu",
+                   "norm_first": False, "tie_output": True}
+    settings = fine_tune.apply_source(dict(requested, model=at_defaults),
+                                      {f"model.{key}" for key in at_defaults},
+                                      fine_tune.resolve_source(source))
+    assert settings["model"] == json.load(open(os.path.join(source, "settings.json")))["model"]
+    with pytest.raises(SettingsError, match=r"differs: position='learned' \(source: "
+                                            r"'sinusoidal'\)"):
+        fine_tune.apply_source(dict(requested, model={"position": "learned"}),
+                               {"model.position"}, fine_tune.resolve_source(source))
 
 
 def test_a_model_with_separate_vocabularies_passes_both_on(separate_prepared, small_corpus,

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tfnmt.checkpoints import candidate_checkpoints, newest_readable_checkpoint
 from tfnmt.data import vocabulary
 from tfnmt.paths import CHECKPOINTS, SETTINGS, read_settings
-from tfnmt.training.settings import DATA_DEFAULTS_BEFORE, SettingsError
+from tfnmt.training.settings import DATA_DEFAULTS_BEFORE, MODEL_DEFAULTS, SettingsError
 
 # Model settings a fine-tuning run may change: they create no variables.
 CHANGEABLE_MODEL = ("dropout", "attention_dropout", "ffn_dropout")
@@ -96,22 +96,24 @@ def apply_source(settings, explicit, source):
     """
     saved = read_settings(source["model_dir"])
     model = dict(saved["model"])
+    # Settings hold what differs from the Transformer's defaults: compare with those filled in.
+    source_model = dict(MODEL_DEFAULTS, **model)
     # Sinusoidal positions exist at any length; learned ones are a table of max_length rows.
-    changeable = CHANGEABLE_MODEL + (("max_length",) if model.get("position") != "learned"
+    changeable = CHANGEABLE_MODEL + (("max_length",) if source_model["position"] != "learned"
                                      else ())
-    conflicts = [f"{key}={value!r} (source: {model.get(key)!r})"
-                 for key, value in settings["model"].items()
-                 if f"model.{key}" in explicit and key not in changeable
-                 and model.get(key) != value]
-    if conflicts:
-        raise SettingsError(f"--init_from: the source model differs: {', '.join(conflicts)}; "
-                            "a fine-tuned model keeps its source's shape")
     data = dict(DATA_DEFAULTS_BEFORE, **saved["data"])
     conflicts = [f"{key}={settings['data'][key]!r} (source: {data[key]!r})" for key in VOCABULARY
                  if f"data.{key}" in explicit and settings["data"][key] != data[key]]
     if conflicts:
         raise SettingsError(f"--init_from: the source's vocabulary differs: "
                             f"{', '.join(conflicts)}; a fine-tuned model keeps it")
+    conflicts = [f"{key}={value!r} (source: {source_model.get(key)!r})"
+                 for key, value in settings["model"].items()
+                 if f"model.{key}" in explicit and key not in changeable
+                 and source_model.get(key) != value]
+    if conflicts:
+        raise SettingsError(f"--init_from: the source model differs: {', '.join(conflicts)}; "
+                            "a fine-tuned model keeps its source's shape")
     for key in changeable:
         if f"model.{key}" in explicit:
             model[key] = settings["model"][key]
