@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+import sentencepiece
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
@@ -329,6 +330,43 @@ def test_bad_input_has_defined_results(serving_fn):
     assert np.all(np.isfinite(out["scores"].numpy()))
 
 
+def test_the_export_tells_which_sources_it_reads_in_part(exported, serving_fn, tiny_model_dir):
+    from tfnmt.inference import loading
+
+    with open(os.path.join(tiny_model_dir, "spm.model"), "rb") as f:
+        pieces = sentencepiece.SentencePieceProcessor(model_proto=f.read())
+    long = " ".join(["Das Haus ist rot, und"] * 20)
+    # Its first 63 subwords (all the model reads: max_length 64, then EOS) and 64, as text.
+    start, one_more = (pieces.decode(pieces.encode(long)[:n]) for n in (63, 64))
+    sentences = ["Das ist ein Haus.", long, "", "kaputt \ufffd", start, one_more]
+    expected = [len(pieces.encode(s)) for s in sentences]  # the sentencepiece package's count
+    assert expected[1] > 64 and expected[2] == 0 and expected[4:] == [63, 64]
+    signatures = loading.load_signatures(export=exported)
+    subwords, max_subwords = signatures["source_lengths"](sentences)
+    assert subwords.tolist() == expected and max_subwords == 63
+    # What the long one's translation covers: the translation of its first 63 subwords.
+    # (Each alone: the same shapes, so the same kernels.)
+    translations = [serving_fn(sentences=tf.constant([s]))["translations"].numpy()[0]
+                    for s in (long, start)]
+    assert translations[0] == translations[1] and translations[0]
+    assert loading.long_sources(signatures, sentences, first_line=11) == (
+        f"lines 12 ({expected[1]} subwords) and 16 (64 subwords) are longer than the 63 "
+        "subwords the model reads: each translation covers its line's first 63 (split long "
+        "lines into sentences)")
+    assert loading.long_sources(signatures, sentences[:5]) == (
+        f"line 2 ({expected[1]} subwords) is longer than the 63 subwords the model reads: its "
+        "translation covers the first 63 (split long lines into sentences)")
+    assert loading.long_sources(signatures, sentences[:1] + sentences[2:5]) is None
+    many = loading.long_sources(signatures, [long] * 12 + ["Ja."], most_named=10,
+                                unit="sentence")
+    assert many.startswith(f"sentences 1 ({expected[1]} subwords), 2 ({expected[1]} subwords)")
+    assert f"10 ({expected[1]} subwords) and 2 more are longer than the 63 subwords" in many
+    assert many.endswith("each translation covers its sentence's first 63")
+    # An export made without the function: nothing to tell, translations as before.
+    assert loading.long_sources({"serving_default": signatures["serving_default"]},
+                                sentences) is None
+
+
 def test_concurrent_calls_give_correct_results(serving_fn):
     sentences = [[f"Satz Nummer {i}.", "Das Haus ist rot."] for i in range(6)]
     expected = [serving_fn(sentences=tf.constant(s))["translations"].numpy().tolist()
@@ -403,21 +441,33 @@ def test_the_beam_stop_rule_reaches_the_search(module, rule, tiny_model_dir, mon
 def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus, tmp_path):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
-    def run(*args, stdin="", returncode=0):
+    def run(*args, stdin="", returncode=0, stderr=False):
         result = subprocess.run([sys.executable, *args], cwd=ROOT, input=stdin.encode(),
                                 capture_output=True, timeout=300, env=environment)
         assert result.returncode == returncode, result.stderr[-3000:]
         # No spurious oneDNN error line (an int Transpose's) where oneDNN runs.
         assert b"oneDNN supports DT_" not in result.stderr
+        if stderr:
+            return result.stdout.decode(), result.stderr.decode()
         return result.stdout.decode() if returncode == 0 else result.stderr.decode()
 
     # From the export, stdin -> stdout, one line out per line in: lines end at \n or \r\n
     # only; VT, FF, FS, GS, RS, NEL, U+2028, U+2029 and a lone CR stay inside their line.
+    # A line longer than the model reads is named on stderr, with its subwords (the
+    # sentencepiece package's count).
     breaks = ["\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\r"]
-    lines = [f"Das ist{b}ein Haus." for b in breaks] + ["", "Guten Morgen!\r"]
-    out = run("translate.py", f"--export={os.path.dirname(exported)}", stdin="\n".join(lines))
+    long = " ".join(["Das Haus ist rot, und"] * 20)
+    lines = [f"Das ist{b}ein Haus." for b in breaks] + ["", "Guten Morgen!\r", long]
+    out, error = run("translate.py", f"--export={os.path.dirname(exported)}",
+                     stdin="\n".join(lines), stderr=True)
     assert out.count("\n") == len(lines) and out.endswith("\n")
     assert out.split("\n")[len(breaks)] == ""  # the empty line stays empty
+    with open(os.path.join(tiny_model_dir, "spm.model"), "rb") as f:
+        pieces = sentencepiece.SentencePieceProcessor(model_proto=f.read())
+    assert error.strip().splitlines()[-1] == (
+        f"translate.py: line {len(lines)} ({len(pieces.encode(long))} subwords) is longer than "
+        "the 63 subwords the model reads: its translation covers the first 63 (split long "
+        "lines into sentences)")
     # Paths that cannot work fail at once, in one line.
     for flag, message in ((f"--input={tmp_path}", "is a directory"),
                           (f"--output={tmp_path / 'missing' / 'out.en'}", "does not exist")):
@@ -457,8 +507,20 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
                    encoding="utf-8")
     settings["data"] = {"dataset": "files", "files": dict(small_corpus, dev=str(dev))}
     (model_dir / "settings.json").write_text(json_module.dumps(settings))
-    out = run("evaluate.py", f"--model_dir={model_dir}", "--split=dev", "--beam_size=1")
+    out, error = run("evaluate.py", f"--model_dir={model_dir}", "--split=dev", "--beam_size=1",
+                     stderr=True)
     assert out.startswith("dev split: 20 sentences\n  BLEU ") and "\n  chrF2 " in out
+    # The sentences longer than the model reads are named, as numbered in the split.
+    sources = [line.split("\t")[0] for line in dev.read_text(encoding="utf-8").splitlines()]
+    long = [(n, len(pieces.encode(s))) for n, s in enumerate(sources, 1)
+            if len(pieces.encode(s)) > 63]
+    assert len(long) > 1
+    named = [f"{n} ({count} subwords)" for n, count in long[:10]]  # the first ten, then a count
+    named += [f"{len(long) - 10} more"] if len(long) > 10 else []
+    assert error.strip().splitlines()[-1] == (
+        f"evaluate.py: of the 20 sources, sentences {', '.join(named[:-1])} and {named[-1]} "
+        "are longer than the 63 subwords the model reads: each translation covers its "
+        "sentence's first 63")
     # An empty split: one clear line, not sacrebleu's IndexError.
     (tmp_path / "empty.tsv").write_text("")
     settings["data"]["files"] = dict(small_corpus, dev=str(tmp_path / "empty.tsv"))

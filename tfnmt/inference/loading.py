@@ -63,8 +63,9 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
       {"serving_default": sentences -> (translations [B], scores [B]),
        "translate_n_best": sentences -> (translations [B, N], scores [B, N]),
        "translate_with_prefix": (sentences, prefixes) -> (translations [B], scores [B]),
-       "score": (sentences, targets) -> (log-probabilities [B], lengths [B])}, each taking
-      lists of str and returning tensors.
+       "score": (sentences, targets) -> (log-probabilities [B], lengths [B]),
+       "source_lengths": sentences -> (subwords [B] numpy, the most the model reads)}, each
+      taking lists of str (an export has those of them it was exported with).
 
     Raises:
       FileNotFoundError: `export` holds no SavedModel.
@@ -76,12 +77,14 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
 
         version = latest_export(export)
         try:
-            signatures = tf.saved_model.load(version).signatures
+            loaded = tf.saved_model.load(version)
         except (tf.errors.OpError, OSError, IndexError, ValueError) as error:
             # A cut or missing file: TensorFlow's message, without its advice on devices.
             raise DamagedFileError(f"{version} does not load as a SavedModel: "
                                    f"{str(error).strip().splitlines()[0]}") from None
-        run = {name: _from_strings(signatures[name]) for name in signatures}
+        run = {name: _from_strings(loaded.signatures[name]) for name in loaded.signatures}
+        if hasattr(loaded, "source_lengths"):  # exports made before it lack it
+            run["source_lengths"] = _from_strings(loaded.source_lengths, loaded)
     else:
         from tfnmt.checkpoints import load_model
         from tfnmt.inference.length_penalty import default_alpha
@@ -94,7 +97,8 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
         run = {"serving_default": _from_strings(module.serve, module),
                "translate_n_best": _from_strings(module.serve_n_best, module),
                "translate_with_prefix": _from_strings(module.serve_with_prefix, module),
-               "score": _from_strings(module.score, module)}
+               "score": _from_strings(module.score, module),
+               "source_lengths": _from_strings(module.source_lengths, module)}
 
     def translate(name):
         def call(sentences):
@@ -112,10 +116,48 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
 
     functions = {name: translate(name) for name in ("serving_default", "translate_n_best")
                  if name in run}
-    for name, function in (("translate_with_prefix", with_prefix), ("score", score)):
+    def source_lengths(sentences):
+        out = run["source_lengths"](sentences=sentences)
+        return out["subwords"].numpy(), int(out["max_subwords"])
+
+    for name, function in (("translate_with_prefix", with_prefix), ("score", score),
+                           ("source_lengths", source_lengths)):
         if name in run:  # exports made before these signatures existed lack them
             functions[name] = function
     return functions
+
+
+def long_sources(signatures, sentences, first_line=1, most_named=10, unit="line"):
+    """What to tell of the sentences longer than the model reads (their translations cover
+    their first `max_length` - 1 subwords only).
+
+    Args:
+      signatures: `load_signatures`' functions.
+      sentences: a list of str, the lines from `first_line` on (1 for the first).
+      first_line: the line number of sentences[0].
+      most_named: lines named at most; the rest are counted.
+      unit: what the numbers count ("line" of a file; "sentence" of a split).
+
+    Returns:
+      A message naming the lines and their subwords, or None when the model reads them all (or
+      the export is too old to tell).
+    """
+    if "source_lengths" not in signatures or not sentences:
+        return None
+    subwords, max_subwords = signatures["source_lengths"](sentences)
+    long = [(first_line + i, int(n)) for i, n in enumerate(subwords) if n > max_subwords]
+    if not long:
+        return None
+    named = [f"{number} ({n:,} subwords)" for number, n in long[:most_named]]
+    if len(long) > most_named:
+        named.append(f"{len(long) - most_named:,} more")
+    listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+    advice = " (split long lines into sentences)" if unit == "line" else ""
+    if len(long) == 1:
+        return (f"{unit} {listed} is longer than the {max_subwords:,} subwords the model reads: "
+                f"its translation covers the first {max_subwords:,}{advice}")
+    return (f"{unit}s {listed} are longer than the {max_subwords:,} subwords the model reads: "
+            f"each translation covers its {unit}'s first {max_subwords:,}{advice}")
 
 
 def _from_strings(function, owner=None):

@@ -113,7 +113,8 @@ def write_saved_model(module, path):
 
     The saved object holds the variables the signatures read (the `tf.Variable`s inside the
     Keras variables, once each: the C++ loader restores exactly those), the SentencePiece
-    tokenizers (resources) and, for an "auto" export, its choice of search. Each signature is
+    tokenizers (resources), the module's `source_lengths` (a function for Python clients, not
+    a signature) and, for an "auto" export, its choice of search. Each signature is
     traced once, inside `tf.saved_model.save`: a trace made before it would not be reused (the
     save context is part of a trace's cache key), and tracing the searches is most of an
     export's time. (Saving an object that holds the Keras model itself would save a second copy
@@ -137,6 +138,7 @@ def write_saved_model(module, path):
                   "translate_with_prefix": module.serve_with_prefix, "score": module.score}
     for name, function in signatures.items():
         setattr(root, name, function)
+    root.source_lengths = module.source_lengths  # for Python clients: not a signature
     tf.saved_model.save(root, path, signatures=signatures)
 
 

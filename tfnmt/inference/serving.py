@@ -18,8 +18,9 @@ that of one chunk however many sentences it holds.
 Defined results for awkward input: a sentence with no content (empty; only blanks, zero-width
 or control characters; only invalid UTF-8) gets "" and score 0.0; a batch of 0 gives empty
 outputs; invalid UTF-8 bytes become U+FFFD; a source longer than the model's max_length - 1
-subwords is truncated to them (the rest is not translated); an input that is not a rank-1
-string tensor is an InvalidArgument error.
+subwords is truncated to them (the rest is not translated; the export's `source_lengths`
+function, not a signature, tells which are); an input that is not a rank-1 string tensor is an
+InvalidArgument error.
 """
 import tensorflow as tf
 
@@ -175,6 +176,24 @@ class TranslationModule:
         """string [B] -> (the text as valid UTF-8 [B], its source ids [B, S])."""
         text = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace")
         return text, to_source_ids(self.source_tokenizer.tokenize(text), self.max_source_length)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)],
+                 autograph=False)
+    def source_lengths(self, sentences):
+        """How much of each sentence the model reads: a function of the export, not a
+        signature (translate.py and evaluate.py name the lines read in part).
+
+        Args:
+          sentences: [B] tf.string.
+
+        Returns:
+          {"subwords": [B] int32, each sentence's subwords; "max_subwords": int32 scalar, the
+          most the model reads of a sentence (max_length - 1, then EOS): the rest of a longer
+          one is not translated}.
+        """
+        text = tf.strings.unicode_transcode(sentences, "UTF-8", "UTF-8", errors="replace")
+        subwords = tf.cast(self.source_tokenizer.tokenize(text).row_lengths(), tf.int32)
+        return {"subwords": subwords, "max_subwords": tf.constant(self.max_source_length - 1)}
 
     def translate_batch(self, sentences, n_best, prefixes=None):
         """Translates sentences in chunks of at most `chunk_size`, one chunk after the other.

@@ -14,6 +14,7 @@ elsewhere.
 """
 import json
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -139,17 +140,20 @@ def _read_references(lines, flag):
     return references
 
 
-def _translate(sources):
+def _translate(sources, unit):
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
     from tfnmt.inference.evaluation import translate_lines
 
     try:
-        translate = loading.load_translate_fn(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
-                                              FLAGS.alpha, FLAGS.checkpoint, FLAGS.beam_stop)
+        signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
+                                             FLAGS.alpha, FLAGS.checkpoint,
+                                             beam_stop=FLAGS.beam_stop)
     except (ModelDirError, OSError) as error:
         raise app.UsageError(str(error))
-    return translate_lines(translate, sources, FLAGS.batch_size)
+    if message := loading.long_sources(signatures, sources, unit=unit):
+        print(f"evaluate.py: of the {len(sources):,} sources, {message}", file=sys.stderr)
+    return translate_lines(signatures["serving_default"], sources, FLAGS.batch_size)
 
 
 def main(argv):
@@ -188,7 +192,9 @@ def main(argv):
     else:
         lines, split_references, what = _split_pairs(_split_model_dir(), FLAGS.split)
         references = [split_references]
-    hypotheses = lines if FLAGS.hypotheses else _translate(lines)  # else lines are sources
+    # Else lines are sources: a file's lines, or a split's sentences.
+    hypotheses = lines if FLAGS.hypotheses else _translate(
+        lines, "line" if FLAGS.source else "sentence")
     # TensorFlow is imported only once the inputs are good.
     from tfnmt.inference.evaluation import corpus_scores
 

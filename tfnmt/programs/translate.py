@@ -4,7 +4,8 @@ One sentence per line (a line ends at LF or CRLF only), from a file or stdin, to
 file, one output line per input line, in input order. Input is read and translated in windows
 of 64 batches (sentences sorted by length within each, for speed), each written out as soon as
 it is done, so a large file streams in bounded memory; typed into a terminal, each line is
-translated as it is entered.
+translated as it is entered. A line longer than the model reads (max_length - 1 subwords) is
+translated from its start, and stderr names it.
 
   echo "Das ist ein Haus." | python translate.py --model_dir=runs/de-en
   python translate.py --export=runs/de-en/export --input=test.de --output=test.en
@@ -210,6 +211,9 @@ def main(argv):
         for window_number, window in enumerate(text_lines.windows(lines, window_size)):
             output = translate_window(signatures, window, lines_read)
             writer.write(output)
+            sources = [line if isinstance(line, str) else line[0] for line in window]
+            if message := loading.long_sources(signatures, sources, first_line=lines_read + 1):
+                print(f"translate.py: {message}", file=sys.stderr)
             lines_read += len(window)
             if not interactive and len(window) == window_size and lines_read != total:
                 print(progress(lines_read, total, time.monotonic() - start), file=sys.stderr)
