@@ -10,6 +10,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+import sentencepiece
 import tensorflow as tf
 
 from helpers import ROOT, python, started, teacher_forced_log_prob, train_flags
@@ -270,6 +271,21 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     # Tokenizing and searching log no spurious oneDNN error (int Transposes) where it runs.
     assert "oneDNN supports DT_" not in result.stderr
     assert "averaged 3 checkpoints" in result.stdout and "dev sacreBLEU" in result.stdout
+    # The pairs --max_length=64 leaves out, counted with the sentencepiece package: more than
+    # 63 subwords on a side (then EOS, or BOS).
+    pieces = sentencepiece.SentencePieceProcessor(model_file=os.path.join(model_dir,
+                                                                          "spm.model"))
+    counts = []
+    for split in ("train", "dev"):
+        with open(small_corpus[split], encoding="utf-8") as f:
+            pairs = [line.rstrip("\n").split("\t")[:2] for line in f]
+        lengths = [max(len(pieces.encode(s)), len(pieces.encode(t))) + 1 for s, t in pairs]
+        counts.append((sum(n > 64 for n in lengths), len(pairs)))
+    (train_long, train_pairs), (dev_long, dev_pairs) = counts
+    assert train_long > 100 and dev_long > 10
+    assert (f"max_length=64 leaves out {train_long:,} of the {train_pairs:,} training pairs and "
+            f"{dev_long} of the {dev_pairs} dev pairs (more than 64 subwords on a side, EOS or "
+            "BOS included): raise --max_length to keep them") in result.stdout
     report = json.load(open(os.path.join(model_dir, "report.json")))
     test = report["test"]
     assert test["sentences"] == 12 and test["beam_size"] == 4

@@ -64,7 +64,7 @@ flags.DEFINE_bool("separate_vocabularies", False, "One SentencePiece model per s
                   "shared vocabulary and embedding, as the paper).")
 flags.DEFINE_enum("vocab_type", "unigram", ["unigram", "bpe"], "SentencePiece model type.")
 flags.DEFINE_integer("max_length", 256, "Longest pair kept, in subwords (incl. BOS/EOS); "
-                     "longer training pairs are dropped (counted in the log).")
+                     "longer training and dev pairs are left out (counted in the log).")
 # Model.
 flags.DEFINE_enum("preset", "cpu", list(PRESETS), "Model size and its training defaults "
                   "(tfnmt/model/presets.py).")

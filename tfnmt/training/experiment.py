@@ -129,6 +129,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     log(f"data: {_describe_data(manifest, settings['data'])}, "
         f"vocabulary {sizes}, {strategy.num_replicas_in_sync} replica(s), "
         f"precision {precision}" + (" (auto)" if t["mixed_precision"] == "auto" else ""))
+    if too_long := _too_long(manifest, max_length):
+        log(too_long)
     if precision == "fp16" and not tf.config.list_physical_devices("GPU"):
         log("fp16 is a GPU precision: CPUs train it slower than float32 (bench/README.md, "
             "fp16 on CPUs); --mixed_precision=auto picks what trains fastest here")
@@ -378,6 +380,20 @@ def _describe_data(manifest, data):
         line += "; filtered out: " + ", ".join(f"{v:,d} {k.replace('_', ' ')}"
                                                for k, v in dropped.items())
     return line
+
+
+def _too_long(manifest, max_length):
+    """The log line about the pairs --max_length leaves out of training and of the dev loss,
+    or None when it keeps them all."""
+    left_out = [f"{dropped:,d} of the {manifest['splits'][split]['examples']:,d} {name} pairs"
+                for split, name in (("train", "training"), ("dev", "dev"))
+                if split in manifest["splits"]
+                and (dropped := pipeline.dropped_by_length(manifest, split, max_length))]
+    if not left_out:
+        return None
+    return (f"max_length={max_length} leaves out {' and '.join(left_out)} (more than "
+            f"{max_length} subwords on a side, EOS or BOS included): raise --max_length to "
+            "keep them")
 
 
 def _build(settings, strategy, precision):
