@@ -81,14 +81,13 @@ def main(argv):
     del argv
     import tensorflow_text  # noqa: F401  (the SentencePiece ops, as a server has them)
 
-    from tfnmt.data.corpus import read_corpus
+    from tfnmt.data.corpus import read_split
     from tfnmt.data.tokenizer import Tokenizer
 
     with open(os.path.join(FLAGS.model_dir, paths.SETTINGS)) as f:
         settings = json.load(f)
     data, max_length = settings["data"], settings["model"]["max_length"]
-    pairs = list(read_corpus(data["dataset"], FLAGS.split,
-                             (data.get("files") or {}).get(FLAGS.split), data.get("tfds_data_dir")))
+    pairs = list(read_split(data, FLAGS.split))
     pairs = pairs[:FLAGS.limit] if FLAGS.limit else pairs
     sources, references = [s for s, _ in pairs], [r for _, r in pairs]
     tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, paths.VOCAB))

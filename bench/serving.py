@@ -121,15 +121,13 @@ def main(argv):
     import tensorflow as tf  # noqa: F401
     import tensorflow_text  # noqa: F401
 
-    from tfnmt.data.corpus import read_corpus
+    from tfnmt.data.corpus import read_split
     from tfnmt.data.tokenizer import Tokenizer
 
     with open(os.path.join(FLAGS.model_dir, paths.SETTINGS)) as f:
         settings = json.load(f)
     data = settings["data"]
-    sources = [s for s, _ in read_corpus(data["dataset"], "test",
-                                         (data.get("files") or {}).get("test"),
-                                         data.get("tfds_data_dir"))]
+    sources = [s for s, _ in read_split(data, "test")]
     scratch = tempfile.mkdtemp(prefix="tfnmt-bench-serving-")
     result = {"machine": cpu_description(), "model_dir": FLAGS.model_dir,
               "chunk_size": FLAGS.chunk_size}

@@ -156,6 +156,23 @@ def test_empty_sides_are_skipped_and_counted(tmp_path, caplog):
     assert "skipped 2 pairs" in caplog.text
 
 
+def test_reverse_makes_the_second_side_the_source(tmp_path):
+    tsv = tmp_path / "dev.tsv"
+    tsv.write_text("gut\tgood\n\tnothing\nja\tyes\n", encoding="utf-8")
+    (tmp_path / "test.de").write_text("eins\nzwei\n", encoding="utf-8")
+    (tmp_path / "test.en").write_text("one\ntwo\n", encoding="utf-8")
+    assert list(corpus.read_corpus("files", "dev", str(tsv), reverse=True)) == [
+        ("good", "gut"), ("yes", "ja")]
+    # A run's data settings, as evaluate.py and the end of a run read their splits.
+    data = {"dataset": "files", "reverse": True,
+            "files": {"dev": str(tsv), "test": f"{tmp_path / 'test.de'},{tmp_path / 'test.en'}"}}
+    assert list(corpus.read_split(data, "test")) == [("one", "eins"), ("two", "zwei")]
+    assert list(corpus.read_split(dict(data, reverse=False), "dev")) == [("gut", "good"),
+                                                                        ("ja", "yes")]
+    assert list(corpus.read_split({"dataset": "files", "files": data["files"]}, "dev"))[0] == \
+        ("gut", "good")  # settings saved before --reverse existed
+
+
 def test_unknown_dataset_is_a_clear_error():
     with pytest.raises(corpus.CorpusError, match="unknown dataset 'no_such_dataset'"):
         list(corpus.read_corpus("no_such_dataset", "train"))

@@ -505,16 +505,20 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
     dev = tmp_path / "dev.tsv"  # the first 20 pairs: the path is under test, not the model
     dev.write_text("".join(open(small_corpus["dev"], encoding="utf-8").readlines()[:20]),
                    encoding="utf-8")
-    settings["data"] = {"dataset": "files", "files": dict(small_corpus, dev=str(dev))}
+    # A run that translates English to German (train.py --reverse).
+    settings["data"] = {"dataset": "files", "files": dict(small_corpus, dev=str(dev)),
+                        "reverse": True}
     (model_dir / "settings.json").write_text(json_module.dumps(settings))
     out, error = run("evaluate.py", f"--model_dir={model_dir}", "--split=dev", "--beam_size=1",
                      stderr=True)
     assert out.startswith("dev split: 20 sentences\n  BLEU ") and "\n  chrF2 " in out
-    # The sentences longer than the model reads are named, as numbered in the split.
-    sources = [line.split("\t")[0] for line in dev.read_text(encoding="utf-8").splitlines()]
-    long = [(n, len(pieces.encode(s))) for n, s in enumerate(sources, 1)
-            if len(pieces.encode(s)) > 63]
-    assert len(long) > 1
+    # The sentences longer than the model reads are named, as numbered in the split: the
+    # English ones, the sources of this run.
+    pairs = [line.split("\t")[:2] for line in dev.read_text(encoding="utf-8").splitlines()]
+    long, german_long = ([(n, len(pieces.encode(s))) for n, s in enumerate(sources, 1)
+                          if len(pieces.encode(s)) > 63]
+                         for sources in ([e for _, e in pairs], [g for g, _ in pairs]))
+    assert len(long) > 1 and long != german_long
     named = [f"{n} ({count} subwords)" for n, count in long[:10]]  # the first ten, then a count
     named += [f"{len(long) - 10} more"] if len(long) > 10 else []
     assert error.strip().splitlines()[-1] == (

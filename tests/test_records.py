@@ -32,6 +32,24 @@ def test_records_hold_the_tokenized_text(small_corpus, small_prepared):
     assert source == tokenizer.tokenize([german]).to_list()[0]
 
 
+def test_reversed_data_holds_the_second_side_as_source_and_rebuilds_when_turned(
+        small_corpus, tmp_path):
+    import sentencepiece
+
+    out = str(tmp_path / "prep")
+    with open(small_corpus["dev"], encoding="utf-8") as f:
+        german, english = f.readline().rstrip("\n").split("\t")[:2]
+    for reverse, (source, target) in ((True, (english, german)), (False, (german, english))):
+        manifest = records.prepare(out, dataset="files", files=small_corpus, vocab_size=600,
+                                   train_shards=1, reverse=reverse)
+        assert manifest["settings"].get("reverse", False) is reverse  # turned: rebuilt
+        pieces = sentencepiece.SentencePieceProcessor(model_file=os.path.join(out, VOCAB))
+        raw = next(iter(tf.data.TFRecordDataset(records.shard_paths(out, manifest, "dev"))))
+        example = tf.train.Example.FromString(raw.numpy()).features.feature
+        assert list(example["source"].int64_list.value) == pieces.encode(source)
+        assert list(example["target"].int64_list.value) == pieces.encode(target)
+
+
 def copy_prepared(src, dst):
     os.makedirs(dst)
     for name in os.listdir(src):

@@ -485,9 +485,10 @@ def test_late_dropout_starts_at_its_epoch_and_a_resumed_run_at_the_same_update(
 
 
 def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus, tmp_path):
-    # Separate source/target vocabularies (and so embeddings), pre-norm, learned positions,
-    # GELU, FFN dropout, a shallower decoder, an untied output layer, clipping, linear decay,
-    # subword sampling, 2 micro-batches, 2 replicas at once, then stock ops
+    # English to German (--reverse), separate source/target vocabularies (and so embeddings),
+    # pre-norm, learned positions, GELU, FFN dropout, a shallower decoder, an untied output
+    # layer, clipping, linear decay, subword sampling, 2 micro-batches, 2 replicas at once,
+    # then stock ops
     # (test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy checks their
     # gradients in every combination; test_train_py_end_to_end runs the defaults).
     import ctranslate2
@@ -507,7 +508,8 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
                      separate_vocabularies="true", vocab_size=500, accum_steps=2,
                      strategy="mirrored", cpu_devices=2, activation="gelu", ffn_dropout=0.1,
                      num_decoder_layers=1, tie_output="false", clip_norm=1.0,
-                     lr_decay="linear", warmup_steps=1, subword_alpha=0.1, subword_nbest=-1)
+                     lr_decay="linear", warmup_steps=1, subword_alpha=0.1, subword_nbest=-1,
+                     reverse="true")
     first = python(*train_flags(small_corpus, None, model_dir, **overrides))
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 replica(s)" in first.stdout and "step      1/1 | loss" in first.stdout
@@ -532,6 +534,11 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
         assert getattr(model, name).embeddings.shape == (500, 64)
     assert not os.path.exists(os.path.join(model_dir, "spm.model"))
     assert model.source_embedding is not model.target_embedding
+    # The source vocabulary was learned on the English side, the target one on the German.
+    source_sp, target_sp = (sentencepiece.SentencePieceProcessor(model_proto=p) for p in vocab)
+    for sp, known, unknown in ((source_sp, "\u2581God", "\u2581Gott"),
+                               (target_sp, "\u2581Gott", "\u2581God")):
+        assert sp.piece_to_id(known) != sp.unk_id() and sp.piece_to_id(unknown) == sp.unk_id()
     assert model.settings["activation"] == "gelu" and model.settings["ffn_dropout"] == 0.1
     assert (model.settings["num_encoder_layers"], model.settings["num_decoder_layers"]) == (2, 1)
     assert not model.settings["tie_output"]
@@ -542,20 +549,19 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     # Sources through the source model, targets through the target model: forced decoding
     # equals numpy's log-probability over the logits (sentencepiece package's pieces), and a
     # forced prefix comes back verbatim.
-    pairs = [("Und Gott sprach.", "And God said."), ("Das Haus ist klein.", "The house")]
+    pairs = [("And God said.", "Und Gott sprach."), ("The house is small.", "Das Haus")]
     scored = module.score(tf.constant([s for s, _ in pairs]), tf.constant([t for _, t in pairs]))
     for (source, target), score in zip(pairs, scored["scores"].numpy()):
         assert score == pytest.approx(teacher_forced_log_prob(model, vocab, source, target)[0],
                                       rel=1e-4, abs=1e-4)
-    prefixed = module.serve_with_prefix(tf.constant(["Und Gott sprach."]),
-                                        tf.constant(["And God said"]))
-    assert prefixed["translations"].numpy()[0].decode().startswith("And God said")
+    prefixed = module.serve_with_prefix(tf.constant(["And God said."]),
+                                        tf.constant(["Und Gott sprach"]))
+    assert prefixed["translations"].numpy()[0].decode().startswith("Und Gott sprach")
     # CTranslate2 with source_vocabulary.json and target_vocabulary.json finds the same
     # greedy translations.
     ct2_dir = export_ctranslate2(model, vocab, str(tmp_path / "ct2"))
     assert {"source_vocabulary.json", "target_vocabulary.json", "source.spm.model",
             "target.spm.model"} <= set(os.listdir(ct2_dir))
-    source_sp, target_sp = (sentencepiece.SentencePieceProcessor(model_proto=p) for p in vocab)
     pieces = [source_sp.encode(s, out_type=str) for s, _ in pairs]
     source_ids = tf.ragged.constant([source_sp.encode(s) + [EOS_ID] for s, _ in pairs])
     ids, _ = greedy_decode(model, source_ids.to_tensor(PAD_ID), max_length=10)

@@ -255,7 +255,8 @@ def train_specs(files):
     return list(specs) if isinstance(specs, (list, tuple)) else [specs]
 
 
-def read_corpus(dataset, split, files=None, tfds_data_dir=None, log_skipped=True):
+def read_corpus(dataset, split, files=None, tfds_data_dir=None, log_skipped=True,
+                reverse=False):
     """The sentence pairs of a split, skipping (and counting in the log) pairs with an empty
     side.
 
@@ -267,6 +268,7 @@ def read_corpus(dataset, split, files=None, tfds_data_dir=None, log_skipped=True
         these (several corpora, read one after the other).
       tfds_data_dir: where TFDS datasets are prepared.
       log_skipped: log the count of skipped pairs (off for a second pass over the same text).
+      reverse: translate the other way: each pair's second side is the source.
 
     Yields:
       (source, target) strings.
@@ -291,7 +293,22 @@ def read_corpus(dataset, split, files=None, tfds_data_dir=None, log_skipped=True
         if not source or not target:
             skipped += 1
             continue
-        yield source, target
+        yield (target, source) if reverse else (source, target)
     if skipped and log_skipped:
         logging.warning("%s/%s: skipped %d pair%s with an empty side", dataset, split, skipped,
                         "" if skipped == 1 else "s")
+
+
+def read_split(data, split):
+    """The sentence pairs of a run's split, as `read_corpus` reads them.
+
+    Args:
+      data: a run's data settings (settings.json's "data": dataset, files, tfds_data_dir,
+        reverse).
+      split: "train", "dev" or "test".
+
+    Yields:
+      (source, target) strings.
+    """
+    return read_corpus(data["dataset"], split, (data.get("files") or {}).get(split),
+                       data.get("tfds_data_dir"), reverse=data.get("reverse", False))

@@ -117,18 +117,21 @@ def _write_split(vocab, pairs, out_dir, name, num_shards, pair_filter=None):
             "length_histogram": {str(k): v for k, v in sorted(histogram.items())}}
 
 
-def _write_train(vocab, dataset, files, tfds_data_dir, out_dir, num_shards, filters):
+def _write_train(vocab, dataset, files, tfds_data_dir, out_dir, num_shards, filters,
+                 reverse):
     """The train split: one set of shards per corpus (several `files["train"]` specs), the
     filters applied across all of them; -> its manifest entry, with "corpora" (each one's
     files, shards and pair count) when there are several, and "filtered" (the counts)."""
     pair_filter = PairFilter(**(filters or {}))
     specs = corpus.train_specs(files) if dataset == "files" else [None]
     if len(specs) == 1:
-        entry = _write_split(vocab, _split_pairs(dataset, "train", files, tfds_data_dir),
+        entry = _write_split(vocab, _split_pairs(dataset, "train", files, tfds_data_dir,
+                                                 reverse=reverse),
                              out_dir, "train", num_shards, pair_filter)
     else:
-        parts = [_write_split(vocab, corpus.read_corpus(dataset, "train", spec), out_dir,
-                              f"train.{index}", num_shards, pair_filter)
+        parts = [_write_split(vocab, corpus.read_corpus(dataset, "train", spec,
+                                                        reverse=reverse),
+                              out_dir, f"train.{index}", num_shards, pair_filter)
                  for index, spec in enumerate(specs)]
         histogram = collections.Counter()
         for part in parts:
@@ -148,7 +151,7 @@ def _write_train(vocab, dataset, files, tfds_data_dir, out_dir, num_shards, filt
 
 def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vocab_size=8000,
             vocab_type="unigram", train_shards=8, vocab_paths=None, model_vocab=None,
-            filters=None, separate=False):
+            filters=None, separate=False, reverse=False):
     """Learns the vocabulary on the train split and writes all splits as TFRecords, unless
     `out_dir` already holds them for the same input and settings (damaged shards are
     rewritten).
@@ -167,6 +170,8 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
       filters: `filters.PairFilter` arguments for the train split (none by default).
       separate: learn one SentencePiece model per side (source text, target text) instead of
         one on both.
+      reverse: translate the other way: each pair's second side is the source
+        (`corpus.read_corpus`).
 
     Returns:
       The manifest (a dict: settings, vocabulary fingerprint, per-split shards, counts and
@@ -181,6 +186,8 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
                 "vocab_source": _vocab_source(vocab_paths)}
     if separate:  # absent when shared: older data stays valid
         settings["separate_vocabularies"] = True
+    if reverse:  # absent when not: older data stays valid
+        settings["reverse"] = True
     if PairFilter(**(filters or {})).settings:  # absent when off: older data stays valid
         settings["filters"] = PairFilter(**filters).settings
     manifest_path = os.path.join(out_dir, MANIFEST)
@@ -204,7 +211,7 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
             for split in splits:
                 manifest["splits"][split] = _write_any_split(
                     vocab, dataset, split, files, tfds_data_dir, out_dir,
-                    manifest["settings"]["train_shards"], filters)
+                    manifest["settings"]["train_shards"], filters, reverse)
             _write_manifest(manifest_path, manifest)
             return manifest
         os.remove(manifest_path)  # from here on the directory reads as incomplete
@@ -218,7 +225,7 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
         protos = vocabulary.read_protos(*vocab_paths)
     else:
         protos = _learn_vocabulary(dataset, files, tfds_data_dir, vocab_size, vocab_type,
-                                   separate, out_dir)
+                                   separate, out_dir, reverse)
     written = vocabulary.write_protos(out_dir, protos)
     vocab = Vocabulary(written["source"], written["target"])
 
@@ -227,7 +234,7 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
         if dataset == "files" and not (files or {}).get(split):
             continue  # local files: dev/test are optional
         splits[split] = _write_any_split(vocab, dataset, split, files, tfds_data_dir,
-                                         out_dir, train_shards, filters)
+                                         out_dir, train_shards, filters, reverse)
         logging.info("%s: %d pairs", split, splits[split]["examples"])
     manifest = {"settings": settings, "vocab": _vocab_entry(vocab), "splits": splits}
     _write_manifest(manifest_path, manifest)
@@ -246,11 +253,12 @@ def _vocab_source(vocab_paths):
 
 
 def _learn_vocabulary(dataset, files, tfds_data_dir, vocab_size, vocab_type, separate,
-                      work_dir):
+                      work_dir, reverse):
     """Trains the SentencePiece model(s) on the train split (in `work_dir`); -> their
     `VocabularyProtos`."""
     def sentences(sides):  # the records' pass over the same pairs logs what it skips
-        for pair in _split_pairs(dataset, "train", files, tfds_data_dir, log_skipped=False):
+        for pair in _split_pairs(dataset, "train", files, tfds_data_dir, log_skipped=False,
+                                 reverse=reverse):
             for side in sides:
                 yield pair[side]
 
@@ -297,17 +305,17 @@ def manifest_vocabulary(data_dir, manifest):
 
 
 def _write_any_split(vocab, dataset, split, files, tfds_data_dir, out_dir, train_shards,
-                     filters):
+                     filters, reverse):
     if split == "train":
         return _write_train(vocab, dataset, files, tfds_data_dir, out_dir, train_shards,
-                            filters)
-    return _write_split(vocab, _split_pairs(dataset, split, files, tfds_data_dir), out_dir,
-                        split, 1)
+                            filters, reverse)
+    return _write_split(vocab, _split_pairs(dataset, split, files, tfds_data_dir,
+                                            reverse=reverse), out_dir, split, 1)
 
 
-def _split_pairs(dataset, split, files, tfds_data_dir, log_skipped=True):
+def _split_pairs(dataset, split, files, tfds_data_dir, log_skipped=True, reverse=False):
     return corpus.read_corpus(dataset, split, (files or {}).get(split), tfds_data_dir,
-                              log_skipped)
+                              log_skipped, reverse)
 
 
 def _write_manifest(path, manifest):

@@ -92,7 +92,7 @@ def _split_model_dir():
 
 
 def _split_pairs(model_dir, split):
-    from tfnmt.data.corpus import CorpusError, read_corpus
+    from tfnmt.data.corpus import CorpusError, read_split
 
     settings = read_settings(model_dir)
     if settings is None:
@@ -109,11 +109,11 @@ def _split_pairs(model_dir, split):
         raise app.UsageError(f"{os.path.join(model_dir, SETTINGS)} names no dataset (its "
                              "data.dataset): give --source and --reference")
     files = (data.get("files") or {}).get(split)
-    if data["dataset"] == "files" and not files:  # read_corpus would name train.py's flag
+    if data["dataset"] == "files" and not files:  # read_split would name train.py's flag
         raise app.UsageError(f"{model_dir} was trained on its own files with no {split} split "
                              f"(train.py --{split}_files): give --source and --reference")
     try:
-        pairs = list(read_corpus(data["dataset"], split, files, data.get("tfds_data_dir")))
+        pairs = list(read_split(data, split))
     except (CorpusError, OSError) as error:
         raise app.UsageError(str(error))
     if not pairs:

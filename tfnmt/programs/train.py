@@ -55,6 +55,9 @@ flags.DEFINE_bool("filter_identical", False, "Drop training pairs whose source i
 flags.DEFINE_string("dev_files", None, "With --dataset=files: the dev set, as --train_files.")
 flags.DEFINE_string("test_files", None, "With --dataset=files: the test set, as --train_files.")
 flags.DEFINE_string("tfds_data_dir", None, "TFDS data directory (default ~/tensorflow_datasets).")
+flags.DEFINE_bool("reverse", False, "Translate the other way: the second side of each pair is "
+                  "the source (English->German from the embedded corpus or "
+                  "wmt14_translate/de-en). Default false.")
 flags.DEFINE_string("data_dir", None, "Where the vocabulary and TFRecords are prepared "
                     "(default <model_dir>/data); reused when up to date.")
 flags.DEFINE_integer("vocab_size", 8000, "SentencePiece vocabulary size (~32000 for WMT); with "
@@ -169,7 +172,7 @@ flags.DEFINE_integer("average_last", 0, "Average the last N checkpoints at the e
 MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_dropout",
                "ffn_dropout", "activation", "num_encoder_layers", "num_decoder_layers",
                "norm_first", "position", "share_embeddings", "tie_output")
-DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "vocab_size", "vocab_type",
+DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "reverse", "vocab_size", "vocab_type",
               "separate_vocabularies", "max_length", "filter_length_ratio", "filter_duplicates",
               "filter_identical")
 TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "train_minutes", "warmup_steps",
@@ -442,7 +445,8 @@ def final_report(settings, dev_metrics):
     except (CorpusError, OSError) as error:  # training succeeded: say why, keep its results
         print(f"no test report: {error}", flush=True)
     report.write_report(FLAGS.model_dir, {"dev_greedy": dev_metrics, "test": result})
-    print(report.format_report(result, FLAGS.model_dir), flush=True)
+    print(report.format_report(result, FLAGS.model_dir, settings["data"].get("reverse", False)),
+          flush=True)
 
 
 def run():

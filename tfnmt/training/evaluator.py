@@ -3,7 +3,7 @@ translations, sample translations and attention images for TensorBoard."""
 import tensorflow as tf
 
 from tfnmt.data import pipeline
-from tfnmt.data.corpus import read_corpus
+from tfnmt.data.corpus import read_split
 from tfnmt.inference.evaluation import Translator, corpus_scores, evaluate_loss, loss_sums_function
 from tfnmt.training.summaries import (teacher_forced_inputs, write_attention_images,
                                      write_scalars)
@@ -57,8 +57,7 @@ class Evaluator:
         self.settings = settings
         d = settings["data"]
         self.data_dir = data_dir
-        self.pairs = list(read_corpus(d["dataset"], "dev", (d.get("files") or {}).get("dev"),
-                                      d.get("tfds_data_dir")))
+        self.pairs = list(read_split(d, "dev"))
         limit = settings["train"].get("bleu_sentences") or len(self.pairs)
         self.pairs = self.pairs[:limit]
         self.translator = Translator(model, vocabulary, d["max_length"],

@@ -339,7 +339,8 @@ def _prepare_data(settings, is_chief, data_dir):
         manifest = records.prepare(data_dir, d["dataset"], d.get("files"), d.get("tfds_data_dir"),
                                    d["vocab_size"], d["vocab_type"], vocab_paths=vocab_paths,
                                    model_vocab=model_vocab if model_fingerprint else None,
-                                   filters=data_filters(d), separate=separate)
+                                   filters=data_filters(d), separate=separate,
+                                   reverse=d.get("reverse", False))
     else:
         manifest = _wait_for_data(data_dir, settings["train"].get("data_wait_secs", 1800))
     # Seeded again: preparing data (TFDS builds the dataset on its first use) draws Python
@@ -370,6 +371,8 @@ def _describe_data(manifest, data):
     """The log line about the training data: corpora with their sampling shares, filters."""
     train = manifest["splits"]["train"]
     line = f"{train['examples']:,d} training pairs"
+    if data.get("reverse"):
+        line += " (reversed: the second side of each pair is the source)"
     corpora = train.get("corpora") or []
     if len(corpora) > 1:
         shares = pipeline.corpus_weights(manifest, data.get("train_weights"))

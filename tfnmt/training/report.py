@@ -7,7 +7,7 @@ import os
 
 from tfnmt import paths
 from tfnmt.checkpoints import load_model
-from tfnmt.data.corpus import read_corpus
+from tfnmt.data.corpus import read_split
 from tfnmt.inference import length_penalty
 from tfnmt.inference.evaluation import corpus_scores, translate_lines
 from tfnmt.inference.serving import TranslationModule
@@ -107,8 +107,7 @@ def choose_length_penalty(translator, settings, grid=length_penalty.ALPHA_GRID):
       (alpha, {alpha: dev sacreBLEU}); (None, {}) when the dev split holds no pairs.
     """
     d = settings["data"]
-    pairs = list(read_corpus(d["dataset"], "dev", (d.get("files") or {}).get("dev"),
-                             d.get("tfds_data_dir")))
+    pairs = list(read_split(d, "dev"))
     if not pairs:
         return None, {}
     sources = [s for s, _ in pairs]
@@ -136,7 +135,7 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA):
     files = (d.get("files") or {}).get("test")
     if d["dataset"] == "files" and not files:
         return None
-    pairs = list(read_corpus(d["dataset"], "test", files, d.get("tfds_data_dir")))
+    pairs = list(read_split(d, "test"))
     if not pairs:
         return None
     hypotheses = translator.translate([s for s, _ in pairs], alpha)
@@ -148,27 +147,33 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA):
     return report
 
 
-def next_commands(model_dir):
+def next_commands(model_dir, reverse=False):
     """The commands that export, translate and evaluate the trained model.
 
     Args:
       model_dir: the run's directory.
+      reverse: the run translates English to German (train.py --reverse), not German to
+        English, as the example sentences assume.
 
     Returns:
       A list of shell commands.
     """
     export_dir = os.path.join(model_dir, paths.EXPORT)
+    sentence, source, reference = ("This is a house.", "en", "de") if reverse else \
+        ("Das ist ein Haus.", "de", "en")
     return [f"python export.py --model_dir={model_dir}",
-            f'echo "Das ist ein Haus." | python translate.py --export={export_dir}',
-            f"python evaluate.py --model_dir={model_dir} --source=my.de --reference=my.en"]
+            f'echo "{sentence}" | python translate.py --export={export_dir}',
+            f"python evaluate.py --model_dir={model_dir} --source=my.{source} "
+            f"--reference=my.{reference}"]
 
 
-def format_report(report, model_dir):
+def format_report(report, model_dir, reverse=False):
     """The end-of-run report as text.
 
     Args:
       report: `test_report`'s result, or None.
       model_dir: the run's directory.
+      reverse: as for `next_commands`.
 
     Returns:
       Lines: the test scores with their signatures and samples (when there is a report), then the
@@ -187,7 +192,7 @@ def format_report(report, model_dir):
             lines.append(f"  reference    {sample['reference']}")
             lines.append(f"  translation  {sample['translation']}")
     lines.append("next:")
-    lines.extend(f"  {command}" for command in next_commands(model_dir))
+    lines.extend(f"  {command}" for command in next_commands(model_dir, reverse))
     return "\n".join(lines)
 
 
