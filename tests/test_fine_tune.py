@@ -159,7 +159,17 @@ def test_sources_that_cannot_start_a_run(source, tmp_path):
                                       fine_tune.resolve_source(source))
     assert settings["model"]["num_layers"] == 2 and settings["model"]["dropout"] == 0.3
     assert settings["data"] == {"vocab_size": 600, "vocab_type": "unigram",
-                                "separate_vocabularies": False}
+                                "separate_vocabularies": False, "reverse": False}
+    # The direction is the source's (train.py --reverse) unless given.
+    reversed_dir = tmp_path / "reversed"
+    reversed_dir.mkdir()
+    (reversed_dir / "settings.json").write_text(json.dumps(
+        {"model": {"max_length": 64}, "data": {"vocab_size": 600, "vocab_type": "unigram",
+                                               "reverse": True}}))
+    for explicit, reverse in ((set(), True), ({"data.reverse"}, False)):
+        settings = fine_tune.apply_source(dict(requested, data={"reverse": False}), explicit,
+                                          {"model_dir": str(reversed_dir)})
+        assert settings["data"]["reverse"] is reverse
     # A longer max_length: sinusoidal positions exist at any length; learned ones are a table
     # of max_length rows, which the source checkpoint would not read into.
     longer = dict(requested, model={"max_length": 128})

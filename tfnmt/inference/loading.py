@@ -114,15 +114,15 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
         out = run["score"](sentences=sentences, targets=targets)
         return out["scores"], out["lengths"]
 
-    functions = {name: translate(name) for name in ("serving_default", "translate_n_best")
-                 if name in run}
     def source_lengths(sentences):
         out = run["source_lengths"](sentences=sentences)
         return out["subwords"].numpy(), int(out["max_subwords"])
 
+    functions = {name: translate(name) for name in ("serving_default", "translate_n_best")
+                 if name in run}
     for name, function in (("translate_with_prefix", with_prefix), ("score", score),
                            ("source_lengths", source_lengths)):
-        if name in run:  # exports made before these signatures existed lack them
+        if name in run:  # exports made before these existed lack them
             functions[name] = function
     return functions
 

@@ -81,7 +81,8 @@ def _readable(prefix):
 
 def apply_source(settings, explicit, source):
     """Makes a new run's settings those of a run started from `source`: the source's model
-    (but for `CHANGEABLE_MODEL` given explicitly) and vocabulary settings.
+    (but for `CHANGEABLE_MODEL` given explicitly), vocabulary settings and direction (unless
+    --reverse is given).
 
     Args:
       settings: the requested settings (from flags); changed in place.
@@ -119,6 +120,8 @@ def apply_source(settings, explicit, source):
             model[key] = settings["model"][key]
     settings["model"] = model
     settings["data"].update({key: data[key] for key in VOCABULARY})
+    if "data.reverse" not in explicit:  # it goes on translating as its source did
+        settings["data"]["reverse"] = data["reverse"]
     settings["init_from"] = source
     return settings
 
