@@ -357,6 +357,8 @@ def test_the_export_tells_which_sources_it_reads_in_part(exported, serving_fn, t
         f"line 2 ({expected[1]} subwords) is longer than the 63 subwords the model reads: its "
         "translation covers the first 63 (split long lines into sentences)")
     assert loading.long_sources(signatures, sentences[:1] + sentences[2:5]) is None
+    assert loading.long_sources(signatures, [long], output="score").endswith(
+        "its score covers the first 63 (split long lines into sentences)")
     many = loading.long_sources(signatures, [long] * 12 + ["Ja."], most_named=10,
                                 unit="sentence")
     assert many.startswith(f"sentences 1 ({expected[1]} subwords), 2 ({expected[1]} subwords)")

@@ -127,7 +127,8 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
     return functions
 
 
-def long_sources(signatures, sentences, first_line=1, most_named=10, unit="line"):
+def long_sources(signatures, sentences, first_line=1, most_named=10, unit="line",
+                 output="translation"):
     """What to tell of the sentences longer than the model reads (their translations cover
     their first `max_length` - 1 subwords only).
 
@@ -137,6 +138,7 @@ def long_sources(signatures, sentences, first_line=1, most_named=10, unit="line"
       first_line: the line number of sentences[0].
       most_named: lines named at most; the rest are counted.
       unit: what the numbers count ("line" of a file; "sentence" of a split).
+      output: what is made of a sentence ("translation"; "score" of a given translation).
 
     Returns:
       A message naming the lines and their subwords, or None when the model reads them all (or
@@ -155,9 +157,9 @@ def long_sources(signatures, sentences, first_line=1, most_named=10, unit="line"
     advice = " (split long lines into sentences)" if unit == "line" else ""
     if len(long) == 1:
         return (f"{unit} {listed} is longer than the {max_subwords:,} subwords the model reads: "
-                f"its translation covers the first {max_subwords:,}{advice}")
+                f"its {output} covers the first {max_subwords:,}{advice}")
     return (f"{unit}s {listed} are longer than the {max_subwords:,} subwords the model reads: "
-            f"each translation covers its {unit}'s first {max_subwords:,}{advice}")
+            f"each {output} covers its {unit}'s first {max_subwords:,}{advice}")
 
 
 def _from_strings(function, owner=None):

@@ -212,7 +212,9 @@ def main(argv):
             output = translate_window(signatures, window, lines_read)
             writer.write(output)
             sources = [line if isinstance(line, str) else line[0] for line in window]
-            if message := loading.long_sources(signatures, sources, first_line=lines_read + 1):
+            if message := loading.long_sources(
+                    signatures, sources, first_line=lines_read + 1,
+                    output="score" if FLAGS.score_targets else "translation"):
                 print(f"translate.py: {message}", file=sys.stderr)
             lines_read += len(window)
             if not interactive and len(window) == window_size and lines_read != total:
