@@ -602,6 +602,11 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--dataset=embedded --train_files=/nonexistent/a.tsv", "--train_files is for "
      "--dataset=files, and --dataset=embedded reads its own splits: give --dataset=files, or "
      "drop --train_files"),
+    ("--vocab=a.model,b.model,c.model", "--vocab: one SentencePiece model (shared by both "
+     "sides) or two (source,target), got 3"),
+    ("--vocab=README.md", "--vocab: README.md is not a SentencePiece model"),
+    ("--vocab=a.model --vocab_size=500", "--vocab_size is for a vocabulary learned on the "
+     "training data, and --vocab gives one: drop --vocab_size"),
 ])
 def test_bad_flags_fail_fast(flag, message, tmp_path):
     result = python("train.py", f"--model_dir={tmp_path}", *flag.split(), timeout=60)

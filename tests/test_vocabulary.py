@@ -140,3 +140,47 @@ def test_given_vocabularies_are_used_as_they_are(separate_prepared, small_corpus
                 open(os.path.join(separate_prepared, name), "rb") as b:
             assert a.read() == b.read()
     assert list(split_ids(out, "train")) == list(split_ids(separate_prepared, "dev"))
+
+
+def test_a_given_model_must_reserve_tfnmt_ids(small_prepared, small_corpus, tmp_path):
+    vocabulary.check_given_model(os.path.join(small_prepared, VOCAB))  # tfnmt's own: taken
+    # SentencePiece's defaults (no PAD, UNK 0, BOS 1, EOS 2) would read ids 0-3 as other
+    # tokens than the model's PAD, UNK, BOS and EOS.
+    with open(small_corpus["dev"], encoding="utf-8") as f:
+        text = [line.split("\t")[0] for line in f]
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(text), vocab_size=300,
+                                             model_prefix=str(tmp_path / "default"))
+    with pytest.raises(ValueError, match=r"reserves other ids \(pad_id -1, unk_id 0, bos_id 1, "
+                                         r"eos_id 2\) than tfnmt's: train it with --pad_id=0 "
+                                         r"--unk_id=1 --bos_id=2 --eos_id=3"):
+        vocabulary.check_given_model(str(tmp_path / "default.model"))
+    with pytest.raises(ValueError, match="is not a SentencePiece model"):
+        vocabulary.check_given_model(small_corpus["dev"])
+    with pytest.raises(ValueError, match="file not found"):
+        vocabulary.check_given_model(str(tmp_path / "missing.model"))
+    with pytest.raises(ValueError, match="is a directory"):
+        vocabulary.check_given_model(str(tmp_path))
+
+
+def test_train_py_tokenizes_with_the_given_models(separate_prepared, small_corpus, tmp_path):
+    from helpers import python, train_flags
+
+    given = [os.path.join(separate_prepared, name) for name in SIDE_FILES]
+    model_dir = str(tmp_path / "run")
+    result = python(*train_flags(small_corpus, None, model_dir, vocab_size=None, train_steps=2,
+                                 eval_every=0, average_last=0, test_report="false"),
+                    f"--vocab={','.join(given)}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "vocabulary 500 source, 500 target" in result.stdout
+    with open(os.path.join(model_dir, "settings.json")) as f:
+        data = json.load(f)["data"]
+    assert data["vocab"] == given and data["separate_vocabularies"]
+    for name, path in zip(SIDE_FILES, given):  # the model_dir holds them as they are
+        with open(os.path.join(model_dir, name), "rb") as a, open(path, "rb") as b:
+            assert a.read() == b.read()
+    # The dev records: each side as the sentencepiece package tokenizes it with its model.
+    source_sp, target_sp = processors(separate_prepared)
+    with open(small_corpus["dev"], encoding="utf-8") as f:
+        pairs = [line.rstrip("\n").split("\t")[:2] for line in f]
+    expected = [(source_sp.encode(s), target_sp.encode(t)) for s, t in pairs]
+    assert list(split_ids(os.path.join(model_dir, "data"), "dev")) == expected

@@ -96,6 +96,35 @@ def _read_model(path):
     return data
 
 
+def check_given_model(path):
+    """A SentencePiece model a user gives to tokenize with (train.py --vocab), refused in one
+    line (ValueError) where it cannot be: not a file, not a SentencePiece model, or reserving
+    other ids than tfnmt's PAD, UNK, BOS and EOS (`special_tokens`), which every model reads
+    as such.
+
+    Args:
+      path: the model file.
+    """
+    from sentencepiece import sentencepiece_model_pb2
+
+    from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: " + ("is a directory, not a file" if os.path.isdir(path)
+                                        else "file not found"))
+    try:
+        model = sentencepiece_model_pb2.ModelProto.FromString(_read_model(path))
+    except DamagedFileError:
+        raise ValueError(f"{path} is not a SentencePiece model") from None
+    wanted = {"pad_id": PAD_ID, "unk_id": UNK_ID, "bos_id": BOS_ID, "eos_id": EOS_ID}
+    ids = {name: getattr(model.trainer_spec, name) for name in wanted}
+    if ids != wanted:
+        given = ", ".join(f"{name} {value}" for name, value in ids.items())
+        flags = " ".join(f"--{name}={value}" for name, value in wanted.items())
+        raise ValueError(f"{path} reserves other ids ({given}) than tfnmt's: train it with "
+                         f"{flags}")
+
+
 def write_protos(directory, protos):
     """Writes a vocabulary's files into `directory`, each atomically (a kill mid-copy leaves the
     old file or the new one), and removes those of the other layout, so that the files present

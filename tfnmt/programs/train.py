@@ -66,6 +66,9 @@ flags.DEFINE_bool("separate_vocabularies", False, "One SentencePiece model per s
                   "its own text, and separate source/target embeddings (default false: one "
                   "shared vocabulary and embedding, as the paper).")
 flags.DEFINE_enum("vocab_type", "unigram", ["unigram", "bpe"], "SentencePiece model type.")
+flags.DEFINE_list("vocab", None, "Tokenize with this SentencePiece model instead of learning one "
+                  "(source.model,target.model: one per side); it must reserve ids 0-3 for "
+                  "PAD, UNK, BOS, EOS as tfnmt's do. Default: learned on the training data.")
 flags.DEFINE_integer("max_length", 256, "Longest pair kept, in subwords (incl. BOS/EOS); "
                      "longer training and dev pairs are left out (counted in the log).")
 # Model.
@@ -172,8 +175,8 @@ flags.DEFINE_integer("average_last", 0, "Average the last N checkpoints at the e
 MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attention_dropout",
                "ffn_dropout", "activation", "num_encoder_layers", "num_decoder_layers",
                "norm_first", "position", "share_embeddings", "tie_output")
-DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "reverse", "vocab_size", "vocab_type",
-              "separate_vocabularies", "max_length", "filter_length_ratio", "filter_duplicates",
+DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "reverse", "vocab", "vocab_size",
+              "vocab_type", "separate_vocabularies", "max_length", "filter_length_ratio", "filter_duplicates",
               "filter_identical")
 TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "train_minutes", "warmup_steps",
                "lr_scale",
@@ -233,7 +236,8 @@ def requested_settings(preset=None):
 
     preset = preset if preset and not FLAGS["preset"].present else FLAGS.preset
     model = get_preset(preset, **{k: FLAGS[k].value for k in MODEL_FLAGS})
-    if FLAGS.separate_vocabularies:  # two vocabularies cannot share one embedding
+    separate = FLAGS.separate_vocabularies or len(FLAGS.vocab or ()) == 2  # two models given
+    if separate:  # two vocabularies cannot share one embedding
         model["share_embeddings"] = False
     training = get_training(preset)
     model["max_length"] = FLAGS.max_length
@@ -250,6 +254,8 @@ def requested_settings(preset=None):
     if files.get("train"):  # one corpus: a spec, as settings have always held it
         files["train"] = files["train"][0] if len(files["train"]) == 1 else files["train"]
     settings["data"]["files"] = files or None
+    if FLAGS.vocab:  # the given model's size and type, not those of a learned one
+        settings["data"].update(separate_vocabularies=separate, vocab_size=None, vocab_type=None)
     if FLAGS.train_weights:
         settings["data"]["train_weights"] = [float(w) for w in FLAGS.train_weights]
     explicit = {f"train.{k}" for k in TRAIN_FLAGS if FLAGS[k].present}
@@ -258,6 +264,8 @@ def requested_settings(preset=None):
         settings["train"]["train_minutes"] = 0.0
         explicit.add("train.train_minutes")
     explicit |= {f"data.{k}" for k in DATA_FLAGS if FLAGS[k].present}
+    if FLAGS["vocab"].present:
+        explicit |= {"data.separate_vocabularies", "data.vocab_size", "data.vocab_type"}
     if FLAGS.dataset == "files" and not FLAGS["dataset"].present:  # given files mean it
         explicit.add("data.dataset")
     explicit |= {"data.files" for s in ("train", "dev", "test") if FLAGS[f"{s}_files"].present}
@@ -290,6 +298,8 @@ def check_paths():
         if len(weights) != len(FLAGS.train_files or []) or min(weights) <= 0:
             raise app.UsageError(f"--train_weights: one positive weight per --train_files "
                                  f"({len(FLAGS.train_files or [])}), got {len(weights)}")
+    if FLAGS.vocab:
+        check_vocab_given()
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir must name a directory")
     for flag in ("model_dir", "data_dir"):
@@ -301,6 +311,33 @@ def check_paths():
                 os.makedirs(path, exist_ok=True)
         except OSError as error:
             raise app.UsageError(f"--{flag}={path}: cannot create it ({error.strerror})")
+
+
+def check_vocab_given():
+    """One line (app.UsageError) for a --vocab that cannot be used, or flags it leaves unused."""
+    if len(FLAGS.vocab) > 2:
+        raise app.UsageError("--vocab: one SentencePiece model (shared by both sides) or two "
+                             f"(source,target), got {len(FLAGS.vocab)}")
+    if FLAGS.init_from:
+        raise app.UsageError("--vocab: a fine-tuned model keeps its source's vocabulary "
+                             "(--init_from): drop --vocab")
+    for name in ("vocab_size", "vocab_type"):
+        if FLAGS[name].present:
+            raise app.UsageError(f"--{name} is for a vocabulary learned on the training data, "
+                                 f"and --vocab gives one: drop --{name}")
+    if len(FLAGS.vocab) == 1 and FLAGS.separate_vocabularies:
+        raise app.UsageError("--separate_vocabularies needs two --vocab models "
+                             "(source.model,target.model)")
+    if len(FLAGS.vocab) == 2 and FLAGS.share_embeddings:
+        raise app.UsageError("--share_embeddings needs one shared vocabulary, and --vocab gives "
+                             "two: drop --share_embeddings")
+    from tfnmt.data.vocabulary import check_given_model
+
+    for path in FLAGS.vocab:
+        try:
+            check_given_model(path)
+        except ValueError as error:
+            raise app.UsageError(f"--vocab: {error}")
 
 
 def starting_settings():

@@ -335,6 +335,9 @@ def _prepare_data(settings, is_chief, data_dir):
     if settings.get("init_from"):  # a fine-tuned model keeps its source's vocabulary
         vocab_paths = model_vocab if model_fingerprint else \
             vocabulary.paths(settings["init_from"]["model_dir"], separate)
+    elif d.get("vocab"):  # train.py --vocab: one model for both sides, or one per side
+        vocab_paths = model_vocab if model_fingerprint else \
+            tuple(d["vocab"]) if len(d["vocab"]) == 2 else (d["vocab"][0],) * 2
     if is_chief:
         manifest = records.prepare(data_dir, d["dataset"], d.get("files"), d.get("tfds_data_dir"),
                                    d["vocab_size"], d["vocab_type"], vocab_paths=vocab_paths,

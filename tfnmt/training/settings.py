@@ -10,7 +10,7 @@ from tfnmt.paths import CHECKPOINTS, SETTINGS, read_settings
 
 # Settings a run in an existing model_dir must share with it: every model and training setting
 # but those meant to change on resume, and the data that defines the vocabulary.
-FIXED_DATA = ("dataset", "files", "vocab_size", "vocab_type", "separate_vocabularies",
+FIXED_DATA = ("dataset", "files", "vocab", "vocab_size", "vocab_type", "separate_vocabularies",
               "reverse")
 RESUMABLE_TRAIN = ("train_steps", "train_minutes", "log_every", "eval_every", "bleu_sentences",
                    "checkpoint_every", "keep_checkpoints", "average_last", "jit_compile",
@@ -28,7 +28,7 @@ MODEL_DEFAULTS = {name: parameter.default for name, parameter
 
 # What a saved run that does not record these settings trained with.
 TRAIN_DEFAULTS_BEFORE = {"lr_decay": "rsqrt", "train_minutes": 0.0, "dropout_from_epoch": 0.0}
-DATA_DEFAULTS_BEFORE = {"separate_vocabularies": False, "reverse": False}
+DATA_DEFAULTS_BEFORE = {"separate_vocabularies": False, "reverse": False, "vocab": None}
 
 
 def is_fixed(section, key):
