@@ -176,8 +176,8 @@ MODEL_FLAGS = ("num_layers", "d_model", "num_heads", "d_ff", "dropout", "attenti
                "ffn_dropout", "activation", "num_encoder_layers", "num_decoder_layers",
                "norm_first", "position", "share_embeddings", "tie_output")
 DATA_FLAGS = ("dataset", "tfds_data_dir", "data_dir", "reverse", "vocab", "vocab_size",
-              "vocab_type", "separate_vocabularies", "max_length", "filter_length_ratio", "filter_duplicates",
-              "filter_identical")
+              "vocab_type", "separate_vocabularies", "max_length", "filter_length_ratio",
+              "filter_duplicates", "filter_identical")
 TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "train_minutes", "warmup_steps",
                "lr_scale",
                "lr_decay", "label_smoothing", "dropout_from_epoch", "clip_norm",
