@@ -300,6 +300,13 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
             f"0.6: {tried[0.6]:.2f}") in result.stdout
     assert (f"test (12 sentences, beam 4, length penalty {test['alpha']:g}, "
             f"{test['checkpoint']}): sacreBLEU {test['bleu']:.2f}") in result.stdout
+    # Its sources longer than the model reads (63 subwords, then EOS), as the sentencepiece
+    # package counts them, are counted.
+    test_sources = [line.split("\t")[0] for line in test_tsv.open(encoding="utf-8")]
+    cut = sum(len(pieces.encode(s)) > 63 for s in test_sources)
+    assert test["sources_cut"] == cut > 0
+    assert (f"  {cut} of the sources are longer than the model reads (max_length - 1 "
+            "subwords): their translations cover their start only") in result.stdout
     assert test["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
     pairs = [[side.strip() for side in line.split("\t")[:2]]
              for line in test_tsv.open(encoding="utf-8")]

@@ -128,8 +128,8 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA):
 
     Returns:
       {"split", "sentences", "beam_size", "alpha", "bleu", "chrf", their signatures,
-      "samples", "checkpoint"}; None when the dataset has no test split (--dataset=files
-      without --test_files).
+      "samples", "checkpoint", "sources_cut": the sources longer than the model reads};
+      None when the dataset has no test split (--dataset=files without --test_files).
     """
     d = settings["data"]
     files = (d.get("files") or {}).get("test")
@@ -138,9 +138,12 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA):
     pairs = list(read_split(d, "test"))
     if not pairs:
         return None
-    hypotheses = translator.translate([s for s, _ in pairs], alpha)
+    sources = [s for s, _ in pairs]
+    hypotheses = translator.translate(sources, alpha)
+    lengths = translator.module.source_lengths(sources)
     report = {"split": "test", "sentences": len(pairs), "beam_size": translator.beam_size,
-              "alpha": alpha, "checkpoint": translator.checkpoint}
+              "alpha": alpha, "checkpoint": translator.checkpoint,
+              "sources_cut": int((lengths["subwords"] > lengths["max_subwords"]).numpy().sum())}
     report.update(corpus_scores(hypotheses, [t for _, t in pairs], signatures=True))
     report["samples"] = [{"source": pairs[i][0], "reference": pairs[i][1],
                           "translation": hypotheses[i]} for i in pick_samples(pairs)]
@@ -185,6 +188,10 @@ def format_report(report, model_dir, reverse=False):
                      f"length penalty {report['alpha']:g}, {report['checkpoint']}): sacreBLEU "
                      f"{report['bleu']:.2f} | chrF "
                      f"{report['chrf']:.2f}")
+        if report.get("sources_cut"):
+            lines.append(f"  {report['sources_cut']:,d} of the sources are longer than the "
+                         "model reads (max_length - 1 subwords): their translations cover "
+                         "their start only")
         lines.append(f"  BLEU  {report['bleu_signature']}")
         lines.append(f"  chrF2 {report['chrf_signature']}")
         for sample in report["samples"]:
