@@ -87,9 +87,11 @@ def test_fine_tuning_starts_from_the_source_and_learns_the_new_domain(source, sm
     assert chrf_after > chrf_before + 20, (chrf_before, chrf_after, hypotheses)
 
 
-def test_continued_optimizer_and_refusals(source, small_corpus, train_data, tmp_path):
+def test_continued_optimizer_and_refusals(source, small_corpus, tmp_path):
+    # Each fine-tune prepares its data in its model_dir: tokenized with the source's
+    # vocabulary, it is not the shared `train_data`, which other runs read.
     run = str(tmp_path / "continued")
-    flags = train_flags(small_corpus, train_data, run, train_steps=32, eval_every=0,
+    flags = train_flags(small_corpus, None, run, train_steps=32, eval_every=0,
                         average_last=0, test_report="false", init_from=source,
                         init_optimizer="true")
     result = python(*flags)
@@ -104,14 +106,14 @@ def test_continued_optimizer_and_refusals(source, small_corpus, train_data, tmp_
     other = python(*flags[:-2], f"--init_from={os.path.join(source, 'checkpoints', 'ckpt-20')}")
     assert other.returncode == 1 and "holds a trained model already" in other.stderr
     # A continued optimizer already at --train_steps is refused before training.
-    late = python(*train_flags(small_corpus, train_data, str(tmp_path / "late"), train_steps=30,
+    late = python(*train_flags(small_corpus, None, str(tmp_path / "late"), train_steps=30,
                                init_from=source, init_optimizer="true"))
     assert late.returncode == 1
     assert "the continued optimizer is at step 30 already" in late.stderr
 
 
 def test_a_continued_optimizer_past_the_presets_length_trains_for_a_time(source, small_corpus,
-                                                                          train_data, tmp_path):
+                                                                          tmp_path):
     # --train_minutes plans the run from the continued step on. The preset's --train_steps
     # (800 for tiny) stands in until the first plan; a source beyond it was refused, naming a
     # --train_steps the command did not give and could not give with --train_minutes.
@@ -128,7 +130,7 @@ def test_a_continued_optimizer_past_the_presets_length_trains_for_a_time(source,
         .assert_existing_objects_matched()
     optimizer.iterations.assign(900)
     checkpoint.write(str(late_source / "checkpoints" / "ckpt-900"))
-    result = python(*train_flags(small_corpus, train_data, str(tmp_path / "run"),
+    result = python(*train_flags(small_corpus, None, str(tmp_path / "run"),
                                  train_steps=None, train_minutes=0.05, lr_decay="linear",
                                  log_every=10, eval_every=0, average_last=0, test_report="false",
                                  init_from=str(late_source), init_optimizer="true"))

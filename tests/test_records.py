@@ -50,6 +50,70 @@ def test_reversed_data_holds_the_second_side_as_source_and_rebuilds_when_turned(
         assert list(example["target"].int64_list.value) == pieces.encode(target)
 
 
+def test_a_run_reading_the_data_keeps_another_from_changing_it(small_corpus, tmp_path):
+    # Runs may share a prepared directory (train.py --data_dir). While one reads it, another
+    # with the same settings uses it as it is, and one with other settings is refused instead
+    # of rewriting the records under it. A vocabulary that cannot be learned changes nothing.
+    import hashlib
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+    from tfnmt.data.corpus import CorpusError
+    from tfnmt.data.data_dir_lock import DataDirInUseError
+
+    out = str(tmp_path / "shared")
+    files = dict(small_corpus)
+
+    def contents():
+        return {name: hashlib.sha256(open(os.path.join(out, name), "rb").read()).hexdigest()
+                for name in os.listdir(out) if not name.startswith(".")}
+
+    reader = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from tfnmt.data import records; "
+         "records.prepare(sys.argv[1], dataset='files', files={'train': sys.argv[2], "
+         "'dev': sys.argv[3]}, vocab_size=600, train_shards=1); print('reading', flush=True); "
+         "sys.stdin.readline()", out, files["train"], files["dev"]],
+        cwd=ROOT, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert reader.stdout.readline() == "reading\n", reader.stderr.read()[-3000:]
+        before = contents()
+        assert {"manifest.json", "spm.model", "train-00000-of-00001.tfrecord"} <= set(before)
+        same = records.prepare(out, dataset="files", files=files, vocab_size=600,
+                               train_shards=1)
+        assert same["vocab"]["size"] == 600 and contents() == before
+        with pytest.raises(DataDirInUseError, match=r"shared: it holds data prepared with other "
+                           r"settings \(vocab_size 600 there, 500 asked\), and another training "
+                           r"run is reading it"):
+            records.prepare(out, dataset="files", files=files, vocab_size=500, train_shards=1)
+        assert contents() == before
+    finally:
+        reader.stdin.close()
+        reader.wait(timeout=60)
+    with pytest.raises(CorpusError, match="needs at least"):
+        records.prepare(out, dataset="files", files=files, vocab_size=100, train_shards=1)
+    assert contents() == before
+    assert records.load_manifest(out)["vocab"]["size"] == 600
+    # No one else reads it now: other settings rebuild it.
+    assert records.prepare(out, dataset="files", files=files, vocab_size=500,
+                           train_shards=1)["vocab"]["size"] == 500
+    assert contents()["spm.model"] != before["spm.model"]
+
+
+def test_a_worker_waits_for_the_data_of_its_own_settings(small_corpus, small_prepared):
+    # A cluster's other workers read what the chief prepares; a manifest the directory held
+    # before (other settings, while the chief still rebuilds) is not their data.
+    from tfnmt.training.experiment import _wait_for_data
+
+    wanted = records.data_settings(dataset="files", files=small_corpus, vocab_size=600,
+                                   train_shards=4)
+    assert _wait_for_data(small_prepared, wanted, timeout=0) == \
+        records.load_manifest(small_prepared)
+    with pytest.raises(records.PreparedDataError, match="other settings than this worker's"):
+        _wait_for_data(small_prepared, dict(wanted, vocab_size=500), timeout=0)
+
+
 def copy_prepared(src, dst):
     os.makedirs(dst)
     for name in os.listdir(src):

@@ -8,6 +8,7 @@
   filters.py         training-pair filters: length ratio, duplicates, identical sides
   records.py         TFRecord shards + manifest with checksums, rebuilt where damaged;
                      several training corpora apart
+  data_dir_lock.py   keeps a prepared directory unchanged while runs that share it read it
   de-en/             the embedded German-English corpus
   pipeline.py        the length-bucketed, token-budget tf.data pipeline; weighted corpora
 """

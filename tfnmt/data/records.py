@@ -9,7 +9,8 @@ leaves no manifest and is never read as complete. Re-running with the same input
 checks the shards against their checksums and rewrites only the splits that hold a damaged one,
 with the same vocabulary; a damaged manifest rebuilds the directory. Readers check the manifest
 against the vocabulary they tokenize with and each shard's size, so a changed vocabulary or a
-truncated shard is an error, not mixed data.
+truncated shard is an error, not mixed data. Several runs may share a directory: while one
+reads it, another that would change it is refused (data_dir_lock.py).
 """
 import collections
 import hashlib
@@ -19,7 +20,7 @@ import os
 
 import tensorflow as tf
 
-from tfnmt.data import corpus, vocabulary
+from tfnmt.data import corpus, data_dir_lock, vocabulary
 from tfnmt.data.filters import PairFilter
 from tfnmt.data.tokenizer import train_sentencepiece
 from tfnmt.data.vocabulary import Vocabulary
@@ -179,7 +180,50 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
 
     Raises:
       corpus.CorpusError: the raw text is missing or invalid.
+      data_dir_lock.DataDirInUseError: `out_dir` must change, and another process reads it.
     """
+    settings = data_settings(dataset, files, tfds_data_dir, vocab_size, vocab_type, train_shards,
+                             vocab_paths, filters, separate, reverse)
+
+    def make_split(vocab, split):
+        return _write_any_split(vocab, dataset, split, files, tfds_data_dir, out_dir,
+                                train_shards, filters, reverse)
+
+    with data_dir_lock.preparing(out_dir) as claim:
+        manifest = _up_to_date(out_dir, settings, claim, make_split)
+        if manifest is not None:
+            return manifest
+        if not vocab_paths and model_vocab and all(os.path.exists(p) for p in model_vocab):
+            logging.warning("%s: tokenizing with the model's vocabulary %s", out_dir,
+                            " and ".join(sorted(set(model_vocab))))
+            vocab_paths = model_vocab
+        # The vocabulary first: a failure to learn it leaves the data there complete.
+        if vocab_paths:
+            protos = vocabulary.read_protos(*vocab_paths)
+        else:
+            protos = _learn_vocabulary(dataset, files, tfds_data_dir, vocab_size, vocab_type,
+                                       separate, out_dir, reverse)
+        manifest_path = os.path.join(out_dir, MANIFEST)
+        if os.path.exists(manifest_path):
+            os.remove(manifest_path)  # from here on the directory reads as incomplete
+        written = vocabulary.write_protos(out_dir, protos)
+        vocab = Vocabulary(written["source"], written["target"])
+        splits = {}
+        for split in corpus.SPLITS:
+            if dataset == "files" and not (files or {}).get(split):
+                continue  # local files: dev/test are optional
+            splits[split] = make_split(vocab, split)
+            logging.info("%s: %d pairs", split, splits[split]["examples"])
+        manifest = {"settings": settings, "vocab": _vocab_entry(vocab), "splits": splits}
+        _write_manifest(manifest_path, manifest)
+        return manifest
+
+
+def data_settings(dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vocab_size=8000,
+                  vocab_type="unigram", train_shards=8, vocab_paths=None, filters=None,
+                  separate=False, reverse=False):
+    """The manifest's "settings" of the data `prepare` makes with these arguments (the same):
+    what a reader waiting for that data checks the manifest against."""
     settings = {"format": FORMAT_VERSION, "dataset": dataset,
                 "inputs": input_fingerprint(dataset, files, tfds_data_dir),
                 "vocab_size": vocab_size, "vocab_type": vocab_type, "train_shards": train_shards,
@@ -190,55 +234,52 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
         settings["reverse"] = True
     if PairFilter(**(filters or {})).settings:  # absent when off: older data stays valid
         settings["filters"] = PairFilter(**filters).settings
+    return settings
+
+
+def _up_to_date(out_dir, settings, claim, make_split):
+    """The manifest of `out_dir` when it holds the data of `settings`, its damaged splits
+    rewritten first (`make_split(vocab, split)` -> the split's manifest entry); else None,
+    once `claim` (data_dir_lock.preparing) allowed the directory to be rebuilt."""
     manifest_path = os.path.join(out_dir, MANIFEST)
-    if os.path.exists(manifest_path):
-        try:
-            manifest = load_manifest(out_dir, check_shards=False)  # damaged_shards does
-        except PreparedDataError as error:
-            logging.warning("rebuilding %s: %s", out_dir, error)
-            manifest = None
-        if manifest is not None and manifest["settings"] == settings:
-            damaged = damaged_shards(out_dir, manifest)
-            if not damaged:
-                logging.info("%s is up to date", out_dir)
-                return manifest
-            splits = sorted({split for split, _ in damaged})
-            logging.warning("%s; rewriting the %s split%s with the same vocabulary",
-                            "; ".join(problem for _, problem in damaged), " and ".join(splits),
-                            "s" if len(splits) > 1 else "")
-            os.remove(manifest_path)
-            vocab = manifest_vocabulary(out_dir, manifest)
-            for split in splits:
-                manifest["splits"][split] = _write_any_split(
-                    vocab, dataset, split, files, tfds_data_dir, out_dir,
-                    manifest["settings"]["train_shards"], filters, reverse)
-            _write_manifest(manifest_path, manifest)
-            return manifest
-        os.remove(manifest_path)  # from here on the directory reads as incomplete
-    os.makedirs(out_dir, exist_ok=True)
-
-    if not vocab_paths and model_vocab and all(os.path.exists(p) for p in model_vocab):
-        logging.warning("%s: tokenizing with the model's vocabulary %s", out_dir,
-                        " and ".join(sorted(set(model_vocab))))
-        vocab_paths = model_vocab
-    if vocab_paths:
-        protos = vocabulary.read_protos(*vocab_paths)
-    else:
-        protos = _learn_vocabulary(dataset, files, tfds_data_dir, vocab_size, vocab_type,
-                                   separate, out_dir, reverse)
-    written = vocabulary.write_protos(out_dir, protos)
-    vocab = Vocabulary(written["source"], written["target"])
-
-    splits = {}
-    for split in corpus.SPLITS:
-        if dataset == "files" and not (files or {}).get(split):
-            continue  # local files: dev/test are optional
-        splits[split] = _write_any_split(vocab, dataset, split, files, tfds_data_dir,
-                                         out_dir, train_shards, filters, reverse)
-        logging.info("%s: %d pairs", split, splits[split]["examples"])
-    manifest = {"settings": settings, "vocab": _vocab_entry(vocab), "splits": splits}
+    if not os.path.exists(manifest_path):
+        claim("its prepared data is incomplete")
+        return None
+    try:
+        manifest = load_manifest(out_dir, check_shards=False)  # damaged_shards does
+    except PreparedDataError as error:
+        claim(str(error))
+        logging.warning("rebuilding %s: %s", out_dir, error)
+        return None
+    if manifest["settings"] != settings:
+        claim("it holds data prepared with other settings ("
+              f"{_differences(manifest['settings'], settings)})")
+        return None
+    damaged = damaged_shards(out_dir, manifest)
+    if not damaged:
+        logging.info("%s is up to date", out_dir)
+        return manifest
+    splits = sorted({split for split, _ in damaged})
+    claim(f"{damaged[0][1]}, to be rewritten")
+    logging.warning("%s; rewriting the %s split%s with the same vocabulary",
+                    "; ".join(problem for _, problem in damaged), " and ".join(splits),
+                    "s" if len(splits) > 1 else "")
+    os.remove(manifest_path)
+    vocab = manifest_vocabulary(out_dir, manifest)
+    for split in splits:
+        manifest["splits"][split] = make_split(vocab, split)
     _write_manifest(manifest_path, manifest)
     return manifest
+
+
+def _differences(prepared, asked):
+    """The settings in which prepared data differs from the data asked for, for a message:
+    "vocab_size 8000 there, 16000 asked; other input text"."""
+    names = {"inputs": "other input text", "vocab_source": "another vocabulary"}
+    return "; ".join(names.get(key) or f"{key} {prepared.get(key)!r} there, "
+                     f"{asked.get(key)!r} asked"
+                     for key in sorted(set(prepared) | set(asked))
+                     if prepared.get(key) != asked.get(key))
 
 
 def _vocab_source(vocab_paths):

@@ -59,7 +59,7 @@ flags.DEFINE_bool("reverse", False, "Translate the other way: the second side of
                   "the source (English->German from the embedded corpus or "
                   "wmt14_translate/de-en). Default false.")
 flags.DEFINE_string("data_dir", None, "Where the vocabulary and TFRecords are prepared "
-                    "(default <model_dir>/data); reused when up to date.")
+                    "(default <model_dir>/data); runs on the same data may share it.")
 flags.DEFINE_integer("vocab_size", 8000, "SentencePiece vocabulary size (~32000 for WMT); with "
                      "--separate_vocabularies, each side's.")
 flags.DEFINE_bool("separate_vocabularies", False, "One SentencePiece model per side, learned on "
@@ -400,6 +400,7 @@ def main(argv):
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.data import records
     from tfnmt.data.corpus import CorpusError
+    from tfnmt.data.data_dir_lock import DataDirInUseError
     from tfnmt.data.pipeline import BatchingError
     from tfnmt.model.presets import check_sizes
     from tfnmt.training import distribute, experiment
@@ -439,7 +440,7 @@ def main(argv):
     try:
         metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
     except (TrainingError, SettingsError, ModelDirError, CorpusError, BatchingError,
-            records.PreparedDataError) as error:
+            records.PreparedDataError, DataDirInUseError) as error:
         raise app.UsageError(str(error))
     except TrainingInterrupted as interrupted:  # Ctrl-C or SIGTERM: the last update is saved
         print(interrupted, flush=True)

@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from tfnmt.checkpoints import DirectoryLock, newest_readable_checkpoint
-from tfnmt.data import pipeline, records, vocabulary
+from tfnmt.data import data_dir_lock, pipeline, records, vocabulary
 from tfnmt.model.transformer import Transformer
 from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS, read_settings
 from tfnmt.training import fine_tune
@@ -110,6 +110,8 @@ def run(settings, strategy, log=print):
         raise TrainingError(f"no space left on the device to write {_unwritable_file(error)}; "
                             f"the newest intact checkpoint is {newest or 'none'} (free space "
                             "and run again to resume from it)") from None
+    finally:
+        data_dir_lock.release(data_dir)  # prepared (and held) by the chief in _prepare_data
 
 
 def _run(settings, strategy, log, checkpoint_dir, data_dir):
@@ -338,14 +340,15 @@ def _prepare_data(settings, is_chief, data_dir):
     elif d.get("vocab"):  # train.py --vocab: one model for both sides, or one per side
         vocab_paths = model_vocab if model_fingerprint else \
             tuple(d["vocab"]) if len(d["vocab"]) == 2 else (d["vocab"][0],) * 2
+    data = dict(dataset=d["dataset"], files=d.get("files"), tfds_data_dir=d.get("tfds_data_dir"),
+                vocab_size=d["vocab_size"], vocab_type=d["vocab_type"], vocab_paths=vocab_paths,
+                filters=data_filters(d), separate=separate, reverse=d.get("reverse", False))
     if is_chief:
-        manifest = records.prepare(data_dir, d["dataset"], d.get("files"), d.get("tfds_data_dir"),
-                                   d["vocab_size"], d["vocab_type"], vocab_paths=vocab_paths,
-                                   model_vocab=model_vocab if model_fingerprint else None,
-                                   filters=data_filters(d), separate=separate,
-                                   reverse=d.get("reverse", False))
+        manifest = records.prepare(data_dir, model_vocab=model_vocab if model_fingerprint else None,
+                                   **data)
     else:
-        manifest = _wait_for_data(data_dir, settings["train"].get("data_wait_secs", 1800))
+        manifest = _wait_for_data(data_dir, records.data_settings(**data),
+                                  settings["train"].get("data_wait_secs", 1800))
     # Seeded again: preparing data (TFDS builds the dataset on its first use) draws Python
     # random numbers, and a seeded run must not depend on whether its data existed before.
     # Before the tokenizers: tf.random.set_seed deletes the resources of existing ones.
@@ -418,15 +421,22 @@ def _build(settings, strategy, precision):
     return model, optimizer, schedule
 
 
-def _wait_for_data(data_dir, timeout):
+def _wait_for_data(data_dir, wanted, timeout):
+    """The manifest of data_dir once the chief has prepared the data of settings `wanted` there
+    (data prepared before for other settings is not it)."""
     deadline = time.time() + timeout
     while True:
         try:
-            return records.load_manifest(data_dir)
-        except records.PreparedDataError:
-            if time.time() > deadline:
-                raise
-            time.sleep(2)
+            manifest = records.load_manifest(data_dir)
+            if manifest["settings"] == wanted:
+                return manifest
+            error = records.PreparedDataError(f"{data_dir} holds data prepared with other "
+                                              "settings than this worker's")
+        except records.PreparedDataError as not_ready:
+            error = not_ready
+        if time.time() > deadline:
+            raise error
+        time.sleep(2)
 
 
 
