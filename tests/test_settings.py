@@ -125,3 +125,61 @@ def test_label_smoothing_is_the_presets_unless_a_flag_gives_it(argv, smoothing, 
         settings, explicit = train.requested_settings()
     assert settings["train"]["label_smoothing"] == smoothing
     assert ("train.label_smoothing" in explicit) == any("label_smoothing" in a for a in argv)
+
+
+def test_a_resumed_run_takes_its_given_vocabulary_from_another_path(tmp_path):
+    # train.py --vocab names files; the run keeps copies of them (spm.model, or
+    # source.spm.model and target.spm.model). The same bytes at another path are the same
+    # vocabulary; other bytes are another one.
+    model_dir = saved_run(tmp_path)
+    settings = json.load(open(tmp_path / "settings.json"))
+    settings["data"]["vocab"] = ["/gone/spm.model"]
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    (tmp_path / "spm.model").write_bytes(b"model bytes")
+    moved, other = tmp_path / "moved.model", tmp_path / "other.model"
+    moved.write_bytes(b"model bytes")
+    other.write_bytes(b"other bytes")
+    flags = requested()
+    flags["data"]["vocab"] = [str(moved)]
+    assert resolve_settings(flags, {"data.vocab"}, model_dir)["data"]["vocab"] == [str(moved)]
+    for given in ([str(other)], [str(tmp_path / "missing.model")], [str(moved)] * 2):
+        flags["data"]["vocab"] = given
+        with pytest.raises(SettingsError, match=r"vocab=\[.*\] \(saved: \['/gone/spm.model'\]\)"):
+            resolve_settings(flags, {"data.vocab"}, model_dir)
+    # One model per side: each side's copy.
+    settings["data"]["vocab"] = ["/gone/de.model", "/gone/en.model"]
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    (tmp_path / "source.spm.model").write_bytes(b"source bytes")
+    (tmp_path / "target.spm.model").write_bytes(b"target bytes")
+    (tmp_path / "de.model").write_bytes(b"source bytes")
+    (tmp_path / "en.model").write_bytes(b"target bytes")
+    flags["data"]["vocab"] = [str(tmp_path / "de.model"), str(tmp_path / "en.model")]
+    assert resolve_settings(flags, {"data.vocab"}, model_dir)["data"]["vocab"] == \
+        flags["data"]["vocab"]
+    flags["data"]["vocab"].reverse()
+    with pytest.raises(SettingsError, match="vocab="):
+        resolve_settings(flags, {"data.vocab"}, model_dir)
+
+
+def test_a_resumed_run_given_its_preset_keeps_its_max_length(tmp_path):
+    # --max_length is a flag of its own, which no preset sets: a resumed run given --preset
+    # again without it keeps the saved one (it was refused as "max_length=256 (saved: 64)"),
+    # and one given another --max_length is refused.
+    from absl.testing import flagsaver
+
+    from tfnmt.programs import train
+
+    model_dir = saved_run(tmp_path)
+    for argv, kept in ((["--preset=tiny"], 64), (["--preset=tiny", "--max_length=64"], 64),
+                       (["--preset=tiny", "--max_length=128"], None)):
+        with flagsaver.flagsaver():
+            train.FLAGS.unparse_flags()
+            train.FLAGS(["train.py", f"--model_dir={model_dir}", *argv])
+            requested_now, explicit = train.requested_settings()
+        if kept is None:
+            with pytest.raises(SettingsError, match=r"^\S+ holds a run with other settings: "
+                               r"max_length=128 \(saved: 64\)\. "):
+                resolve_settings(requested_now, explicit, model_dir)
+        else:
+            resolved = resolve_settings(requested_now, explicit, model_dir)
+            assert resolved["model"]["max_length"] == kept

@@ -271,8 +271,8 @@ def requested_settings(preset=None):
     explicit |= {"data.files" for s in ("train", "dev", "test") if FLAGS[f"{s}_files"].present}
     explicit |= {"data.train_weights"} if FLAGS["train_weights"].present else set()
     explicit |= {f"model.{k}" for k in MODEL_FLAGS if FLAGS[k].present}
-    if FLAGS["preset"].present:  # a preset sets every size
-        explicit |= {f"model.{k}" for k in model}
+    if FLAGS["preset"].present:  # a preset sets every size (not max_length, a flag of its own)
+        explicit |= {f"model.{k}" for k in model if k != "max_length"}
     explicit.add("model.max_length") if FLAGS["max_length"].present else None
     return settings, explicit
 

@@ -5,6 +5,7 @@ import json
 import os
 
 from tfnmt.checkpoints import checkpoint_prefixes
+from tfnmt.data import vocabulary
 from tfnmt.model.transformer import Transformer
 from tfnmt.paths import CHECKPOINTS, SETTINGS, read_settings
 
@@ -65,6 +66,24 @@ def _replanned_budget(ours, theirs, explicit, model_dir):
             "--train_steps trains this one further)"]
 
 
+def _kept_vocabulary(given, model_dir):
+    """Whether the SentencePiece models given (train.py --vocab) are, byte for byte, those the
+    run keeps in model_dir: the same models at another path (moved or copied since)."""
+    if not given or len(given) > 2:
+        return False
+    copies = vocabulary.paths(model_dir, separate=len(given) == 2)
+    try:
+        return all(_read(path) == _read(copy)
+                   for path, copy in zip(given * 2 if len(given) == 1 else given, copies))
+    except OSError:
+        return False
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def resolve_settings(requested, explicit, model_dir):
     """The settings of this run: `requested` (from flags), where the flags not given explicitly take
     the values saved in model_dir.
@@ -106,7 +125,8 @@ def resolve_settings(requested, explicit, model_dir):
                 if key in theirs:
                     ours[key] = theirs[key]
             elif (is_fixed(section, key) or _fp16_switch(name, ours.get(key), theirs.get(key))) \
-                    and (key not in theirs or ours.get(key) != theirs[key]):
+                    and (key not in theirs or ours.get(key) != theirs[key]) \
+                    and not (name == "data.vocab" and _kept_vocabulary(ours[key], model_dir)):
                 before = repr(theirs[key]) if key in theirs else "not recorded"
                 conflicts.append(f"{key}={ours.get(key)!r} (saved: {before})")
     conflicts += _replanned_budget(resolved["train"], saved.get("train") or {}, explicit,
