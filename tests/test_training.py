@@ -609,6 +609,8 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--dataset=embedded --train_files=/nonexistent/a.tsv", "--train_files is for "
      "--dataset=files, and --dataset=embedded reads its own splits: give --dataset=files, or "
      "drop --train_files"),
+    ("--train_files=a.tsv --dev_files=b.tsv --tfds_data_dir=/data/tfds", "--tfds_data_dir is "
+     "where TFDS datasets are, and --dataset=files reads your files: drop --tfds_data_dir"),
     ("--vocab=a.model,b.model,c.model", "--vocab: one SentencePiece model (shared by both "
      "sides) or two (source,target), got 3"),
     ("--vocab=README.md", "--vocab: README.md is not a SentencePiece model"),

@@ -384,6 +384,9 @@ def main(argv):
                              "--dev_files for BLEU)")
     if FLAGS.dataset == "files" and not FLAGS.dev_files:
         raise app.UsageError("--dataset=files needs --dev_files: evaluation reports dev BLEU")
+    if FLAGS.dataset == "files" and FLAGS["tfds_data_dir"].present:
+        raise app.UsageError("--tfds_data_dir is where TFDS datasets are, and --dataset=files "
+                             "reads your files: drop --tfds_data_dir")
     if FLAGS["train_minutes"].present and FLAGS["train_steps"].present:
         raise app.UsageError("give --train_steps or --train_minutes, not both")
     if FLAGS["train_minutes"].present and FLAGS.strategy == "multi_worker":
