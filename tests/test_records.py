@@ -60,7 +60,7 @@ def test_a_run_reading_the_data_keeps_another_from_changing_it(small_corpus, tmp
 
     from helpers import ROOT
     from tfnmt.data.corpus import CorpusError
-    from tfnmt.data.data_dir_lock import DataDirInUseError
+    from tfnmt.data.data_dir_lock import DataDirInUseError, release
 
     out = str(tmp_path / "shared")
     files = dict(small_corpus)
@@ -99,6 +99,7 @@ def test_a_run_reading_the_data_keeps_another_from_changing_it(small_corpus, tmp
     assert records.prepare(out, dataset="files", files=files, vocab_size=500,
                            train_shards=1)["vocab"]["size"] == 500
     assert contents()["spm.model"] != before["spm.model"]
+    release(out)  # this process's hold (each prepare leaves one, until release or exit)
 
 
 def test_a_worker_waits_for_the_data_of_its_own_settings(small_corpus, small_prepared):
