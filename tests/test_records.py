@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tfnmt.data import records
+from tfnmt.data.corpus import CorpusError
 from tfnmt.data.tokenizer import Tokenizer
 from tfnmt.paths import VOCAB
 
@@ -59,7 +60,6 @@ def test_a_run_reading_the_data_keeps_another_from_changing_it(small_corpus, tmp
     import sys
 
     from helpers import ROOT
-    from tfnmt.data.corpus import CorpusError
     from tfnmt.data.data_dir_lock import DataDirInUseError, release
 
     out = str(tmp_path / "shared")
@@ -113,6 +113,30 @@ def test_a_worker_waits_for_the_data_of_its_own_settings(small_corpus, small_pre
         records.load_manifest(small_prepared)
     with pytest.raises(records.PreparedDataError, match="other settings than this worker's"):
         _wait_for_data(small_prepared, dict(wanted, vocab_size=500), timeout=0)
+
+
+def test_a_missing_input_file_leaves_the_prepared_data_usable(small_corpus, tmp_path):
+    # A corpus file moved or deleted after its data was prepared: preparing again stops with
+    # the file's name before anything in the directory changes (a resumed run then trains on
+    # it once the file is given at its new path).
+    import shutil
+
+    files = {split: str(tmp_path / f"{split}.tsv") for split in ("train", "dev")}
+    for split, path in files.items():
+        shutil.copy(small_corpus[split], path)
+    out = str(tmp_path / "prep")
+    manifest = records.prepare(out, dataset="files", files=files, vocab_size=600,
+                               train_shards=1)
+    before = {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)}
+    model_vocab = (str(tmp_path / "spm.model"),) * 2  # a trained model's, as a resume gives
+    shutil.copy(os.path.join(out, VOCAB), model_vocab[0])
+    os.remove(files["train"])
+    with pytest.raises(CorpusError, match=f"^{files['train']}: file not found$"):
+        records.prepare(out, dataset="files", files=files, vocab_size=600, train_shards=1,
+                        model_vocab=model_vocab)
+    assert {name: open(os.path.join(out, name), "rb").read() for name in os.listdir(out)} == \
+        before
+    assert records.load_manifest(out) == manifest
 
 
 def copy_prepared(src, dst):

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -183,3 +184,36 @@ def test_a_resumed_run_given_its_preset_keeps_its_max_length(tmp_path):
         else:
             resolved = resolve_settings(requested_now, explicit, model_dir)
             assert resolved["model"]["max_length"] == kept
+
+
+def test_a_resumed_run_takes_its_corpus_from_another_path(tmp_path, small_corpus):
+    # The corpus files moved since the run prepared its data: given at their new paths, the
+    # same bytes (the sha256 the prepared data's manifest recorded) resume the run; other
+    # bytes, or another layout, are another corpus.
+    import shutil
+
+    from tfnmt.data import records
+
+    model_dir = saved_run(tmp_path)
+    first = {"train": str(tmp_path / "train.tsv"), "dev": str(tmp_path / "dev.tsv")}
+    for split, path in first.items():
+        shutil.copy(small_corpus[split], path)
+    records.prepare(str(tmp_path / "data"), dataset="files", files=first, vocab_size=600,
+                    train_shards=1)
+    settings = json.load(open(tmp_path / "settings.json"))
+    settings["data"]["files"] = first
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    (tmp_path / "moved").mkdir()
+    moved = {split: str(tmp_path / "moved" / f"{split}.tsv") for split in first}
+    for split in first:
+        os.rename(first[split], moved[split])
+    flags = requested()
+    flags["data"]["files"] = moved
+    assert resolve_settings(flags, {"data.files"}, model_dir)["data"]["files"] == moved
+    with open(moved["dev"], "a") as f:
+        f.write("Noch ein Satz.\tOne more sentence.\n")
+    for given in (moved, {"train": moved["train"]}, {"train": [moved["train"]] * 2,
+                                                     "dev": moved["dev"]}):
+        flags["data"]["files"] = given
+        with pytest.raises(SettingsError, match=r"files=\{.*\} \(saved: \{"):
+            resolve_settings(flags, {"data.files"}, model_dir)

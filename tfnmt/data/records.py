@@ -184,6 +184,10 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
     """
     settings = data_settings(dataset, files, tfds_data_dir, vocab_size, vocab_type, train_shards,
                              vocab_paths, filters, separate, reverse)
+    missing = [path for shas in settings["inputs"].get("files", {}).values()
+               for path, sha in shas.items() if sha is None]
+    if missing:  # before anything changes: the data prepared from it stays usable
+        raise corpus.CorpusError(f"{missing[0]}: file not found")
 
     def make_split(vocab, split):
         return _write_any_split(vocab, dataset, split, files, tfds_data_dir, out_dir,

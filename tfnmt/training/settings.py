@@ -5,7 +5,8 @@ import json
 import os
 
 from tfnmt.checkpoints import checkpoint_prefixes
-from tfnmt.data import vocabulary
+from tfnmt.data import records, vocabulary
+from tfnmt.data.corpus import train_specs
 from tfnmt.model.transformer import Transformer
 from tfnmt.paths import CHECKPOINTS, SETTINGS, read_settings
 
@@ -79,6 +80,27 @@ def _kept_vocabulary(given, model_dir):
         return False
 
 
+def _moved_corpus(given, saved, data_dir):
+    """Whether the corpus files given (train.py --train_files, --dev_files, --test_files) are
+    those the run's data was prepared from, at other paths (moved or copied since): the same
+    splits and files per corpus, each file with the sha256 the prepared data's manifest
+    recorded."""
+    def layout(files):
+        return {split: [(spec or "").count(",") for spec in train_specs({"train": specs})]
+                for split, specs in (files or {}).items()}
+
+    if not given or not saved or layout(given) != layout(saved):
+        return False
+    try:
+        prepared = records.load_manifest(data_dir, check_shards=False)["settings"]["inputs"]
+    except records.PreparedDataError:
+        return False
+    ours = records.input_fingerprint("files", given)["files"]
+    theirs = prepared.get("files") or {}
+    return {split: list(shas.values()) for split, shas in ours.items()} == \
+        {split: list(shas.values()) for split, shas in theirs.items()}
+
+
 def _read(path):
     with open(path, "rb") as f:
         return f.read()
@@ -126,7 +148,10 @@ def resolve_settings(requested, explicit, model_dir):
                     ours[key] = theirs[key]
             elif (is_fixed(section, key) or _fp16_switch(name, ours.get(key), theirs.get(key))) \
                     and (key not in theirs or ours.get(key) != theirs[key]) \
-                    and not (name == "data.vocab" and _kept_vocabulary(ours[key], model_dir)):
+                    and not (name == "data.vocab" and _kept_vocabulary(ours[key], model_dir)) \
+                    and not (name == "data.files" and _moved_corpus(
+                        ours[key], theirs.get(key),
+                        ours.get("data_dir") or os.path.join(model_dir, "data"))):
                 before = repr(theirs[key]) if key in theirs else "not recorded"
                 conflicts.append(f"{key}={ours.get(key)!r} (saved: {before})")
     conflicts += _replanned_budget(resolved["train"], saved.get("train") or {}, explicit,
