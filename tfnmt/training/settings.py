@@ -149,8 +149,8 @@ def resolve_settings(requested, explicit, model_dir):
             elif (is_fixed(section, key) or _fp16_switch(name, ours.get(key), theirs.get(key))) \
                     and (key not in theirs or ours.get(key) != theirs[key]) \
                     and not (name == "data.vocab" and _kept_vocabulary(ours[key], model_dir)) \
-                    and not (name == "data.files" and _moved_corpus(
-                        ours[key], theirs.get(key),
+                    and not (name == "data.files" and _moved_corpus(  # data_dir: resolved
+                        ours[key], theirs.get(key),                   # above, in key order
                         ours.get("data_dir") or os.path.join(model_dir, "data"))):
                 before = repr(theirs[key]) if key in theirs else "not recorded"
                 conflicts.append(f"{key}={ours.get(key)!r} (saved: {before})")
