@@ -94,22 +94,22 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
                                          "be line-aligned")
 
 
-@pytest.mark.parametrize("flag, message", [
-    ("--beam_size=8", "--beam_size is for translating, and --hypotheses scores translations "
-     "made elsewhere: drop --beam_size"),
-    ("--export=runs/de-en/export", "--export is for translating"),
-    ("--checkpoint=best", "--checkpoint is for translating"),
-    ("--split=dev", "--split scores the model's dataset, and --source or --hypotheses give your "
-     "own sentences: drop --split"),
-    ("--model_dir=runs/x --export=runs/x/export", "give one of --model_dir and --export to "
-     "translate --source"),
+@pytest.mark.parametrize("given, flag, message", [
+    ("--hypotheses", "--beam_size=8", "--beam_size is for translating, and --hypotheses scores "
+     "translations made elsewhere: drop --beam_size"),
+    ("--hypotheses", "--export=runs/de-en/export", "--export is for translating"),
+    ("--hypotheses", "--checkpoint=best", "--checkpoint is for translating"),
+    ("--hypotheses", "--model_dir=runs/de-en", "--model_dir is for translating"),
+    ("--hypotheses", "--split=dev", "--split scores the model's dataset, and --source or "
+     "--hypotheses give your own sentences: drop --split"),
+    ("--source", "--model_dir=runs/x --export=runs/x/export", "give one of --model_dir and "
+     "--export to translate --source"),
 ])
 def test_evaluate_py_refuses_flags_that_scoring_given_translations_would_leave_unused(
-        flag, message, tmp_path):
+        given, flag, message, tmp_path):
     from helpers import python
 
     (tmp_path / "hyp.en").write_text("A house.\n")
-    given = "--source" if flag.startswith("--model_dir") else "--hypotheses"
     result = python("evaluate.py", f"{given}={tmp_path / 'hyp.en'}",
                     f"--reference={tmp_path / 'hyp.en'}", *flag.split(), timeout=60)
     assert result.returncode == 1

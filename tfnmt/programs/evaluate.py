@@ -169,7 +169,8 @@ def main(argv):
     if FLAGS.hypotheses and FLAGS.output:
         raise app.UsageError("--output writes translations, and --hypotheses translates nothing")
     if FLAGS.hypotheses:  # what would translate: left unused, so refused
-        for name in ("export", "checkpoint", "beam_size", "alpha", "beam_stop", "batch_size"):
+        for name in ("model_dir", "export", "checkpoint", "beam_size", "alpha", "beam_stop",
+                     "batch_size"):
             if FLAGS[name].present:
                 raise app.UsageError(f"--{name} is for translating, and --hypotheses scores "
                                      f"translations made elsewhere: drop --{name}")
