@@ -160,22 +160,44 @@ def test_interrupted_run_never_reads_as_complete(small_corpus, tmp_path, monkeyp
     out = str(tmp_path / "prep")
     calls = []
 
-    def failing_write(*args, **kwargs):
-        if calls:
-            raise KeyboardInterrupt  # killed while writing the second split
+    def failing_tokenized(*args, **kwargs):
         calls.append(1)
-        return real_write(*args, **kwargs)
+        for index, ids in enumerate(real_tokenized(*args, **kwargs)):
+            if len(calls) == 2 and index == 10:
+                raise KeyboardInterrupt  # killed while writing the second split's shards
+            yield ids
 
-    real_write = records._write_split
-    monkeypatch.setattr(records, "_write_split", failing_write)
+    real_tokenized = records._tokenized_pairs
+    monkeypatch.setattr(records, "_tokenized_pairs", failing_tokenized)
     with pytest.raises(KeyboardInterrupt):
         records.prepare(out, dataset="files", files=small_corpus, vocab_size=600)
+    assert len(calls) == 2
+    # The first split's shards stay; the second's partial ones are removed, not left to fill
+    # the disk.
+    assert [n for n in os.listdir(out) if n.endswith(".tfrecord")]
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
     with pytest.raises(records.PreparedDataError, match="no complete prepared data"):
         records.load_manifest(out)
-    monkeypatch.setattr(records, "_write_split", real_write)
+    monkeypatch.setattr(records, "_tokenized_pairs", real_tokenized)
     manifest = records.prepare(out, dataset="files", files=small_corpus, vocab_size=600)
     assert manifest["splits"]["dev"]["examples"] == 200
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+
+
+def test_a_rebuild_leaves_only_the_shards_its_manifest_names(small_corpus, small_prepared,
+                                                            tmp_path):
+    out = str(tmp_path / "copy")
+    copy_prepared(small_prepared, out)  # 4 train shards and a dev shard
+    for name in ("test-00000-of-00001.tfrecord.tmp", "notes.txt"):  # left by a killed run; yours
+        (tmp_path / "copy" / name).write_text("x")
+    manifest = records.prepare(out, dataset="files", files={"train": small_corpus["train"]},
+                               vocab_size=600, train_shards=2)
+    shards = {shard["file"] for split in manifest["splits"].values()
+              for shard in split["shards"]}
+    assert shards == {"train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"}
+    assert set(os.listdir(out)) - {".prepare.lock", ".in_use.lock"} == \
+        shards | {records.MANIFEST, "spm.model", "notes.txt"}
+    assert records.load_manifest(out)["splits"]["train"]["examples"] == 3000
 
 
 def test_truncated_shard_is_detected(small_prepared, tmp_path):

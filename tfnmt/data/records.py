@@ -5,7 +5,8 @@ A prepared directory holds the vocabulary (`spm.model`, or `source.spm.model` an
 `manifest.json`, written last, which records each shard's size and sha256 and the vocabulary's
 fingerprint. Every file is written under a temporary name and renamed when
 complete, and the old manifest is removed before anything is rewritten, so an interrupted run
-leaves no manifest and is never read as complete. Re-running with the same inputs and settings
+leaves no manifest and is never read as complete; once the new manifest is written, shards it
+does not name (another shard count, a split no longer given) are removed. Re-running with the same inputs and settings
 checks the shards against their checksums and rewrites only the splits that hold a damaged one,
 with the same vocabulary; a damaged manifest rebuilds the directory. Readers check the manifest
 against the vocabulary they tokenize with and each shard's size, so a changed vocabulary or a
@@ -13,10 +14,12 @@ truncated shard is an error, not mixed data. Several runs may share a directory:
 reads it, another that would change it is refused (data_dir_lock.py).
 """
 import collections
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import re
 
 import tensorflow as tf
 
@@ -27,6 +30,7 @@ from tfnmt.data.vocabulary import Vocabulary
 from tfnmt.paths import EMBEDDED_DIR
 
 MANIFEST = "manifest.json"
+SHARD_NAME = re.compile(r"(train(\.\d+)?|dev|test)-\d{5}-of-\d{5}\.tfrecord(\.tmp)?")
 FORMAT_VERSION = 2  # 2: a sha256 per shard; the vocabulary by its fingerprint
 
 
@@ -100,16 +104,25 @@ def _write_split(vocab, pairs, out_dir, name, num_shards, pair_filter=None):
     tokenized = _tokenized_pairs(vocab, pairs)
     if pair_filter is not None:
         tokenized = (ids for ids in tokenized if pair_filter.keep_ids(*ids))
-    for index, (source_ids, target_ids) in enumerate(tokenized):
-        shard = index % num_shards  # round-robin keeps shards alike in length and content
-        writers[shard].write(_serialize(source_ids, target_ids))
-        counts[shard] += 1
-        histogram[max(len(source_ids), len(target_ids)) + 1] += 1
-        tokens["source"] += len(source_ids)
-        tokens["target"] += len(target_ids)
+    try:
+        for index, (source_ids, target_ids) in enumerate(tokenized):
+            shard = index % num_shards  # round-robin keeps shards alike in length and content
+            writers[shard].write(_serialize(source_ids, target_ids))
+            counts[shard] += 1
+            histogram[max(len(source_ids), len(target_ids)) + 1] += 1
+            tokens["source"] += len(source_ids)
+            tokens["target"] += len(target_ids)
+        for writer in writers:
+            writer.close()
+    except BaseException:  # a bad line, a full disk, Ctrl-C: leave no partial shards behind
+        for name, writer in zip(names, writers):
+            with contextlib.suppress(Exception):
+                writer.close()
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(out_dir, name + ".tmp"))
+        raise
     shards = []
-    for name, writer, count in zip(names, writers, counts):
-        writer.close()
+    for name, count in zip(names, counts):
         path = os.path.join(out_dir, name)
         os.replace(path + ".tmp", path)
         shards.append({"file": name, "examples": count, "bytes": os.path.getsize(path),
@@ -220,7 +233,19 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
             logging.info("%s: %d pairs", split, splits[split]["examples"])
         manifest = {"settings": settings, "vocab": _vocab_entry(vocab), "splits": splits}
         _write_manifest(manifest_path, manifest)
+        _remove_other_shards(out_dir, manifest)
         return manifest
+
+
+def _remove_other_shards(out_dir, manifest):
+    """Removes the shards of earlier preparations that `manifest` does not name (another shard
+    count, a split no longer given, a `.tmp` left by a killed process): only files named as
+    this module names shards."""
+    kept = {shard["file"] for split in manifest["splits"].values() for shard in split["shards"]}
+    for name in os.listdir(out_dir):
+        if SHARD_NAME.fullmatch(name) and name not in kept:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(out_dir, name))
 
 
 def data_settings(dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vocab_size=8000,
