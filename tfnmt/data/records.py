@@ -3,15 +3,15 @@
 A prepared directory holds the vocabulary (`spm.model`, or `source.spm.model` and
 `target.spm.model`: vocabulary.py), `<split>-SSSSS-of-NNNNN.tfrecord` shards and
 `manifest.json`, written last, which records each shard's size and sha256 and the vocabulary's
-fingerprint. Every file is written under a temporary name and renamed when
-complete, and the old manifest is removed before anything is rewritten, so an interrupted run
-leaves no manifest and is never read as complete; once the new manifest is written, shards it
-does not name (another shard count, a split no longer given) are removed. Re-running with the same inputs and settings
-checks the shards against their checksums and rewrites only the splits that hold a damaged one,
-with the same vocabulary; a damaged manifest rebuilds the directory. Readers check the manifest
-against the vocabulary they tokenize with and each shard's size, so a changed vocabulary or a
-truncated shard is an error, not mixed data. Several runs may share a directory: while one
-reads it, another that would change it is refused (data_dir_lock.py).
+fingerprint. Every file is written under a temporary name and renamed when complete, and the
+old manifest is removed before anything is rewritten, so an interrupted run leaves no manifest
+and is never read as complete; once the new manifest is written, shards it does not name
+(another shard count, a split no longer given) are removed. Re-running with the same inputs and
+settings checks the shards against their checksums and rewrites only the splits that hold a
+damaged one, with the same vocabulary; a damaged manifest rebuilds the directory. Readers check
+the manifest against the vocabulary they tokenize with and each shard's size, so a changed
+vocabulary or a truncated shard is an error, not mixed data. Several runs may share a directory:
+while one reads it, another that would change it is refused (data_dir_lock.py).
 """
 import collections
 import contextlib
