@@ -212,8 +212,37 @@ def test_a_resumed_run_takes_its_corpus_from_another_path(tmp_path, small_corpus
     assert resolve_settings(flags, {"data.files"}, model_dir)["data"]["files"] == moved
     with open(moved["dev"], "a") as f:
         f.write("Noch ein Satz.\tOne more sentence.\n")
-    for given in (moved, {"train": moved["train"]}, {"train": [moved["train"]] * 2,
-                                                     "dev": moved["dev"]}):
+    for given in (moved, dict(moved, test=moved["dev"]), {"train": [moved["train"]] * 2,
+                                                           "dev": moved["dev"]}):
         flags["data"]["files"] = given
         with pytest.raises(SettingsError, match=r"files=\{.*\} \(saved: \{"):
             resolve_settings(flags, {"data.files"}, model_dir)
+
+
+def test_a_resumed_run_given_some_of_its_files_keeps_the_others(tmp_path):
+    # "Flags left out keep their saved values" holds for each split's files: a run trained with
+    # --train_files, --dev_files and --test_files resumes given only some of them (it was
+    # refused, the files of a split left out counting as removed); other files are refused.
+    from absl.testing import flagsaver
+
+    from tfnmt.programs import train
+
+    model_dir = saved_run(tmp_path)
+    settings = json.load(open(tmp_path / "settings.json"))
+    files = {"train": "t.tsv", "dev": "d.tsv", "test": "e.tsv"}
+    settings["data"]["files"] = files
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    for argv, refused in ((["--train_files=t.tsv", "--dev_files=d.tsv"], None),
+                          (["--dev_files=d.tsv"], None),
+                          (["--test_files=e.tsv", "--train_files=t.tsv"], None),
+                          (["--train_files=t.tsv", "--test_files=other.tsv"], "other.tsv")):
+        with flagsaver.flagsaver():
+            train.FLAGS.unparse_flags()
+            train.FLAGS(["train.py", f"--model_dir={model_dir}", *argv])
+            requested_now, explicit = train.requested_settings()
+        if refused:
+            with pytest.raises(SettingsError, match=rf"^\S+ holds a run with other settings: "
+                               rf"files=.*'test': '{refused}'.* \(saved: "):
+                resolve_settings(requested_now, explicit, model_dir)
+        else:
+            assert resolve_settings(requested_now, explicit, model_dir)["data"]["files"] == files

@@ -268,7 +268,9 @@ def requested_settings(preset=None):
         explicit |= {"data.separate_vocabularies", "data.vocab_size", "data.vocab_type"}
     if FLAGS.dataset == "files" and not FLAGS["dataset"].present:  # given files mean it
         explicit.add("data.dataset")
-    explicit |= {"data.files" for s in ("train", "dev", "test") if FLAGS[f"{s}_files"].present}
+    given_splits = [s for s in ("train", "dev", "test") if FLAGS[f"{s}_files"].present]
+    explicit |= {"data.files"} | {f"data.files.{s}" for s in given_splits} if given_splits \
+        else set()
     explicit |= {"data.train_weights"} if FLAGS["train_weights"].present else set()
     explicit |= {f"model.{k}" for k in MODEL_FLAGS if FLAGS[k].present}
     if FLAGS["preset"].present:  # a preset sets every size (not max_length, a flag of its own)

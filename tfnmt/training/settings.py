@@ -112,7 +112,8 @@ def resolve_settings(requested, explicit, model_dir):
 
     Args:
       requested: {"model_dir", "model", "data", "train"} from the flags.
-      explicit: the set of "section.key" given on the command line.
+      explicit: the set of "section.key" given on the command line, and "data.files.<split>"
+        for each split whose files were given (a split left out keeps its saved files).
       model_dir: the run's directory.
 
     Returns:
@@ -143,6 +144,10 @@ def resolve_settings(requested, explicit, model_dir):
             theirs = dict(DATA_DEFAULTS_BEFORE, **theirs)
         for key in sorted(set(ours) | set(theirs)):
             name = f"{section}.{key}"
+            if name == "data.files" and name in explicit and theirs.get(key):
+                # A split whose files flag is left out keeps its saved files.
+                ours[key] = dict({split: files for split, files in theirs[key].items()
+                                  if f"{name}.{split}" not in explicit}, **(ours[key] or {}))
             if name not in explicit:
                 if key in theirs:
                     ours[key] = theirs[key]
