@@ -161,7 +161,8 @@ def test_sources_that_cannot_start_a_run(source, tmp_path):
                                       fine_tune.resolve_source(source))
     assert settings["model"]["num_layers"] == 2 and settings["model"]["dropout"] == 0.3
     assert settings["data"] == {"vocab_size": 600, "vocab_type": "unigram",
-                                "separate_vocabularies": False, "reverse": False}
+                                "separate_vocabularies": False, "reverse": False,
+                                "max_length": 64}
     # The direction is the source's (train.py --reverse) unless given.
     reversed_dir = tmp_path / "reversed"
     reversed_dir.mkdir()
@@ -178,6 +179,7 @@ def test_sources_that_cannot_start_a_run(source, tmp_path):
     settings = fine_tune.apply_source(longer, {"model.max_length"},
                                       fine_tune.resolve_source(source))
     assert settings["model"]["max_length"] == 128  # the source: sinusoidal, 64
+    assert settings["data"]["max_length"] == 128  # the pairs trained on fit the positions
     learned = tmp_path / "learned"
     learned.mkdir()
     (learned / "settings.json").write_text(json.dumps(
@@ -187,6 +189,13 @@ def test_sources_that_cannot_start_a_run(source, tmp_path):
                                             "fine-tuned model keeps its source's shape"):
         fine_tune.apply_source(dict(longer, model={"max_length": 128}), {"model.max_length"},
                                {"model_dir": str(learned)})
+    # Without --max_length (train.py's default, 256, is not given) the run trains on pairs
+    # that fit its source's 64 positions (it trained on longer ones, which a table of learned
+    # positions failed on: "indices[64] = 64 is not in [0, 64)").
+    settings = fine_tune.apply_source({"model": {"max_length": 256},
+                                       "data": {"max_length": 256}}, set(),
+                                      {"model_dir": str(learned)})
+    assert settings["model"]["max_length"] == settings["data"]["max_length"] == 64
     # Separate vocabularies (which also unshare the embeddings) are told as the vocabulary.
     with pytest.raises(SettingsError, match="vocabulary differs: separate_vocabularies=True"):
         fine_tune.apply_source(dict(requested, data={"separate_vocabularies": True},

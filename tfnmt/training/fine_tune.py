@@ -120,6 +120,8 @@ def apply_source(settings, explicit, source):
             model[key] = settings["model"][key]
     settings["model"] = model
     settings["data"].update({key: data[key] for key in VOCABULARY})
+    # The training pairs fit the model's positions: the source's unless --max_length is given.
+    settings["data"]["max_length"] = dict(MODEL_DEFAULTS, **model)["max_length"]
     if "data.reverse" not in explicit:  # it goes on translating as its source did
         settings["data"]["reverse"] = data["reverse"]
     settings["init_from"] = source
