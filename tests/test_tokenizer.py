@@ -76,6 +76,21 @@ def test_a_vocabulary_the_text_cannot_give_is_one_clear_error(tmp_path):
     assert int(re.search(r"least (\d+)", str(refused.value))[1]) >= characters + 256
     with pytest.raises(ValueError, match="no training text"):
         train_sentencepiece([], str(tmp_path / "spm.model"), vocab_size=100)
+    assert os.listdir(tmp_path) == []  # nothing half-made is left
+
+
+def test_an_interrupted_vocabulary_leaves_no_files(tmp_path, monkeypatch):
+    # Ctrl-C once SentencePiece has written its files, before the model is in place.
+    from tfnmt.data import tokenizer
+
+    def interrupted(proto):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tokenizer, "portable_model_proto", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tokenizer.train_sentencepiece(["Zimmer 1 ist frei.", "Room 1 is free."] * 50,
+                                      str(tmp_path / "spm.model"), vocab_size=274)
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("rows", [[[5, 6, 7], [], [8]], [[], []], []])

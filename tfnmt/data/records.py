@@ -337,11 +337,14 @@ def _learn_vocabulary(dataset, files, tfds_data_dir, vocab_size, vocab_type, sep
     try:
         for index, side in enumerate(("source", "target") if separate else ("source",)):
             path = os.path.join(work_dir, ".learned." + names[side])
-            train_sentencepiece(sentences((index,) if separate else (0, 1)), path, vocab_size,
-                                vocab_type)
-            with open(path, "rb") as f:
-                learned[side] = f.read()
-            os.remove(path)
+            try:
+                train_sentencepiece(sentences((index,) if separate else (0, 1)), path,
+                                    vocab_size, vocab_type)
+                with open(path, "rb") as f:
+                    learned[side] = f.read()
+            finally:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
     except ValueError as error:
         raise corpus.CorpusError(str(error)) from None
     return vocabulary.as_protos((learned["source"], learned.get("target", learned["source"])))

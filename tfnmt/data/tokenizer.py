@@ -5,6 +5,7 @@ Training uses the `sentencepiece` package; tokenizing and detokenizing use tenso
 SavedModel tokenize identically. Byte fallback is on: a character outside the vocabulary becomes
 its UTF-8 bytes instead of <unk>, so any valid text round-trips.
 """
+import contextlib
 import hashlib
 import os
 import re
@@ -55,26 +56,36 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
             raise
 
     try:
-        _train(spm, checked(sentences), prefix, vocab_size, model_type, max_sentences,
-               seed_sentencepiece_size)
-    except RuntimeError as error:
-        if failures:
-            raise failures[0] from None
-        if count == 0:
-            raise ValueError("no training text to learn the vocabulary from (the train split "
-                             "is empty)") from None
-        detail = str(error).split("] ")[-1]
-        if "ocabulary size" in detail:  # too large or too small for this text
-            raise ValueError(f"vocabulary size {vocab_size:,d} does not fit the training text: "
-                             f"{_vocabulary_size_advice(detail)}") from None
-        raise
-    with open(prefix + ".model", "rb") as f:
-        proto = portable_model_proto(f.read())
-    with open(prefix + ".model", "wb") as f:
-        f.write(proto)
-    os.replace(prefix + ".model", model_path)
-    os.remove(prefix + ".vocab")
+        try:
+            _train(spm, checked(sentences), prefix, vocab_size, model_type, max_sentences,
+                   seed_sentencepiece_size)
+        except RuntimeError as error:
+            raise _training_error(error, failures, count, vocab_size) from None
+        with open(prefix + ".model", "rb") as f:
+            proto = portable_model_proto(f.read())
+        with open(prefix + ".model", "wb") as f:
+            f.write(proto)
+        os.replace(prefix + ".model", model_path)
+    finally:  # a failure or Ctrl-C leaves no half-made files beside the model
+        for leftover in (prefix + ".model", prefix + ".vocab"):
+            with contextlib.suppress(OSError):
+                os.remove(leftover)
     return model_path
+
+
+def _training_error(error, failures, count, vocab_size):
+    """What SentencePiece's RuntimeError `error` means: the error the input iterator raised
+    (`failures`), no text (`count` 0), a vocabulary size the text cannot give, else itself."""
+    if failures:
+        return failures[0]
+    if count == 0:
+        return ValueError("no training text to learn the vocabulary from (the train split is "
+                          "empty)")
+    detail = str(error).split("] ")[-1]
+    if "ocabulary size" in detail:  # too large or too small for this text
+        return ValueError(f"vocabulary size {vocab_size:,d} does not fit the training text: "
+                          f"{_vocabulary_size_advice(detail)}")
+    return error
 
 
 def _vocabulary_size_advice(detail):
