@@ -1,8 +1,10 @@
 """What the entry points (train.py, export.py, translate.py, evaluate.py) share."""
+import _thread
 import gc
 import os
 import signal
 import sys
+import threading
 
 from absl import app, flags
 
@@ -61,12 +63,43 @@ def _parse_flags(argv):
         sys.exit(1)
 
 
+def keep_interrupts():
+    """Makes a Ctrl-C that lands in a finalizer stop the program.
+
+    Python runs the SIGINT handler wherever the main thread is, and when that is an object's
+    `__del__` (TensorFlow runs many), the KeyboardInterrupt is printed as "Exception ignored
+    in ..." and lost: the program went on, a training run to its end. Such a KeyboardInterrupt
+    is raised again in the main thread once the finalizer is left: a timer thread calls
+    `_thread.interrupt_main` 50 ms later (called at once, it would raise in this hook, which
+    loses it too).
+    """
+    previous = sys.unraisablehook
+
+    def interrupt_later():
+        timer = threading.Timer(0.05, _thread.interrupt_main)
+        timer.daemon = True
+        timer.start()
+
+    def hook(unraisable):
+        try:
+            if unraisable.exc_type is not None and issubclass(unraisable.exc_type,
+                                                              KeyboardInterrupt):
+                interrupt_later()
+            else:
+                previous(unraisable)
+        except KeyboardInterrupt:  # the one raised again, or another Ctrl-C, reached us here
+            interrupt_later()
+
+    sys.unraisablehook = hook
+
+
 def run(main, doc=None, training=False):
     """absl's app.run(main), with flag errors, an app.UsageError, a damaged model_dir file
     (`paths.DamagedFileError`) and an output file that could not be written
     (`text_lines.OutputError`) printed as one line, `<program>: <message>`, and exit code 1
     (absl would print the module's help before a UsageError, and a hint after a flag error);
-    Ctrl-C outside what a program handles itself prints `<program>: interrupted` (exit 130).
+    Ctrl-C outside what a program handles itself prints `<program>: interrupted` (exit 130),
+    also where it lands in a finalizer (`keep_interrupts`).
     First the process gets its memory allocator (tfnmt/allocator.py; may re-execute the process
     once) and, for training, its CPU kernels (tfnmt/cpu_kernels.py).
 
@@ -91,6 +124,7 @@ def run(main, doc=None, training=False):
         print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
         sys.exit(1)
     KERNELS = cpu_kernels.use_onednn() if training else cpu_kernels.describe()
+    keep_interrupts()
 
     def main_with_one_line_usage_errors(argv):
         try:
