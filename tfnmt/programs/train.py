@@ -269,8 +269,8 @@ def requested_settings(preset=None):
     if FLAGS.dataset == "files" and not FLAGS["dataset"].present:  # given files mean it
         explicit.add("data.dataset")
     given_splits = [s for s in ("train", "dev", "test") if FLAGS[f"{s}_files"].present]
-    explicit |= {"data.files"} | {f"data.files.{s}" for s in given_splits} if given_splits \
-        else set()
+    if given_splits:  # and which: a split left out keeps its saved files
+        explicit |= {"data.files"} | {f"data.files.{s}" for s in given_splits}
     explicit |= {"data.train_weights"} if FLAGS["train_weights"].present else set()
     explicit |= {f"model.{k}" for k in MODEL_FLAGS if FLAGS[k].present}
     if FLAGS["preset"].present:  # a preset sets every size (not max_length, a flag of its own)
