@@ -145,14 +145,17 @@ def test_ctrl_c_in_a_finalizer_stops_the_program(kept):
     # goes on: a Ctrl-C landing in one of TensorFlow's finalizers let train.py run to its end.
     # The entry points (cli.run) raise it again outside the finalizer; plain Python (the
     # reference) loses it.
+    import signal
     import subprocess
     import sys
 
     from helpers import ROOT
 
+    # SIGINT acting as at a terminal (a test runner started in the background ignores it).
     result = subprocess.run([sys.executable, "-c", FINALIZER_INTERRUPTED, ROOT,
                              "kept" if kept else "plain"], capture_output=True, text=True,
-                            timeout=60)
+                            timeout=60,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert result.stdout.strip() == ("interrupted" if kept else "went on")
     # Python's note on the lost exception, which the entry points leave out.
     assert ("Exception ignored" in result.stderr) is not kept

@@ -73,8 +73,8 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
     their_references = ["That is a house.", "Good morning!", "He\u2028spoke to them."]
     (tmp_path / "hyp2.en").write_bytes(("\ufeff" + "\r\n".join(elsewhere) + "\n").encode())
     (tmp_path / "ref2.en").write_bytes(("\n".join(their_references) + "\n").encode())
-    scored = python("evaluate.py", "--model_dir=/nonexistent",
-                    f"--hypotheses={tmp_path / 'hyp2.en'}", f"--reference={tmp_path / 'ref2.en'}")
+    scored = python("evaluate.py", f"--hypotheses={tmp_path / 'hyp2.en'}",
+                    f"--reference={tmp_path / 'ref2.en'}")
     assert scored.returncode == 0, scored.stderr[-2000:]
     expected = sacrebleu.corpus_bleu(elsewhere, [their_references])
     assert f"BLEU   {expected.score:6.2f}  nrefs:1|case:mixed|eff:no|tok:13a" in scored.stdout
