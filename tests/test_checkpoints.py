@@ -200,6 +200,11 @@ def test_a_checkpoint_named_as_the_log_names_it_is_found_in_the_model_dir(tmp_pa
                         (str(model_dir / "averaged" / "ckpt-40"), "averaged/ckpt-40")):
         assert [os.path.relpath(p, model_dir)
                 for p in candidate_checkpoints(str(model_dir), name)] == [found]
+    # A directory of checkpoints gives them newest first (as "latest" does its own).
+    for directory in (str(model_dir / "checkpoints"), os.path.relpath(model_dir / "best")):
+        assert candidate_checkpoints(str(model_dir), directory) == [
+            os.path.join(directory, f"ckpt-{n}")
+            for n in ((40, 30) if directory.endswith("checkpoints") else (35,))]
     (elsewhere / "ckpt-30.index").write_bytes(b"")  # a path from here comes first
     assert candidate_checkpoints(str(model_dir), "ckpt-30") == ["ckpt-30"]
     with pytest.raises(ModelDirError) as error:

@@ -207,8 +207,10 @@ def candidate_checkpoints(model_dir, which="auto"):
         with the best dev metric), "auto" (averaged ones made at the run's newest update, then
         the best, then the latest ones) or a checkpoint path prefix; a relative prefix that is
         not a path from here is looked for in the model_dir's checkpoints/, best/ and
-        averaged/ (`ckpt-2000`). An average made before the run was resumed and trained on
-        without averaging is older than the model: "auto" passes over it.
+        averaged/ (`ckpt-2000`); a directory of checkpoints (`runs/de-en/best`) gives them,
+        newest first. An average
+        made before the run was resumed and trained on without averaging is older than the
+        model: "auto" passes over it.
 
     Returns:
       Checkpoint prefixes, best first.
@@ -222,6 +224,8 @@ def candidate_checkpoints(model_dir, which="auto"):
         for prefix in places:
             if tf.io.gfile.exists(prefix + ".index"):
                 return [prefix]
+            if found := checkpoint_prefixes(prefix):  # a directory of checkpoints: newest first
+                return found[::-1]
         names = [os.path.relpath(p, model_dir) for sub in (CHECKPOINTS, BEST, AVERAGED)
                  for p in checkpoint_prefixes(os.path.join(model_dir, sub))]
         raise ModelDirError(f"no checkpoint at {which}" + (

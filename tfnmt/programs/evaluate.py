@@ -32,8 +32,8 @@ flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory: its che
 flags.DEFINE_string("export", None, "Translate with this SavedModel (version dir or export_dir) "
                     "instead of a checkpoint.")
 flags.DEFINE_string("checkpoint", "auto", "auto (averaged at the newest update, else best, else "
-                    "latest) | latest | averaged | best | a checkpoint path, or a name such as "
-                    "ckpt-2000 in the model_dir.")
+                    "latest) | latest | averaged | best | a checkpoint path or directory, or a "
+                    "name such as ckpt-2000 in the model_dir.")
 flags.DEFINE_enum("split", "test", ["dev", "test"], "Split of the model's dataset to score "
                   "(not with --source or --hypotheses, which give your own).")
 flags.DEFINE_string("source", None, "Source sentences, one per line (with --reference).")

@@ -37,8 +37,8 @@ flags.DEFINE_string("model_dir", None, "Training directory to translate with.")
 flags.DEFINE_string("export", None, "SavedModel version directory, or an export_dir (newest "
                     "version); beam settings are the export's own.")
 flags.DEFINE_string("checkpoint", "auto", "With --model_dir: auto (averaged at the newest update, "
-                    "else best, else latest) | latest | averaged | best | a checkpoint path, or "
-                    "a name such as ckpt-2000 in the model_dir.")
+                    "else best, else latest) | latest | averaged | best | a checkpoint path or "
+                    "directory, or a name such as ckpt-2000 in the model_dir.")
 flags.DEFINE_string("input", "-", "Input file, one sentence per line ('-': stdin; .gz: "
                     "compressed).")
 flags.DEFINE_string("output", "-", "Output file ('-': stdout; .gz: compressed).")
