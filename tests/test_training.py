@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -315,6 +316,9 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
         assert [sample["source"], sample["reference"]] in pairs
         assert f"  translation  {sample['translation']}" in result.stdout
     assert "python export.py --model_dir=run" in result.stdout
+    # The sentence to try is the run's own (its shortest sample source, quoted for the shell).
+    example = min((sample["source"] for sample in test["samples"]), key=len)
+    assert f"  echo {shlex.quote(example)} | python translate.py --export=" in result.stdout
     assert report["dev_greedy"]["bleu"] >= 0
     settings = json.load(open(os.path.join(model_dir, "settings.json")))
     assert settings["model"]["d_model"] == 64 and settings["data"]["vocab_size"] == 600

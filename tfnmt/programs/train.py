@@ -462,7 +462,7 @@ def final_report(settings, dev_metrics):
     """Test scores, samples and next commands (printed, and in <model_dir>/report.json)."""
     import keras
 
-    from tfnmt.data.corpus import CorpusError
+    from tfnmt.data.corpus import EMBEDDED, CorpusError
     from tfnmt.inference import length_penalty
     from tfnmt.training import report
 
@@ -488,8 +488,9 @@ def final_report(settings, dev_metrics):
     except (CorpusError, OSError) as error:  # training succeeded: say why, keep its results
         print(f"no test report: {error}", flush=True)
     report.write_report(FLAGS.model_dir, {"dev_greedy": dev_metrics, "test": result})
-    print(report.format_report(result, FLAGS.model_dir, settings["data"].get("reverse", False)),
-          flush=True)
+    data = settings["data"]
+    print(report.format_report(result, FLAGS.model_dir, data.get("reverse", False),
+                               own_data=data["dataset"] != EMBEDDED), flush=True)
 
 
 def run():

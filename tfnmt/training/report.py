@@ -4,6 +4,7 @@
 Written to <model_dir>/report.json as well as printed."""
 import json
 import os
+import shlex
 
 from tfnmt import paths
 from tfnmt.checkpoints import load_model
@@ -150,13 +151,14 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA):
     return report
 
 
-def next_commands(model_dir, reverse=False):
+def next_commands(model_dir, reverse=False, example=None):
     """The commands that export, translate and evaluate the trained model.
 
     Args:
       model_dir: the run's directory.
       reverse: the run translates English to German (train.py --reverse), not German to
-        English, as the example sentences assume.
+        English, as the default example sentence and file names assume.
+      example: the sentence to translate (default: a German or English one).
 
     Returns:
       A list of shell commands.
@@ -165,18 +167,22 @@ def next_commands(model_dir, reverse=False):
     sentence, source, reference = ("This is a house.", "en", "de") if reverse else \
         ("Das ist ein Haus.", "de", "en")
     return [f"python export.py --model_dir={model_dir}",
-            f'echo "{sentence}" | python translate.py --export={export_dir}',
+            f"echo {shlex.quote(example or sentence)} | python translate.py "
+            f"--export={export_dir}",
             f"python evaluate.py --model_dir={model_dir} --source=my.{source} "
             f"--reference=my.{reference}"]
 
 
-def format_report(report, model_dir, reverse=False):
+def format_report(report, model_dir, reverse=False, own_data=False):
     """The end-of-run report as text.
 
     Args:
       report: `test_report`'s result, or None.
       model_dir: the run's directory.
       reverse: as for `next_commands`.
+      own_data: the run trained on other data than the embedded corpus: the example sentence
+        to translate is the shortest of the report's sample sources (in the run's source
+        language), where there is a report.
 
     Returns:
       Lines: the test scores with their signatures and samples (when there is a report), then the
@@ -198,8 +204,10 @@ def format_report(report, model_dir, reverse=False):
             lines.append(f"  source       {sample['source']}")
             lines.append(f"  reference    {sample['reference']}")
             lines.append(f"  translation  {sample['translation']}")
+    example = min((sample["source"] for sample in report["samples"]), key=len) \
+        if own_data and report and report["samples"] else None
     lines.append("next:")
-    lines.extend(f"  {command}" for command in next_commands(model_dir, reverse))
+    lines.extend(f"  {command}" for command in next_commands(model_dir, reverse, example))
     return "\n".join(lines)
 
 
