@@ -45,7 +45,8 @@ def test_keeps_the_best_weights_and_counts_evaluations_without_gain(tmp_path, me
                                                model), kernels[best_step])
     state = json.load(open(os.path.join(directory, "best.json")))
     assert state == {"metric": metric, "value": values[best_step - 1], "step": best_step,
-                     "checkpoint": f"ckpt-{best_step}", "evaluations_without_improvement": 3}
+                     "checkpoint": f"ckpt-{best_step}", "evaluations_without_improvement": 3,
+                     **({"bleu_tokenize": "13a"} if metric == "bleu" else {})}
     # A resumed run goes on counting from the saved state.
     resumed = BestCheckpoint(directory, small_model(), metric, patience=4)
     assert not resumed.should_stop
@@ -67,12 +68,36 @@ def test_interrupted_and_changed_metric_states(tmp_path, caplog):
     assert not best.update(1, {"bleu": 0.0}) and best.state["evaluations_without_improvement"] == 0
     # Choosing by another metric starts over, and keeps the old checkpoint until replaced.
     by_loss = BestCheckpoint(directory, model, "loss")
-    assert "chosen by bleu; now choosing by loss" in caplog.text
+    assert "chosen by bleu (tokenization 13a); now choosing by loss" in caplog.text
     assert candidate_checkpoints(str(tmp_path), "best") == [os.path.join(directory, "ckpt-1")]
     assert by_loss.update(2, {"loss": 9.0})
     assert [os.path.basename(p) for p in checkpoint_prefixes(directory)] == ["ckpt-2"]
     with pytest.raises(ValueError, match="unknown metric"):
         BestCheckpoint(directory, model, "rouge")
+
+
+def test_a_best_bleu_of_another_tokenization_is_not_compared(tmp_path, caplog):
+    # BLEU of Chinese tokenized as words (13a) is near 0, as characters (zh) tens of points:
+    # a best 13a value recorded by an older run (no tokenization in its state) does not
+    # decide whether a zh value improves, and its checkpoint stays until one replaces it.
+    model = small_model()
+    directory = str(tmp_path / "best")
+    older = BestCheckpoint(directory, model, "bleu")
+    assert older.update(1, {"bleu": 0.4})
+    state_path = os.path.join(directory, "best.json")
+    state = json.load(open(state_path))
+    del state["bleu_tokenize"]
+    json.dump(state, open(state_path, "w"))
+    assert BestCheckpoint(directory, model, "bleu", bleu_tokenize="13a").state["value"] == 0.4
+    by_characters = BestCheckpoint(directory, model, "bleu", patience=1, bleu_tokenize="zh")
+    assert "chosen by bleu (tokenization 13a); now choosing by bleu (tokenization zh)" \
+        in caplog.text
+    assert by_characters.state["value"] is None
+    assert candidate_checkpoints(str(tmp_path), "best") == [os.path.join(directory, "ckpt-1")]
+    assert by_characters.update(2, {"bleu": 0.3}) and not by_characters.update(3, {"bleu": 0.2})
+    assert by_characters.should_stop
+    assert json.load(open(state_path))["bleu_tokenize"] == "zh"
+    assert [os.path.basename(p) for p in checkpoint_prefixes(directory)] == ["ckpt-2"]
 
 
 def test_train_py_stops_early_and_exports_the_best(small_corpus, train_data, tmp_path):

@@ -498,8 +498,8 @@ def test_late_dropout_starts_at_its_epoch_and_a_resumed_run_at_the_same_update(
 def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus, tmp_path):
     # English to German (--reverse), separate source/target vocabularies (and so embeddings),
     # pre-norm, learned positions, GELU, FFN dropout, a shallower decoder, an untied output
-    # layer, clipping, linear decay, subword sampling, 2 micro-batches, 2 replicas at once,
-    # then stock ops
+    # layer, clipping, linear decay, subword sampling, BLEU on characters, 2 micro-batches,
+    # 2 replicas at once, then stock ops
     # (test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy checks their
     # gradients in every combination; test_train_py_end_to_end runs the defaults).
     import ctranslate2
@@ -520,7 +520,7 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
                      strategy="mirrored", cpu_devices=2, activation="gelu", ffn_dropout=0.1,
                      num_decoder_layers=1, tie_output="false", clip_norm=1.0,
                      lr_decay="linear", warmup_steps=1, subword_alpha=0.1, subword_nbest=-1,
-                     reverse="true")
+                     reverse="true", bleu_tokenize="char")
     first = python(*train_flags(small_corpus, None, model_dir, **overrides))
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 replica(s)" in first.stdout and "step      1/1 | loss" in first.stdout
@@ -529,6 +529,10 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     with open(os.path.join(model_dir, "settings.json")) as f:
         saved = json.load(f)["train"]
     assert (saved["subword_alpha"], saved["subword_nbest"]) == (0.1, -1)
+    # The final dev evaluation's BLEU, the best checkpoint's, counted on characters.
+    assert saved["bleu_tokenize"] == "char"
+    with open(os.path.join(model_dir, "best", "best.json")) as f:
+        assert json.load(f)["bleu_tokenize"] == "char"
     # Resumed with stock ops: the same variables, so the fast run's checkpoint reads back.
     resumed = python(*train_flags(small_corpus, None, model_dir,
                                   **dict(overrides, train_steps=2)), "--plain_ops")

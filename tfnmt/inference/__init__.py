@@ -7,6 +7,7 @@
   length_penalty.py      the length penalty chosen on dev at the end of training
   scoring.py             forced decoding: log P(target | source) of given translations
   evaluation.py          loss/perplexity, batched translation, sacreBLEU/chrF/TER
+  bleu_tokenization.py   BLEU's tokenization, chosen by the target language's script
   serving.py             the in-graph translator (`TranslationModule`) and its signatures
   serving_precision.py   bf16 or float32 products, chosen on the serving machine
   saved_model.py         the versioned SavedModel export, checked by the C++ loader

@@ -7,6 +7,7 @@ import sacrebleu
 import tensorflow as tf
 
 from tfnmt.data.tokenizer import to_source_ids
+from tfnmt.inference import bleu_tokenization
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.greedy_search import greedy_decode
 from tfnmt.training.losses import masked_accuracy_sum, masked_loss_sum
@@ -180,8 +181,9 @@ class Translator:
         return translate_lines(self.translate_batch, list(sentences), self.batch_size)
 
 
-def corpus_scores(hypotheses, references, ter=False, signatures=False, more_references=()):
-    """Corpus scores with sacreBLEU's defaults (BLEU with 13a tokenization, chrF, TER).
+def corpus_scores(hypotheses, references, ter=False, signatures=False, more_references=(),
+                  tokenize="13a"):
+    """Corpus scores with sacreBLEU: BLEU, chrF, TER.
 
     Args:
       hypotheses: translations, one per reference.
@@ -191,6 +193,9 @@ def corpus_scores(hypotheses, references, ter=False, signatures=False, more_refe
         score was computed.
       more_references: further references per sentence, each a list like `references`
         (sacreBLEU's multi-reference scores; the signatures say nrefs).
+      tokenize: BLEU's tokenization (`bleu_tokenization.TOKENIZATIONS`; sacreBLEU's default
+        13a). For text written without spaces (zh, char, ja-mecab) TER normalizes with
+        sacreBLEU's Asian-script support.
 
     Returns:
       {"bleu", "chrf"[, "ter"][, "<metric>_signature"...]}.
@@ -205,9 +210,11 @@ def corpus_scores(hypotheses, references, ter=False, signatures=False, more_refe
                              "scores need one hypothesis per reference")
     if not hypotheses:
         raise ValueError("no sentences to score")
-    metrics = {"bleu": sacrebleu.metrics.BLEU(), "chrf": sacrebleu.metrics.CHRF()}
+    metrics = {"bleu": sacrebleu.metrics.BLEU(tokenize=tokenize),
+               "chrf": sacrebleu.metrics.CHRF()}
     if ter:
-        metrics["ter"] = sacrebleu.metrics.TER()
+        unspaced = tokenize in bleu_tokenization.UNSPACED
+        metrics["ter"] = sacrebleu.metrics.TER(normalized=unspaced, asian_support=unspaced)
     scores = {}
     for name, metric in metrics.items():
         scores[name] = metric.corpus_score(hypotheses, streams).score

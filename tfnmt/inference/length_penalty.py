@@ -38,7 +38,7 @@ def parse_alpha(text):
     return alpha
 
 
-def choose_alpha(translate_with, references, grid=ALPHA_GRID):
+def choose_alpha(translate_with, references, grid=ALPHA_GRID, tokenize="13a"):
     """The grid's alpha whose translations score the highest sacreBLEU.
 
     Args:
@@ -47,6 +47,7 @@ def choose_alpha(translate_with, references, grid=ALPHA_GRID):
       grid: alphas in increasing order. Scores rise with alpha while the outputs are too
         short and fall once they are too long, so the search stops at the first alpha that
         does not score above the one before (a tie keeps the smaller).
+      tokenize: sacreBLEU's tokenization of the target language (`bleu_tokenization`).
 
     Returns:
       (the best alpha, {alpha: sacreBLEU} of the alphas tried).
@@ -55,7 +56,8 @@ def choose_alpha(translate_with, references, grid=ALPHA_GRID):
 
     scores, best = {}, None
     for alpha in grid:
-        scores[alpha] = corpus_scores(translate_with(alpha), references)["bleu"]
+        scores[alpha] = corpus_scores(translate_with(alpha), references,
+                                      tokenize=tokenize)["bleu"]
         if best is not None and scores[alpha] <= scores[best]:
             break
         best = alpha

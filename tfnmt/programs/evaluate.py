@@ -22,6 +22,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli, text_lines  # noqa: E402
+from tfnmt.inference import bleu_tokenization  # noqa: E402
 from tfnmt.paths import (DEFAULT_MODEL_DIR, SETTINGS, is_export, other_kind,  # noqa: E402
                          read_settings)
 
@@ -49,6 +50,10 @@ cli.define_beam_stop_flag("Checkpoints only: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 flags.DEFINE_string("output", None, "Also write the translations here, one per line ('-': "
                     "stdout, before the scores; .gz: compressed).")
+flags.DEFINE_enum("bleu_tokenize", bleu_tokenization.AUTO, bleu_tokenization.CHOICES,
+                  "sacreBLEU tokenization of BLEU: auto (default) takes the training run's "
+                  "--bleu_tokenize, else picks by the references' script (zh for Chinese, char "
+                  "for Japanese, Thai and others written without spaces, else 13a).")
 flags.DEFINE_bool("json", False, "Print one JSON line instead of text.")
 flags.register_validator("batch_size", lambda v: v > 0, "--batch_size must be positive")
 flags.register_validator("beam_size", lambda v: v > 0, "--beam_size must be positive")
@@ -140,6 +145,27 @@ def _read_references(lines, flag):
     return references
 
 
+def _bleu_tokenization(references):
+    """--bleu_tokenize; for auto, the one the training run whose model translates chose
+    (train.py --bleu_tokenize), else the one that fits the references' script."""
+    chosen = FLAGS.bleu_tokenize
+    if chosen == bleu_tokenization.AUTO and not FLAGS.hypotheses:
+        model_dir = FLAGS.model_dir if not FLAGS.export or FLAGS["model_dir"].present \
+            else _training_dir_of(FLAGS.export)
+        try:
+            saved = read_settings(model_dir) if model_dir else None
+        except OSError:  # not a directory: translating says so
+            saved = None
+        chosen = ((saved or {}).get("train") or {}).get("bleu_tokenize",
+                                                        bleu_tokenization.AUTO)
+    try:
+        bleu_tokenization.check_available(chosen)
+    except ValueError as error:
+        raise app.UsageError(str(error))
+    return bleu_tokenization.resolve(chosen, [line for stream in references
+                                              for line in stream])[0]
+
+
 def _translate(sources, unit):
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
@@ -193,6 +219,7 @@ def main(argv):
     else:
         lines, split_references, what = _split_pairs(_split_model_dir(), FLAGS.split)
         references = [split_references]
+    bleu_tokenize = _bleu_tokenization(references)  # refused before translating
     # Else lines are sources: a file's lines, or a split's sentences.
     hypotheses = lines if FLAGS.hypotheses else _translate(
         lines, "line" if FLAGS.source else "sentence")
@@ -204,7 +231,7 @@ def main(argv):
         output.write(hypotheses)
         output.close()
     scores = corpus_scores(hypotheses, references[0], ter=True, signatures=True,
-                           more_references=references[1:])
+                           more_references=references[1:], tokenize=bleu_tokenize)
     if FLAGS.json:
         print(json.dumps(dict(scores, sentences=len(hypotheses), references=len(references),
                               scored=what)))

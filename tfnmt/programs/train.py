@@ -7,11 +7,10 @@ commands to export and translate).
 Re-running the same command resumes from the newest checkpoint in --model_dir. Flags not given
 on the command line take the values saved in <model_dir>/settings.json (a time-budgeted run
 saves the number of updates it planned). A resumed run may change only --train_steps,
---train_minutes, --log_every,
---eval_every, --bleu_sentences, --eval_beam_size, --best_metric, --early_stopping,
---clip_norm, --checkpoint_every, --keep_checkpoints, --average_last, --jit_compile,
---mixed_precision (not to or from fp16), --data_dir and --tfds_data_dir; any other change is
-refused in one line.
+--train_minutes, --log_every, --eval_every, --bleu_sentences, --eval_beam_size, --best_metric,
+--bleu_tokenize, --early_stopping, --clip_norm, --checkpoint_every, --keep_checkpoints,
+--average_last, --jit_compile, --mixed_precision (not to or from fp16), --data_dir and
+--tfds_data_dir; any other change is refused in one line.
 
 Fine-tuning: --init_from starts a new --model_dir from a trained model (its model and
 vocabulary; the new data is tokenized with it), with a fresh optimizer unless --init_optimizer.
@@ -31,6 +30,7 @@ from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli  # noqa: E402
 
+from tfnmt.inference import bleu_tokenization  # noqa: E402
 from tfnmt.inference.length_penalty import ALPHA_GRID  # noqa: E402
 from tfnmt.model.presets import PRESETS  # noqa: E402
 from tfnmt.paths import DEFAULT_MODEL_DIR  # noqa: E402
@@ -157,6 +157,10 @@ flags.DEFINE_integer("eval_beam_size", 1, "Dev translations: 1 = greedy (default
                      "search of this width (as served; slower).")
 flags.DEFINE_enum("best_metric", "bleu", ["bleu", "chrf", "loss"], "Dev metric that chooses "
                   "the best checkpoint, kept in <model_dir>/best (export.py --checkpoint=best).")
+flags.DEFINE_enum("bleu_tokenize", bleu_tokenization.AUTO, bleu_tokenization.CHOICES,
+                  "sacreBLEU tokenization of dev and test BLEU: auto (default) picks by the dev "
+                  "references' script: zh for Chinese, char for Japanese, Thai and others "
+                  "written without spaces, else 13a.")
 flags.DEFINE_integer("early_stopping", 0, "Stop after this many dev evaluations in a row "
                      "without a better --best_metric (default 0: never; needs --eval_every).")
 flags.DEFINE_integer("checkpoint_every", 100, "Steps between checkpoints.")
@@ -184,8 +188,8 @@ TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "train_minutes", "w
                "mixed_precision", "shape_stable",
                "bucket_growth", "subword_alpha", "subword_nbest", "jit_compile", "seed",
                "log_every", "eval_every",
-               "bleu_sentences", "eval_beam_size", "best_metric", "early_stopping",
-               "checkpoint_every", "keep_checkpoints", "average_last")
+               "bleu_sentences", "eval_beam_size", "best_metric", "bleu_tokenize",
+               "early_stopping", "checkpoint_every", "keep_checkpoints", "average_last")
 
 POSITIVE = ("vocab_size", "max_length", "batch_tokens", "accum_steps", "train_steps",
             "warmup_steps", "log_every", "checkpoint_every", "keep_checkpoints", "cpu_devices",
@@ -424,6 +428,10 @@ def main(argv):
     except ValueError as error:
         raise app.UsageError(str(error))
     t = settings["train"]
+    try:  # ja-mecab and ko-mecab need packages of their own: said before the training
+        bleu_tokenization.check_available(t.get("bleu_tokenize", bleu_tokenization.AUTO))
+    except ValueError as error:
+        raise app.UsageError(str(error))
     if t.get("early_stopping") and not t.get("eval_every"):  # it would never stop
         default = "" if FLAGS["eval_every"].present else " (the preset's default)"
         raise app.UsageError(f"--early_stopping={t['early_stopping']} counts dev evaluations "
@@ -465,14 +473,17 @@ def final_report(settings, dev_metrics):
     from tfnmt.data.corpus import EMBEDDED, CorpusError
     from tfnmt.inference import length_penalty
     from tfnmt.training import report
+    from tfnmt.training.evaluator import run_bleu_tokenization
 
     keras.config.set_dtype_policy("float32")  # the model as exported
     result = None
     try:
+        bleu_tokenize, _ = run_bleu_tokenization(settings)
         alpha = length_penalty.parse_alpha(FLAGS.alpha)
         translator = report.ServedTranslator(FLAGS.model_dir)  # loads on first use
         if alpha is None:
-            alpha, scores = report.choose_length_penalty(translator, settings)
+            alpha, scores = report.choose_length_penalty(translator, settings,
+                                                         bleu_tokenize=bleu_tokenize)
             if alpha is None:
                 alpha = length_penalty.PAPER_ALPHA
                 print(f"length penalty: {alpha:g}, the paper's (the dev split is empty)",
@@ -484,7 +495,8 @@ def final_report(settings, dev_metrics):
         else:
             length_penalty.write_choice(FLAGS.model_dir, alpha)
         if FLAGS.test_report:
-            result = report.test_report(translator, settings, alpha=alpha)
+            result = report.test_report(translator, settings, alpha=alpha,
+                                        bleu_tokenize=bleu_tokenize)
     except (CorpusError, OSError) as error:  # training succeeded: say why, keep its results
         print(f"no test report: {error}", flush=True)
     report.write_report(FLAGS.model_dir, {"dev_greedy": dev_metrics, "test": result})

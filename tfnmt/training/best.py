@@ -18,6 +18,13 @@ from tfnmt.training.settings import write_json
 METRICS = {"bleu": True, "chrf": True, "loss": False, "perplexity": False, "accuracy": True}
 
 
+def _measure(state):
+    """What a best state's value measures: its metric, and for BLEU its tokenization."""
+    if state.get("metric") != "bleu":
+        return state.get("metric")
+    return f"bleu (tokenization {state.get('bleu_tokenize', '13a')})"
+
+
 class BestCheckpoint:
     """Keeps the checkpoint with the best dev metric and counts evaluations without improvement.
 
@@ -27,6 +34,8 @@ class BestCheckpoint:
       metric: a key of METRICS ("bleu" or "loss" in practice).
       patience: evaluations without improvement after which `should_stop` is true (0: never).
       write: whether this process writes (the chief); others only follow the state in memory.
+      bleu_tokenize: the sacreBLEU tokenization of the "bleu" metric; a best BLEU recorded
+        with another (13a where the state names none) is not compared with this run's.
 
     Example:
       best = BestCheckpoint(os.path.join(model_dir, "best"), model, "bleu", patience=3)
@@ -34,7 +43,8 @@ class BestCheckpoint:
       if best.should_stop: ...
     """
 
-    def __init__(self, directory, model, metric="bleu", patience=0, write=True):
+    def __init__(self, directory, model, metric="bleu", patience=0, write=True,
+                 bleu_tokenize="13a"):
         if metric not in METRICS:
             raise ValueError(f"unknown metric {metric!r}; one of {', '.join(METRICS)}")
         self.directory = directory
@@ -44,13 +54,15 @@ class BestCheckpoint:
         self.write = write
         self.state = {"metric": metric, "value": None, "step": None, "checkpoint": None,
                       "evaluations_without_improvement": 0}
+        if metric == "bleu":
+            self.state["bleu_tokenize"] = bleu_tokenize
         saved = read_best_state(directory)
-        if saved and saved.get("metric") == metric:
+        if saved and _measure(saved) == _measure(self.state):
             self.state.update(saved)
         elif saved:  # its checkpoint is kept until one chosen by the new metric replaces it
             self.state["checkpoint"] = saved.get("checkpoint")
             logging.warning("%s: the best checkpoint was chosen by %s; now choosing by %s",
-                            directory, saved.get("metric"), metric)
+                            directory, _measure(saved), _measure(self.state))
         if write:
             self._remove_others()
 

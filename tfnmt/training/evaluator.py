@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from tfnmt.data import pipeline
 from tfnmt.data.corpus import read_split
+from tfnmt.inference import bleu_tokenization
 from tfnmt.inference.evaluation import Translator, corpus_scores, evaluate_loss, loss_sums_function
 from tfnmt.training.summaries import (teacher_forced_inputs, write_attention_images,
                                      write_scalars)
@@ -39,6 +40,24 @@ def attention_inputs(pairs, translator, max_length):
                                  min(ATTENTION_LENGTH, max_length))
 
 
+def run_bleu_tokenization(settings, dev_pairs=None):
+    """The sacreBLEU tokenization of a run's BLEU scores: train.py's --bleu_tokenize, or for
+    `auto` the one that fits the script of the dev references (`bleu_tokenization.detect`).
+
+    Args:
+      settings: the run's settings.
+      dev_pairs: the dev split's (source, reference) pairs, if already read.
+
+    Returns:
+      (tokenization, why): why is "" unless `auto` chose something other than 13a.
+    """
+    chosen = settings["train"].get("bleu_tokenize", bleu_tokenization.AUTO)
+    if chosen != bleu_tokenization.AUTO:
+        return chosen, ""
+    pairs = read_split(settings["data"], "dev") if dev_pairs is None else dev_pairs
+    return bleu_tokenization.detect(reference for _, reference in pairs)
+
+
 class Evaluator:
     """Evaluates a training model on the dev split.
 
@@ -49,7 +68,8 @@ class Evaluator:
       data_dir: the prepared data (the dev split's TFRecords).
 
     Calling it with a step (and a `tf.summary` writer) returns {loss, perplexity, accuracy,
-    bleu, chrf} and writes them, four sample translations and attention images.
+    bleu, chrf} and writes them, four sample translations and attention images. BLEU uses the
+    run's tokenization (`run_bleu_tokenization`; `bleu_tokenize` and `bleu_tokenize_why`).
     """
 
     def __init__(self, model, vocabulary, settings, data_dir):
@@ -58,6 +78,7 @@ class Evaluator:
         d = settings["data"]
         self.data_dir = data_dir
         self.pairs = list(read_split(d, "dev"))
+        self.bleu_tokenize, self.bleu_tokenize_why = run_bleu_tokenization(settings, self.pairs)
         limit = settings["train"].get("bleu_sentences") or len(self.pairs)
         self.pairs = self.pairs[:limit]
         self.translator = Translator(model, vocabulary, d["max_length"],
@@ -72,7 +93,8 @@ class Evaluator:
         metrics = evaluate_loss(self.model, dev, sums=self.loss_sums)
         sources = [s for s, _ in self.pairs]
         hypotheses = self.translator.translate(sources)
-        metrics.update(corpus_scores(hypotheses, [r for _, r in self.pairs]))
+        metrics.update(corpus_scores(hypotheses, [r for _, r in self.pairs],
+                                     tokenize=self.bleu_tokenize))
         if writer is not None:
             with writer.as_default():
                 write_scalars(metrics, step)

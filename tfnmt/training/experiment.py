@@ -187,8 +187,11 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval")) \
         if is_chief else None
     evaluator = Evaluator(model, vocab, settings, data_dir)
+    if evaluator.bleu_tokenize_why:
+        log(f"BLEU tokenization: {evaluator.bleu_tokenize}: {evaluator.bleu_tokenize_why}")
     best = BestCheckpoint(os.path.join(model_dir, BEST), model, t.get("best_metric", "bleu"),
-                          t.get("early_stopping", 0), write=is_chief)
+                          t.get("early_stopping", 0), write=is_chief,
+                          bleu_tokenize=evaluator.bleu_tokenize)
     evaluated = {}  # the last evaluation: {step: metrics}
 
     def evaluate(step):

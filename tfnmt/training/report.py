@@ -95,7 +95,8 @@ class ServedTranslator:
         return translate_lines(translate, list(sentences), self.batch_size)
 
 
-def choose_length_penalty(translator, settings, grid=length_penalty.ALPHA_GRID):
+def choose_length_penalty(translator, settings, grid=length_penalty.ALPHA_GRID,
+                          bleu_tokenize="13a"):
     """Chooses the beam search's length penalty on the dev split
     (`length_penalty.choose_alpha`) and writes it to <model_dir>/decoding.json.
 
@@ -103,6 +104,7 @@ def choose_length_penalty(translator, settings, grid=length_penalty.ALPHA_GRID):
       translator: the run's `ServedTranslator`.
       settings: the run's settings (its data section names the dev split).
       grid: the alphas to try, in increasing order.
+      bleu_tokenize: the run's sacreBLEU tokenization (`evaluator.run_bleu_tokenization`).
 
     Returns:
       (alpha, {alpha: dev sacreBLEU}); (None, {}) when the dev split holds no pairs.
@@ -113,19 +115,21 @@ def choose_length_penalty(translator, settings, grid=length_penalty.ALPHA_GRID):
         return None, {}
     sources = [s for s, _ in pairs]
     best, scores = length_penalty.choose_alpha(
-        lambda alpha: translator.translate(sources, alpha), [t for _, t in pairs], grid)
+        lambda alpha: translator.translate(sources, alpha), [t for _, t in pairs], grid,
+        tokenize=bleu_tokenize)
     length_penalty.write_choice(translator.model_dir, best, translator.beam_size, scores,
                                 translator.checkpoint)
     return best, scores
 
 
-def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA):
+def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA, bleu_tokenize="13a"):
     """Scores the test split as served.
 
     Args:
       translator: the run's `ServedTranslator`.
       settings: the run's settings (its data section names the test split).
       alpha: the beam search's length penalty.
+      bleu_tokenize: the run's sacreBLEU tokenization (`evaluator.run_bleu_tokenization`).
 
     Returns:
       {"split", "sentences", "beam_size", "alpha", "bleu", "chrf", their signatures,
@@ -145,7 +149,8 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA):
     report = {"split": "test", "sentences": len(pairs), "beam_size": translator.beam_size,
               "alpha": alpha, "checkpoint": translator.checkpoint,
               "sources_cut": int((lengths["subwords"] > lengths["max_subwords"]).numpy().sum())}
-    report.update(corpus_scores(hypotheses, [t for _, t in pairs], signatures=True))
+    report.update(corpus_scores(hypotheses, [t for _, t in pairs], signatures=True,
+                                tokenize=bleu_tokenize))
     report["samples"] = [{"source": pairs[i][0], "reference": pairs[i][1],
                           "translation": hypotheses[i]} for i in pick_samples(pairs)]
     return report

@@ -16,8 +16,8 @@ FIXED_DATA = ("dataset", "files", "vocab", "vocab_size", "vocab_type", "separate
               "reverse")
 RESUMABLE_TRAIN = ("train_steps", "train_minutes", "log_every", "eval_every", "bleu_sentences",
                    "checkpoint_every", "keep_checkpoints", "average_last", "jit_compile",
-                   "mixed_precision", "best_metric", "early_stopping", "eval_beam_size",
-                   "clip_norm", "subword_alpha", "subword_nbest")
+                   "mixed_precision", "best_metric", "bleu_tokenize", "early_stopping",
+                   "eval_beam_size", "clip_norm", "subword_alpha", "subword_nbest")
 
 
 class SettingsError(ValueError):
