@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import sacrebleu
 
 from helpers import python
 from tfnmt.inference import bleu_tokenization
@@ -97,7 +98,6 @@ def test_a_runs_tokenization_follows_the_target_side_of_its_dev_split(tmp_path):
 def test_tokenizations_that_need_other_packages_say_which():
     for tokenization, language in (("ja-mecab", "ja"), ("ko-mecab", "ko")):
         try:  # sacreBLEU's own check: it raises when its extra packages are missing
-            import sacrebleu
             sacrebleu.metrics.BLEU(tokenize=tokenization)
             installed = True
         except RuntimeError:
