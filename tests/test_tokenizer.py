@@ -1,16 +1,19 @@
+import hashlib
 import os
 import re
+import unicodedata
 
 import numpy as np
 import pytest
 import sentencepiece as spm
 import tensorflow as tf
+from sentencepiece import sentencepiece_model_pb2
 
 from tfnmt import paths
-from tfnmt.data import corpus
+from tfnmt.data import corpus, records
 from tfnmt.paths import VOCAB
 from tfnmt.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer,
-                                  padded_with_ends, to_source_ids)
+                                  normalization_for, padded_with_ends, to_source_ids)
 
 
 def test_special_ids_are_reserved(small_prepared):
@@ -112,3 +115,68 @@ def test_source_ids_are_cut_then_end_with_eos():
     np.testing.assert_array_equal(to_source_ids(ragged, max_length=4).numpy(),
                                   [[5, 6, 7, EOS_ID], [5, EOS_ID, PAD_ID, PAD_ID],
                                    [EOS_ID, PAD_ID, PAD_ID, PAD_ID]])
+
+
+def chinese_cipher(sentence, pool=150):
+    """English written as a stand-in for Chinese: each word a run of 1-2 Han characters,
+    no spaces, fullwidth punctuation."""
+    marks = {",": "\uff0c", ".": "\u3002", "?": "\uff1f", "!": "\uff01", ":": "\uff1a",
+             ";": "\uff1b"}
+    out = []
+    for word in re.findall(r"\w+|[^\w\s]", sentence.lower()):
+        if word[0].isalnum():
+            code = int(hashlib.md5(word.encode()).hexdigest(), 16)
+            out.append("".join(chr(0x4E00 + (code >> (8 * k)) % pool)
+                               for k in range(1 + code % 2)))
+        else:
+            out.append(marks.get(word, word))
+    return "".join(out)
+
+
+def test_targets_written_with_fullwidth_punctuation_keep_it(small_corpus, tmp_path):
+    # NFKC (SentencePiece's default normalization) turns Chinese text's "，" into ",": the
+    # model could not write what every reference holds. The vocabulary of such targets keeps
+    # text as written, and its tokenizer (the one the SavedModel runs) gives it back.
+    files = {}
+    for split in ("train", "dev"):
+        pairs = corpus.read_tsv(small_corpus[split], columns=3)
+        files[split] = str(tmp_path / f"{split}.tsv")
+        with open(files[split], "w", encoding="utf-8") as f:
+            f.writelines(f"{source}\t{chinese_cipher(target)}\n" for source, target in pairs)
+    model = sentencepiece_model_pb2.ModelProto()
+    chinese = str(tmp_path / "chinese")
+    records.prepare(chinese, dataset="files", files=files, vocab_size=800, train_shards=1)
+    with open(os.path.join(chinese, VOCAB), "rb") as f:
+        model.ParseFromString(f.read())
+    assert model.normalizer_spec.name == "user_defined" and not model.normalizer_spec.normalization_rule_tsv
+    tokenizer = Tokenizer(os.path.join(chinese, VOCAB))
+    targets = [target for _, target in corpus.read_tsv(files["dev"])][:50]
+    assert sum("\uff0c" in target for target in targets) > 10
+    written = tokenizer.detokenize(tokenizer.tokenize(targets)).numpy()
+    assert [text.decode() for text in written] == targets
+    # Only Unicode's other spaces are unified, as NFKC does: a no-break space is a space.
+    spaced = tokenizer.detokenize(tokenizer.tokenize(["\uff21\u00a0\uff22\u3000x"])).numpy()
+    assert spaced[0].decode() == "\uff21 \uff22 x"
+    # Targets NFKC leaves as they are keep it: German-English text is normalized as before.
+    german = str(tmp_path / "german")
+    records.prepare(german, dataset="files", files=small_corpus, vocab_size=600, train_shards=1)
+    with open(os.path.join(german, VOCAB), "rb") as f:
+        model.ParseFromString(f.read())
+    assert model.normalizer_spec.name == "nmt_nfkc"
+
+
+CHANGED, SAME = "他喜欢读书\uff0c也喜欢写作\u3002", "他喜欢读书\u3002"
+
+
+@pytest.mark.parametrize("targets, expected", [
+    ([CHANGED] * 9 + [SAME] * 91, ("nmt_nfkc", 0.09)),
+    ([CHANGED] * 10 + [SAME] * 90, ("spaces", 0.10)),
+    (["Und Gott sprach: Es werde Licht."] * 100, ("nmt_nfkc", 0.0)),
+    ([SAME] * 1000 + [CHANGED] * 1000, ("nmt_nfkc", 0.0)),   # the first 1,000 are read
+    ([], ("nmt_nfkc", 0.0)),
+])
+def test_normalization_follows_how_many_targets_nfkc_would_rewrite(targets, expected):
+    assert unicodedata.normalize("NFKC", CHANGED) != CHANGED
+    assert unicodedata.normalize("NFKC", SAME) == SAME
+    rule, share = normalization_for(iter(targets))
+    assert (rule, round(share, 6)) == expected

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tfnmt.data import corpus, data_dir_lock, vocabulary
 from tfnmt.data.filters import PairFilter
-from tfnmt.data.tokenizer import train_sentencepiece
+from tfnmt.data.tokenizer import normalization_for, train_sentencepiece
 from tfnmt.data.vocabulary import Vocabulary
 from tfnmt.paths import EMBEDDED_DIR
 
@@ -335,11 +335,21 @@ def _learn_vocabulary(dataset, files, tfds_data_dir, vocab_size, vocab_type, sep
     names = vocabulary.file_names(separate)
     learned = {}
     try:
+        # The vocabulary that writes the targets keeps the forms they are written in.
+        with contextlib.closing(sentences((1,))) as targets:
+            normalization, changed = normalization_for(targets)
+        if normalization != "nmt_nfkc":
+            logging.warning("%s: learning the vocabulary without Unicode NFKC normalization: "
+                            "it would rewrite %.0f%% of the training targets (fullwidth "
+                            "punctuation such as '，' into ','), which the model could then "
+                            "not write", work_dir, 100 * changed)
         for index, side in enumerate(("source", "target") if separate else ("source",)):
             path = os.path.join(work_dir, ".learned." + names[side])
             try:
                 train_sentencepiece(sentences((index,) if separate else (0, 1)), path,
-                                    vocab_size, vocab_type)
+                                    vocab_size, vocab_type,
+                                    normalization="nmt_nfkc" if separate and index == 0
+                                    else normalization)
                 with open(path, "rb") as f:
                     learned[side] = f.read()
             finally:

@@ -4,11 +4,18 @@ Training uses the `sentencepiece` package; tokenizing and detokenizing use tenso
 `SentencepieceTokenizer` over the same model proto, so training, evaluation and the exported
 SavedModel tokenize identically. Byte fallback is on: a character outside the vocabulary becomes
 its UTF-8 bytes instead of <unk>, so any valid text round-trips.
+
+Text is normalized with SentencePiece's nmt_nfkc (Unicode NFKC), unless the training targets
+are written with characters NFKC rewrites (`normalization_for`): Chinese text's fullwidth
+punctuation ("，", "：", "？") would become ASCII, and the model could never write it. Such a
+vocabulary only turns Unicode spaces into " " (`SPACES`) and keeps every other character.
 """
 import contextlib
 import hashlib
+import itertools
 import os
 import re
+import unicodedata
 
 import tensorflow as tf
 
@@ -16,7 +23,8 @@ from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F4
 
 
 def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unigram",
-                        max_sentences=2_000_000, seed_sentencepiece_size=1_000_000):
+                        max_sentences=2_000_000, seed_sentencepiece_size=1_000_000,
+                        normalization="nmt_nfkc"):
     """Learns a SentencePiece model and writes it without the paths of this machine
     (`portable_model_proto`), so copying a model_dir keeps its bytes.
 
@@ -28,6 +36,7 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
       model_type: "unigram" or "bpe".
       max_sentences: sentences SentencePiece samples from the input.
       seed_sentencepiece_size: the unigram model's initial seed pieces.
+      normalization: "nmt_nfkc" (SentencePiece's) or SPACES (`normalization_for`).
 
     Returns:
       `model_path`.
@@ -58,7 +67,7 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
     try:
         try:
             _train(spm, checked(sentences), prefix, vocab_size, model_type, max_sentences,
-                   seed_sentencepiece_size)
+                   seed_sentencepiece_size, normalization)
         except RuntimeError as error:
             raise _training_error(error, failures, count, vocab_size) from None
         with open(prefix + ".model", "rb") as f:
@@ -67,7 +76,7 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
             f.write(proto)
         os.replace(prefix + ".model", model_path)
     finally:  # a failure or Ctrl-C leaves no half-made files beside the model
-        for leftover in (prefix + ".model", prefix + ".vocab"):
+        for leftover in (prefix + ".model", prefix + ".vocab", prefix + ".rules.tsv"):
             with contextlib.suppress(OSError):
                 os.remove(leftover)
     return model_path
@@ -101,12 +110,50 @@ def _vocabulary_size_advice(detail):
     return detail
 
 
+# The rule of a vocabulary that keeps its targets' characters: Unicode's other spaces (no-break,
+# en, em, thin, ideographic, ...) become " ", as NFKC makes them; nothing else changes.
+# (SentencePiece's "identity" rule would too, but tensorflow-text logs a line to stderr each
+# time it loads a model whose rule is empty.)
+SPACES = "spaces"
+_SPACE_CODES = (0x00A0, *range(0x2000, 0x200B), 0x202F, 0x205F, 0x3000)
+
+
+def normalization_for(targets, sample=1000, share=0.1):
+    """SentencePiece's normalization rule for a vocabulary that writes these targets.
+
+    NFKC (SentencePiece's nmt_nfkc) unifies characters that look alike, which helps read
+    inputs, but a model whose vocabulary is normalized can only write the normalized forms.
+    Where many targets hold characters NFKC rewrites (Chinese text's fullwidth punctuation:
+    "，" becomes ","), the references keep them and every translation would miss them.
+
+    Args:
+      targets: target sentences; the first `sample` are read.
+      share: the share of them NFKC must change for the rule to be "identity".
+
+    Returns:
+      SPACES (characters kept as written, but for Unicode spaces) or "nmt_nfkc" (the default),
+      and the share of targets NFKC changes.
+    """
+    count = changed = 0
+    for sentence in itertools.islice(targets, sample):
+        count += 1
+        changed += unicodedata.normalize("NFKC", sentence) != sentence
+    fraction = changed / count if count else 0.0
+    return (SPACES if fraction >= share else "nmt_nfkc"), fraction
+
+
 def _train(spm, sentences, prefix, vocab_size, model_type, max_sentences,
-           seed_sentencepiece_size):
+           seed_sentencepiece_size, normalization):
+    if normalization == SPACES:
+        with open(prefix + ".rules.tsv", "w") as f:  # SentencePiece's format: hex code points
+            f.writelines(f"{code:04X}\t0020\n" for code in _SPACE_CODES)
+        rule = {"normalization_rule_tsv": prefix + ".rules.tsv"}
+    else:
+        rule = {"normalization_rule_name": normalization}
     spm.SentencePieceTrainer.train(
         sentence_iterator=sentences, model_prefix=prefix, vocab_size=vocab_size,
         model_type=model_type, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-        byte_fallback=True, character_coverage=0.9999, normalization_rule_name="nmt_nfkc",
+        byte_fallback=True, character_coverage=0.9999, **rule,
         input_sentence_size=max_sentences, shuffle_input_sentence=True,
         seed_sentencepiece_size=seed_sentencepiece_size, num_threads=os.cpu_count() or 1,
         minloglevel=2)
@@ -114,8 +161,8 @@ def _train(spm, sentences, prefix, vocab_size, model_type, max_sentences,
 
 def portable_model_proto(model_proto):
     """A SentencePiece model without the paths of the machine that trained it
-    (`trainer_spec.model_prefix` and input files): it tokenizes identically, and its bytes no
-    longer depend on the directory it was trained in.
+    (`trainer_spec.model_prefix`, input files, a normalization rule file): it tokenizes
+    identically, and its bytes no longer depend on the directory it was trained in.
 
     Args:
       model_proto: a serialized SentencePiece ModelProto.
@@ -129,6 +176,8 @@ def portable_model_proto(model_proto):
     model.ParseFromString(model_proto)
     model.trainer_spec.ClearField("model_prefix")
     model.trainer_spec.ClearField("input")
+    model.normalizer_spec.ClearField("normalization_rule_tsv")
+    model.denormalizer_spec.ClearField("normalization_rule_tsv")
     return model.SerializeToString(deterministic=True)
 
 
