@@ -2,7 +2,7 @@
 
 sacreBLEU's default, 13a, splits words at spaces and punctuation. Chinese, Japanese, Thai and
 other scripts put no spaces between words: under 13a a whole sentence is one or two words,
-and a good translation scores BLEU near 0, so the dev BLEU could neither keep the best
+and a good translation scores BLEU near 0, so such a dev BLEU can neither keep the best
 checkpoint nor choose the length penalty. sacreBLEU's own choice for a Chinese target
 (`sacrebleu -l en-zh`) is its zh tokenization, which splits off each Chinese character.
 
@@ -24,8 +24,9 @@ AUTO = "auto"
 # sacreBLEU's tokenizations that need no download (its spm and flores ones fetch a model).
 TOKENIZATIONS = ("13a", "intl", "zh", "char", "ja-mecab", "ko-mecab", "none")
 CHOICES = (AUTO,) + TOKENIZATIONS
-# Those that split text without spaces into characters or words: TER normalizes such text
-# with sacreBLEU's Asian-script support, else it would count a sentence as one word.
+# Those that split text without spaces into characters or words: TER then normalizes with
+# sacreBLEU's Asian-script support, which splits Han characters and kana (not Thai) apart,
+# else it would count such a sentence as one word.
 UNSPACED = ("zh", "char", "ja-mecab")
 
 # Letters counted: those of the first references are enough to tell the script.
