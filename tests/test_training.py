@@ -319,6 +319,7 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     # The sentence to try is the run's own (its shortest sample source, quoted for the shell).
     example = min((sample["source"] for sample in test["samples"]), key=len)
     assert f"  echo {shlex.quote(example)} | python translate.py --export=" in result.stdout
+    assert "--source=my.sources --reference=my.references" in result.stdout  # not my.de, my.en
     assert report["dev_greedy"]["bleu"] >= 0
     settings = json.load(open(os.path.join(model_dir, "settings.json")))
     assert settings["model"]["d_model"] == 64 and settings["data"]["vocab_size"] == 600

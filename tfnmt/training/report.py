@@ -156,7 +156,7 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA, bleu_tok
     return report
 
 
-def next_commands(model_dir, reverse=False, example=None):
+def next_commands(model_dir, reverse=False, example=None, own_data=False):
     """The commands that export, translate and evaluate the trained model.
 
     Args:
@@ -164,6 +164,8 @@ def next_commands(model_dir, reverse=False, example=None):
       reverse: the run translates English to German (train.py --reverse), not German to
         English, as the default example sentence and file names assume.
       example: the sentence to translate (default: a German or English one).
+      own_data: the run's languages are its data's, not German and English: the files to
+        evaluate are named as sources and references.
 
     Returns:
       A list of shell commands.
@@ -171,6 +173,8 @@ def next_commands(model_dir, reverse=False, example=None):
     export_dir = os.path.join(model_dir, paths.EXPORT)
     sentence, source, reference = ("This is a house.", "en", "de") if reverse else \
         ("Das ist ein Haus.", "de", "en")
+    if own_data:
+        source, reference = "sources", "references"
     return [f"python export.py --model_dir={model_dir}",
             f"echo {shlex.quote(example or sentence)} | python translate.py "
             f"--export={export_dir}",
@@ -212,7 +216,8 @@ def format_report(report, model_dir, reverse=False, own_data=False):
     example = min((sample["source"] for sample in report["samples"]), key=len) \
         if own_data and report and report["samples"] else None
     lines.append("next:")
-    lines.extend(f"  {command}" for command in next_commands(model_dir, reverse, example))
+    lines.extend(f"  {command}"
+                 for command in next_commands(model_dir, reverse, example, own_data))
     return "\n".join(lines)
 
 
