@@ -112,8 +112,8 @@ def _vocabulary_size_advice(detail):
 
 # The rule of a vocabulary that keeps its targets' characters: Unicode's other spaces (no-break,
 # en, em, thin, ideographic, ...) become " ", as NFKC makes them; nothing else changes.
-# (SentencePiece's "identity" rule would too, but tensorflow-text logs a line to stderr each
-# time it loads a model whose rule is empty.)
+# (SentencePiece's "identity" rule keeps characters too, but tensorflow-text logs a line to
+# stderr each time it loads a model whose rule is empty.)
 SPACES = "spaces"
 _SPACE_CODES = (0x00A0, *range(0x2000, 0x200B), 0x202F, 0x205F, 0x3000)
 
@@ -128,7 +128,7 @@ def normalization_for(targets, sample=1000, share=0.1):
 
     Args:
       targets: target sentences; the first `sample` are read.
-      share: the share of them NFKC must change for the rule to be "identity".
+      share: the share of them NFKC must change for the rule to be SPACES.
 
     Returns:
       SPACES (characters kept as written, but for Unicode spaces) or "nmt_nfkc" (the default),
