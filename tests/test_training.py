@@ -540,6 +540,10 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "ckpt-1 at step 1" in resumed.stdout and "step      2/2 | loss" in resumed.stdout
     assert "stock ops (--plain_ops)" in resumed.stdout
+    # The resumed run cannot raise its model's max_length, so the pairs left out say how to
+    # keep them otherwise.
+    assert ("this run's model reads no more; a new --model_dir with a larger --max_length "
+            "keeps them") in resumed.stdout and "raise --max_length" in first.stdout
     model, vocab, path = load_model(model_dir, "latest")
     assert path.endswith("ckpt-2")
     assert model.settings["norm_first"] and model.settings["position"] == "learned"
@@ -728,3 +732,23 @@ def test_a_seeded_run_does_not_depend_on_whether_its_data_was_prepared(small_pre
         draws.append((random.random(), float(np.random.rand()),
                       keras.random.uniform([3], seed=None).numpy().tolist()))
     assert draws[0] == draws[1]
+
+
+def test_pairs_left_out_by_max_length_are_told_how_they_could_be_kept(tmp_path):
+    from tfnmt.training.experiment import _longer_pairs_advice
+
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    fresh = {"model": {"position": "learned"}}
+    assert _longer_pairs_advice(fresh, str(checkpoints)) == "raise --max_length to keep them"
+    # A learned position table holds its source's length, in a fine-tune's first run and after.
+    tuned = {"model": {"position": "learned"}, "init_from": {"model_dir": "source"}}
+    assert "learned positions of the --init_from model" in \
+        _longer_pairs_advice(tuned, str(checkpoints))
+    (checkpoints / "ckpt-1.index").write_bytes(b"")
+    assert "learned positions of the --init_from model" in \
+        _longer_pairs_advice(tuned, str(checkpoints))
+    # A run that has trained keeps its model's max_length.
+    assert _longer_pairs_advice(fresh, str(checkpoints)).startswith("this run's model reads")
+    sinusoidal_tune = {"model": {}, "init_from": {"model_dir": "source"}}
+    assert _longer_pairs_advice(sinusoidal_tune, str(checkpoints)).startswith("this run's")

@@ -20,7 +20,8 @@ import time
 import keras
 import tensorflow as tf
 
-from tfnmt.checkpoints import DirectoryLock, newest_readable_checkpoint
+from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes,
+                               newest_readable_checkpoint)
 from tfnmt.data import data_dir_lock, pipeline, records, vocabulary
 from tfnmt.model.transformer import Transformer
 from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS, read_settings
@@ -131,7 +132,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     log(f"data: {_describe_data(manifest, settings['data'])}, "
         f"vocabulary {sizes}, {strategy.num_replicas_in_sync} replica(s), "
         f"precision {precision}" + (" (auto)" if t["mixed_precision"] == "auto" else ""))
-    if too_long := _too_long(manifest, max_length):
+    if too_long := _too_long(manifest, max_length, _longer_pairs_advice(settings,
+                                                                         checkpoint_dir)):
         log(too_long)
     if precision == "fp16" and not tf.config.list_physical_devices("GPU"):
         log("fp16 is a GPU precision: CPUs train it slower than float32 (bench/README.md, "
@@ -394,9 +396,20 @@ def _describe_data(manifest, data):
     return line
 
 
-def _too_long(manifest, max_length):
-    """The log line about the pairs --max_length leaves out of training and of the dev loss,
-    or None when it keeps them all."""
+def _longer_pairs_advice(settings, checkpoint_dir):
+    """How longer pairs could be kept: --max_length is the model's, so only a run that has not
+    trained yet can raise it, and a learned position table holds its own length."""
+    if settings.get("init_from") and settings["model"].get("position") == "learned":
+        return "the learned positions of the --init_from model hold no more"
+    if checkpoint_prefixes(checkpoint_dir):
+        return "this run's model reads no more; a new --model_dir with a larger --max_length " \
+            "keeps them"
+    return "raise --max_length to keep them"
+
+
+def _too_long(manifest, max_length, advice):
+    """The log line about the pairs --max_length leaves out of training and of the dev loss
+    (and `advice`), or None when it keeps them all."""
     left_out = [f"{dropped:,d} of the {manifest['splits'][split]['examples']:,d} {name} pairs"
                 for split, name in (("train", "training"), ("dev", "dev"))
                 if split in manifest["splits"]
@@ -404,8 +417,7 @@ def _too_long(manifest, max_length):
     if not left_out:
         return None
     return (f"max_length={max_length} leaves out {' and '.join(left_out)} (more than "
-            f"{max_length} subwords on a side, EOS or BOS included): raise --max_length to "
-            "keep them")
+            f"{max_length} subwords on a side, EOS or BOS included): {advice}")
 
 
 def _build(settings, strategy, precision):
