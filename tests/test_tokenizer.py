@@ -172,6 +172,7 @@ CHANGED, SAME = "他喜欢读书\uff0c也喜欢写作\u3002", "他喜欢读书\u
     ([CHANGED] * 9 + [SAME] * 91, ("nmt_nfkc", 0.09)),
     ([CHANGED] * 10 + [SAME] * 90, ("spaces", 0.10)),
     (["Und Gott sprach: Es werde Licht."] * 100, ("nmt_nfkc", 0.0)),
+    (["Et Dieu dit\u00a0: Que la lumi\u00e8re soit\u202f!"] * 100, ("nmt_nfkc", 0.0)),
     ([SAME] * 1000 + [CHANGED] * 1000, ("nmt_nfkc", 0.0)),   # the first 1,000 are read
     ([], ("nmt_nfkc", 0.0)),
 ])

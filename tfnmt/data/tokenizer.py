@@ -125,6 +125,8 @@ def normalization_for(targets, sample=1000, share=0.1):
     inputs, but a model whose vocabulary is normalized can only write the normalized forms.
     Where many targets hold characters NFKC rewrites (Chinese text's fullwidth punctuation:
     "，" becomes ","), the references keep them and every translation would miss them.
+    Unicode spaces (a no-break space before French punctuation) are not counted: both rules
+    turn them into " ".
 
     Args:
       targets: target sentences; the first `sample` are read.
@@ -134,10 +136,12 @@ def normalization_for(targets, sample=1000, share=0.1):
       SPACES (characters kept as written, but for Unicode spaces) or "nmt_nfkc" (the default),
       and the share of targets NFKC changes.
     """
+    spaces = dict.fromkeys(_SPACE_CODES, " ")
     count = changed = 0
     for sentence in itertools.islice(targets, sample):
         count += 1
-        changed += unicodedata.normalize("NFKC", sentence) != sentence
+        spaced = sentence.translate(spaces)  # both rules make these spaces: not counted
+        changed += unicodedata.normalize("NFKC", spaced) != spaced
     fraction = changed / count if count else 0.0
     return (SPACES if fraction >= share else "nmt_nfkc"), fraction
 
