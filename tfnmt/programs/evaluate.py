@@ -81,13 +81,18 @@ def _training_dir_of(export):
     return None
 
 
-def _split_model_dir():
-    """The training directory whose settings name the --split's data: --model_dir, or with
-    --export and no --model_dir, the one the export lies in (not the default runs/de-en, which
-    may hold another model)."""
+def _training_dir():
+    """The training directory of the model that translates: --model_dir, or with --export and
+    no --model_dir, the one the export lies in (not the default runs/de-en, which may hold
+    another model), or None."""
     if not FLAGS.export or FLAGS["model_dir"].present:
         return FLAGS.model_dir
-    found = _training_dir_of(FLAGS.export)
+    return _training_dir_of(FLAGS.export)
+
+
+def _split_model_dir():
+    """The training directory whose settings name the --split's data (`_training_dir`)."""
+    found = _training_dir()
     if found is None:
         raise app.UsageError(
             f"--export={FLAGS.export} lies in no training directory, whose settings.json names "
@@ -150,8 +155,7 @@ def _bleu_tokenization(references):
     (train.py --bleu_tokenize), else the one that fits the references' script."""
     chosen = FLAGS.bleu_tokenize
     if chosen == bleu_tokenization.AUTO and not FLAGS.hypotheses:
-        model_dir = FLAGS.model_dir if not FLAGS.export or FLAGS["model_dir"].present \
-            else _training_dir_of(FLAGS.export)
+        model_dir = _training_dir()
         try:
             saved = read_settings(model_dir) if model_dir else None
         except OSError:  # not a directory: translating says so

@@ -51,11 +51,9 @@ def run_bleu_tokenization(settings, dev_pairs=None):
     Returns:
       (tokenization, why): why is "" unless `auto` chose something other than 13a.
     """
-    chosen = settings["train"].get("bleu_tokenize", bleu_tokenization.AUTO)
-    if chosen != bleu_tokenization.AUTO:
-        return chosen, ""
-    pairs = read_split(settings["data"], "dev") if dev_pairs is None else dev_pairs
-    return bleu_tokenization.detect(reference for _, reference in pairs)
+    pairs = read_split(settings["data"], "dev") if dev_pairs is None else dev_pairs  # lazy
+    return bleu_tokenization.resolve(settings["train"].get("bleu_tokenize", bleu_tokenization.AUTO),
+                                     (reference for _, reference in pairs))
 
 
 class Evaluator:
