@@ -64,8 +64,10 @@ def test_a_split_with_no_pair_short_enough_is_refused_not_waited_on(small_prepar
                              f"shortest is {shortest} subwords long"):
         pipeline.make_dataset(small_prepared, "train", 1024, max_length=shortest - 1,
                               repeat=True)
-    batch = next(iter(pipeline.make_dataset(small_prepared, "train", 1024, max_length=shortest,
-                                            repeat=True, seed=0)))
+    # A batch of one pair: a larger budget would wait for as many repeats of the split as it
+    # holds pairs of the shortest length.
+    batch = next(iter(pipeline.make_dataset(small_prepared, "train", shortest,
+                                            max_length=shortest, repeat=True, seed=0)))
     assert max(batch["source"].shape[1], batch["target_in"].shape[1]) == shortest
     # Read once (an evaluation), the same split is a defined result: no batch.
     assert not list(pipeline.make_dataset(small_prepared, "train", 1024,
