@@ -68,24 +68,72 @@ def graph_ops(export_path):
     return ops
 
 
-def assert_each_weight_saved_once(export_path, model, extra=()):
-    """The export's saved tensors are the model's weights, each once with its values, and the
-    `extra` arrays (a second copy of a weight would only grow the files; a graph reading copies
-    the restore does not fill fails every request)."""
+def decoding_copies(model, matmul_dtypes):
+    """What an export keeps beside the weights for its searches in each matmul dtype, made here
+    with numpy: the tied output kernel transposed and each decoder layer's self-attention query,
+    key and value kernels side by side (the bfloat16 ones from the weights rounded to bfloat16),
+    and those biases side by side (float32, once)."""
+    import ml_dtypes
+
+    copies = []
+    for layer in model.decoder_layers:
+        attention = layer.self_attention
+        copies.append(np.concatenate([b.numpy() for b in attention.projection_biases()]))
+    for dtype in matmul_dtypes:
+        def rounded(weight):
+            value = weight.numpy()
+            return value if dtype == "float32" else value.astype(ml_dtypes.bfloat16)
+
+        assert model.output_projection is None  # tied: x · Eᵀ
+        copies.append(rounded(model.target_embedding.embeddings).T)
+        for layer in model.decoder_layers:
+            copies.append(np.concatenate([rounded(k) for k in
+                                          layer.self_attention.projection_kernels()], axis=1))
+    return copies
+
+
+def assert_each_weight_saved_once(export_path, model, extra=(), matmul_dtypes=("float32",)):
+    """The export's saved tensors are the model's weights, each once with its values, the
+    copies its searches multiply by (`decoding_copies`), and the `extra` arrays (a second copy
+    of a weight would only grow the files; a graph reading copies the restore does not fill
+    fails every request)."""
     reader = tf.train.load_checkpoint(os.path.join(export_path, "variables", "variables"))
     saved = [reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
              if name.endswith("VARIABLE_VALUE")]
-    expected = [w.numpy() for w in model.variables] + list(extra)
+    expected = [w.numpy() for w in model.variables] + decoding_copies(model, matmul_dtypes) \
+        + list(extra)
     assert len(saved) == len(expected)
     for array in expected:
-        match = [i for i, tensor in enumerate(saved)
-                 if tensor.shape == array.shape and np.array_equal(tensor, array)]
+        match = [i for i, tensor in enumerate(saved) if tensor.shape == array.shape
+                 and tensor.dtype == array.dtype and np.array_equal(tensor, array)]
         assert match, f"no saved tensor equals a {array.shape} weight"
         saved.pop(match[0])
 
 
 def test_each_weight_is_saved_once_with_its_values(exported, module):
     assert_each_weight_saved_once(exported, module.model)
+
+
+def test_the_searches_multiply_by_the_copies_the_export_keeps(exported):
+    # The kept copies are what the search reads at each request: zero them in a loaded
+    # export and its translations change (a search that prepared its own copies from the
+    # weights would not see it); put them back and the translations are those before.
+    import tensorflow_text  # noqa: F401  (the export's tokenizer ops)
+
+    loaded = tf.saved_model.load(exported)
+    serve = loaded.signatures["serving_default"]
+    sentences = tf.constant(SENTENCES[:2])
+    before = serve(sentences=sentences)
+    kept = [copy.numpy() for copy in loaded.decoding_copies]
+    for copy in loaded.decoding_copies:
+        copy.assign(tf.zeros_like(copy))
+    zeroed = serve(sentences=sentences)
+    assert not np.allclose(zeroed["scores"], before["scores"], atol=1e-3)
+    for copy, value in zip(loaded.decoding_copies, kept):
+        copy.assign(value)
+    again = serve(sentences=sentences)
+    assert again["translations"].numpy().tolist() == before["translations"].numpy().tolist()
+    np.testing.assert_allclose(again["scores"], before["scores"], rtol=1e-6)
 
 
 def test_a_damaged_export_is_named_in_one_line(exported, tmp_path):
@@ -134,13 +182,22 @@ def test_versions_are_new_directories_never_overwritten(module, exported, tmp_pa
     with pytest.raises(FileExistsError):
         export_saved_model(module, export_dir, version=1)
     assert sorted(os.listdir(export_dir)) == ["1", "2"]  # no temporary left behind
+    # Another export of the module, whose weights changed since: its copies follow them.
+    embeddings = module.model.target_embedding.embeddings
+    before = embeddings.numpy()
+    embeddings.assign(before * 2.0)
+    try:
+        changed = export_saved_model(module, str(tmp_path / "changed"), check=False)
+        assert_each_weight_saved_once(changed, module.model)
+    finally:
+        embeddings.assign(before)
 
 
 def test_no_optimizer_slots_in_the_export(exported, module):
     variables = [v for v in tf.train.list_variables(os.path.join(exported, "variables",
                                                                  "variables"))
                  if v[0] != "_CHECKPOINTABLE_OBJECT_GRAPH"]
-    assert len(variables) == len(module.model.weights)
+    assert len(variables) == len(module.model.weights) + len(module.decoding_copies)
     assert not [name for name, _ in variables if "optimizer" in name]
 
 
@@ -230,6 +287,9 @@ def test_export_that_the_cpp_loader_cannot_run_is_never_published(module, tmp_pa
     def plain_save(module, path):
         tracked = tf.Module()
         tracked.model, tracked.tokenizer = module.model, module.source_tokenizer
+        # The searches' copies (where an earlier export of the module made them; a save
+        # reuses its traces).
+        tracked.copies = list(module.decoding_copies.values())
         tf.saved_model.save(tracked, path, signatures={
             "serving_default": module.serve, "translate_n_best": module.serve_n_best})
 
@@ -701,7 +761,8 @@ def test_auto_matmul_export_chooses_its_search_on_the_serving_machine(tiny_model
     module = TranslationModule(model, proto, matmul_dtype="auto", cpuinfo=str(cpuinfo),
                                environ=str(environ), bf16_min_speedup=0.0, **settings)
     path = export_saved_model(module, str(tmp_path / "export"), check=False)
-    assert_each_weight_saved_once(path, model, extra=[np.array(-1, np.int32)])  # no choice yet
+    assert_each_weight_saved_once(path, model, extra=[np.array(-1, np.int32)],  # no choice yet
+                                  matmul_dtypes=("bfloat16", "float32"))
     ops = graph_ops(path)
     assert not {op for op in ops if op not in set(dir(tf.raw_ops)) and op not in TF_TEXT_OPS}
     saved = saved_model_pb2.SavedModel()

@@ -112,9 +112,11 @@ def write_saved_model(module, path):
     """Writes the module's signatures as a SavedModel.
 
     The saved object holds the variables the signatures read (the `tf.Variable`s inside the
-    Keras variables, once each: the C++ loader restores exactly those), the SentencePiece
-    tokenizers (resources), the module's `source_lengths` (a function for Python clients, not
-    a signature) and, for an "auto" export, its choice of search. Each signature is
+    Keras variables, once each: the C++ loader restores exactly those), the copies of weights
+    that the searches multiply by (`linear.kept_copies`: the output kernel transposed, the
+    self-attention's kernels side by side, per matmul dtype), the SentencePiece tokenizers
+    (resources), the module's `source_lengths` (a function for Python clients, not a
+    signature) and, for an "auto" export, its choice of search. Each signature is
     traced once, inside `tf.saved_model.save`: a trace made before it would not be reused (the
     save context is part of a trace's cache key), and tracing the searches is most of an
     export's time. (Saving an object that holds the Keras model itself would save a second copy
@@ -127,6 +129,8 @@ def write_saved_model(module, path):
     """
     import tensorflow as tf
 
+    from tfnmt.layers.linear import kept_copies
+
     root = tf.__internal__.tracking.AutoTrackable()
     root.weights = [v.value for v in module.model.variables]  # keras.Variable -> tf.Variable
     root.tokenizers = list({id(t): t for t in (module.source_tokenizer,
@@ -134,12 +138,23 @@ def write_saved_model(module, path):
     if module.precision is not None:
         # An "auto" export's choice: the variable only (its module holds the output weights).
         root.search_precision = module.precision.choice
+    # What the searches multiply by that is not a weight as it is (the output kernel
+    # transposed, the self-attention's query, key and value kernels side by side): made here
+    # and saved as variables, so that no request makes them again. The module keeps them: a
+    # second export of it reuses the first one's traces, which read them.
+    copies = module.decoding_copies
+    with kept_copies(copies):
+        for matmul_dtype in module.search_dtypes():
+            with module.decoding_scope(matmul_dtype):
+                pass  # eagerly: makes the copies
+    root.decoding_copies = list(copies.values())
     signatures = {"serving_default": module.serve, "translate_n_best": module.serve_n_best,
                   "translate_with_prefix": module.serve_with_prefix, "score": module.score}
     for name, function in signatures.items():
         setattr(root, name, function)
     root.source_lengths = module.source_lengths  # for Python clients: not a signature
-    tf.saved_model.save(root, path, signatures=signatures)
+    with kept_copies(copies):
+        tf.saved_model.save(root, path, signatures=signatures)
 
 
 def write_warmup_requests(path, sentences=CHECK_SENTENCES):

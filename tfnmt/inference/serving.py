@@ -22,6 +22,8 @@ subwords is truncated to them (the rest is not translated; the export's `source_
 function, not a signature, tells which are); an input that is not a rank-1 string tensor is an
 InvalidArgument error.
 """
+import contextlib
+
 import tensorflow as tf
 
 from tfnmt.data.special_tokens import PAD_ID
@@ -160,6 +162,9 @@ class TranslationModule:
                 raise ValueError("sampling draws one translation per sentence: n_best must be 1")
             SamplingSearch(model.settings["target_vocab_size"], **sampling)  # checks them
         self.sampling = sampling
+        # What an export's searches multiply by, kept as variables (`linear.kept_copies`;
+        # made by `saved_model.write_saved_model`).
+        self.decoding_copies = {}
 
     def source_ids(self, sentences):
         """Model inputs of sentences.
@@ -229,13 +234,7 @@ class TranslationModule:
           The results of all chunks, concatenated.
         """
         def all_chunks(matmul_dtype):
-            # Weight matrices (rank 2) cast once per call, before the loop.
-            kernels = [v for v in self.model.trainable_variables if len(v.shape) == 2] \
-                if matmul_dtype != "float32" else []
-            # The searches' transposed output kernel too, once per call (however many
-            # chunks and parallel searches).
-            with low_precision_matmuls(kernels, tf.as_dtype(matmul_dtype)), \
-                    self.model.decoding_products():
+            with self.decoding_scope(matmul_dtype):
                 batch, size = tf.shape(inputs[0])[0], self.chunk_size
                 count = (batch + size - 1) // size
 
@@ -255,6 +254,22 @@ class TranslationModule:
             return all_chunks(self.matmul_dtype)
         return tuple(tf.cond(self.precision.prefers_bf16(),
                              lambda: all_chunks("bfloat16"), lambda: all_chunks("float32")))
+
+    @contextlib.contextmanager
+    def decoding_scope(self, matmul_dtype):
+        """The scope of a call's searches with weight matmuls in `matmul_dtype`: the weight
+        matrices (rank 2) cast to it once per call, before the loop (`low_precision_matmuls`),
+        and the model's `decoding_products`, also prepared once per call, however many chunks
+        and parallel searches (or once per export, inside `linear.kept_copies`)."""
+        kernels = [v for v in self.model.trainable_variables if len(v.shape) == 2] \
+            if matmul_dtype != "float32" else []
+        with low_precision_matmuls(kernels, tf.as_dtype(matmul_dtype)), \
+                self.model.decoding_products():
+            yield
+
+    def search_dtypes(self):
+        """The matmul dtypes the module searches in: both for "auto"."""
+        return ("bfloat16", "float32") if self.matmul_dtype == "auto" else (self.matmul_dtype,)
 
     def _translate_chunk(self, sentences, n_best, prefixes=None):
         """string [C] (and prefixes [C]) -> (translations string [C, n_best], scores float32
