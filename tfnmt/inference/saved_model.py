@@ -142,18 +142,16 @@ def write_saved_model(module, path):
     # transposed, the self-attention's query, key and value kernels side by side): made here
     # and saved as variables, so that no request makes them again. The module keeps them: a
     # second export of it reuses the first one's traces, which read them.
-    copies = module.decoding_copies
-    with kept_copies(copies):
-        for matmul_dtype in module.search_dtypes():
-            with module.decoding_scope(matmul_dtype):
-                pass  # eagerly: makes the copies
-    root.decoding_copies = list(copies.values())
     signatures = {"serving_default": module.serve, "translate_n_best": module.serve_n_best,
                   "translate_with_prefix": module.serve_with_prefix, "score": module.score}
     for name, function in signatures.items():
         setattr(root, name, function)
     root.source_lengths = module.source_lengths  # for Python clients: not a signature
-    with kept_copies(copies):
+    with kept_copies(module.decoding_copies):
+        for matmul_dtype in module.search_dtypes():
+            with module.decoding_scope(matmul_dtype):
+                pass  # eagerly: makes the copies
+        root.decoding_copies = list(module.decoding_copies.values())
         tf.saved_model.save(root, path, signatures=signatures)
 
 
