@@ -16,7 +16,9 @@ tf.function) on the first --check sentences. The exports search with the GNMT le
 With --ctranslate2 it also converts the same checkpoint with export.py --format=ctranslate2
 (float32 and/or int8 weights) and times CTranslate2's translate_batch the same way (beam 4,
 CTranslate2's own length penalty 0.6, --ct2_threads threads for one translator), so both engines
-decode the same model on the same sentences.
+decode the same model on the same sentences. Each CTranslate2 run is a fresh process per
+--ct2_gemm backend: CTranslate2 picks Intel MKL on Intel CPUs, whose products can run several
+times slower than its oneDNN ones (CT2_USE_MKL=0); the JSON names the SGEMM backend each used.
 Prints one JSON line.
 
   python bench/decode.py                       # after `python train.py` (runs/de-en)
@@ -24,6 +26,7 @@ Prints one JSON line.
 """
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -57,6 +60,14 @@ flags.DEFINE_enum("loader", "session", ["session", "python"], "How the exports a
 flags.DEFINE_list("ctranslate2", ["float32", "int8"], "CTranslate2 weight types also timed "
                   "(export.py --format=ctranslate2; empty: none).")
 flags.DEFINE_integer("ct2_threads", 0, "CTranslate2 intra-op threads (0: one per core).")
+CT2_GEMMS = {"auto": {}, "dnnl": {"CT2_USE_MKL": "0"}}
+flags.DEFINE_list("ct2_gemm", ["auto", "dnnl"], "CTranslate2 GEMM backends timed, each in its "
+                  "own process: auto (CTranslate2's choice, MKL on Intel CPUs), dnnl "
+                  "(CT2_USE_MKL=0; skipped where auto already picks oneDNN).")
+flags.register_validator("ct2_gemm", lambda v: set(v) <= set(CT2_GEMMS),
+                         f"--ct2_gemm takes {', '.join(CT2_GEMMS)}")
+flags.DEFINE_string("ct2_model", None, "Internal: time only this CTranslate2 model directory "
+                    "as --ctranslate2 does and print its JSON (the child process of one run).")
 flags.DEFINE_integer("session_threads", 0, "Intra- and inter-op threads of the C++ loader's "
                      "session (TF Serving's --tensorflow_intra_op_parallelism and "
                      "--tensorflow_inter_op_parallelism); 0: TensorFlow's default, one per core.")
@@ -91,6 +102,12 @@ def main(argv):
     pairs = pairs[:FLAGS.limit] if FLAGS.limit else pairs
     sources, references = [s for s, _ in pairs], [r for _, r in pairs]
     tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, paths.VOCAB))
+    if FLAGS.ct2_model:
+        result = {}
+        time_translator(result, "ctranslate2", load_ctranslate2(FLAGS.ct2_model, max_length),
+                        sources, references, tokenizer)
+        print(json.dumps(result))
+        return
     result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS, "model_dir": FLAGS.model_dir,
               "split": FLAGS.split, "loader": FLAGS.loader, "alpha": FLAGS.alpha,
               "session_threads": FLAGS.session_threads,
@@ -110,11 +127,17 @@ def main(argv):
         if beam_size == 4 and matmul_dtype != "auto":  # auto: the eager dtype is the server's
             beam_translators[matmul_dtype] = translate
     for weights in FLAGS.ctranslate2:
-        name = f"ctranslate2_{weights}_beam4"
-        translate = load_ctranslate2(export_ctranslate2(FLAGS.model_dir,
-                                                        os.path.join(scratch, name), weights),
-                                     max_length)
-        time_translator(result, name, translate, sources, references, tokenizer)
+        path = export_ctranslate2(FLAGS.model_dir, os.path.join(scratch, f"ct2_{weights}"),
+                                  weights)
+        backends = {}  # --ct2_gemm -> the SGEMM backend CTranslate2 chose
+        for gemm in FLAGS.ct2_gemm:
+            if gemm != "auto" and backends.get("auto") == "DNNL":
+                continue  # the same kernels again
+            timed, backends[gemm] = time_ctranslate2(path, gemm)
+            suffix = "" if gemm == "auto" else f"_{gemm}"
+            result.update({key.replace("ctranslate2", f"ctranslate2_{weights}{suffix}_beam4"):
+                           value for key, value in timed.items()})
+        result[f"ctranslate2_{weights}_sgemm_backend"] = backends
     result["rss_gib_exports_loaded"] = round(rss_bytes() / 2 ** 30, 2)
     result["peak_rss_gib"] = round(peak_rss_bytes() / 2 ** 30, 2)
     if FLAGS.check:
@@ -157,6 +180,19 @@ def export_ctranslate2(model_dir, export_dir, weights):
                     "--format=ctranslate2", f"--export_dir={export_dir}",
                     f"--quantization={quantization}"], check=True, stdout=subprocess.DEVNULL)
     return export_dir
+
+
+def time_ctranslate2(path, gemm):
+    """Times the CTranslate2 model at `path` in a child process with --ct2_gemm's environment:
+    (its `time_translator` entries, keyed "ctranslate2_batch<size>"; the SGEMM backend
+    CTranslate2 logged, e.g. "MKL" or "DNNL")."""
+    args = [FLAGS[name].serialize() for name in ("model_dir", "split", "batch_sizes", "limit",
+                                                 "batch1_limit", "rounds", "ct2_threads")]
+    child = subprocess.run([sys.executable, os.path.abspath(__file__), f"--ct2_model={path}",
+                            *args], env=dict(os.environ, CT2_VERBOSE="1", **CT2_GEMMS[gemm]),
+                           check=True, capture_output=True, text=True)
+    backend = re.search(r"SGEMM backend: (\w+)", child.stderr)
+    return json.loads(child.stdout.strip().splitlines()[-1]), backend and backend.group(1)
 
 
 def load_ctranslate2(path, max_length):
