@@ -1,9 +1,9 @@
 """Decoding speed from exported SavedModels, as TF Serving would run them, in one run.
 
-Exports the training directory's checkpoint with export.py into a scratch directory: beam 4
-and greedy (beam 1), each with the --matmul_dtypes given: float32, bfloat16 (the weight
-matmuls in bf16, all else float32) and auto (export.py's default, which searches in bfloat16
-where the serving CPU times it faster; not checked against the eager search). Loads each
+Exports the training directory's checkpoint with export.py into a scratch directory (removed
+at exit): beam 4 and greedy (beam 1), each with the --matmul_dtypes given: float32, bfloat16
+(the weight matmuls in bf16, all else float32) and auto (export.py's default, which searches
+in bfloat16 where the serving CPU times it faster; not checked against the eager search). Loads each
 SavedModel the way a server does (tensorflow + tensorflow_text only) and times its
 serving_default signature on a split at each batch size: sentences/s and target tokens/s, where
 target tokens are SentencePiece pieces of the outputs (as OpenNMT-tf counts them), plus the
@@ -24,9 +24,11 @@ Prints one JSON line.
   python bench/decode.py                       # after `python train.py` (runs/de-en)
   python bench/decode.py --batch_sizes=32 --limit=256 --matmul_dtypes=bfloat16
 """
+import atexit
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -108,11 +110,12 @@ def main(argv):
                         sources, references, tokenizer)
         print(json.dumps(result))
         return
-    result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS, "model_dir": FLAGS.model_dir,
-              "split": FLAGS.split, "loader": FLAGS.loader, "alpha": FLAGS.alpha,
-              "session_threads": FLAGS.session_threads,
+    result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS,
+              "model_dir": FLAGS.model_dir, "split": FLAGS.split, "loader": FLAGS.loader,
+              "alpha": FLAGS.alpha, "session_threads": FLAGS.session_threads,
               "rss_gib_before_loading": round(rss_bytes() / 2 ** 30, 2)}
     scratch = tempfile.mkdtemp(prefix="tfnmt-bench-")
+    atexit.register(shutil.rmtree, scratch, True)  # ~160 MB of exports a run
     beam_translators = {}  # matmul dtype -> the export's translate function
     for name, beam_size, matmul_dtype in (("beam4", 4, "float32"), ("greedy", 1, "float32"),
                                           ("beam4_bf16", 4, "bfloat16"),

@@ -363,8 +363,11 @@ def train_with_loss_scale(flags, initial_scale, max_skipped_in_a_row=None):
                    f"tfnmt.training.trainer.MAX_SKIPPED_IN_A_ROW = {max_skipped_in_a_row}\n")
     script += (f"sys.argv = {flags!r}\n"
                "runpy.run_path('train.py', run_name='__main__')\n")
+    # Eigen's kernels: on CPUs with AVX512-FP16, oneDNN's float16 ones trained 12-32x slower
+    # (bench/README.md, "fp16 on CPUs"); this test is about the loss scale, not kernels.
     return subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                          text=True, timeout=600,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0"))
 
 
 def test_fp16_skipped_updates_are_not_counted_as_steps(small_corpus, train_data, tmp_path):
