@@ -193,7 +193,9 @@ def time_ctranslate2(path, gemm):
                                                  "batch1_limit", "rounds", "ct2_threads")]
     child = subprocess.run([sys.executable, os.path.abspath(__file__), f"--ct2_model={path}",
                             *args], env=dict(os.environ, CT2_VERBOSE="1", **CT2_GEMMS[gemm]),
-                           check=True, capture_output=True, text=True)
+                           capture_output=True, text=True)
+    if child.returncode != 0:
+        sys.exit(f"CTranslate2 ({gemm}) failed:\n{child.stderr[-3000:]}")
     backend = re.search(r"SGEMM backend: (\w+)", child.stderr)
     return json.loads(child.stdout.strip().splitlines()[-1]), backend and backend.group(1)
 
