@@ -238,6 +238,62 @@ def test_changed_input_triggers_rebuild(small_corpus, tmp_path):
         assert json.load(f)["splits"]["train"]["examples"] == 1200
 
 
+def test_a_moved_corpus_keeps_its_prepared_data(small_corpus, tmp_path):
+    # The corpus files moved (same bytes, other paths): the data is neither tokenized again nor
+    # its vocabulary learned again; the manifest names the new paths (also per corpus of a
+    # mixed train split). Other bytes, another arrangement of the same files, or another
+    # setting beside the move, rebuild.
+    import shutil
+
+    with open(small_corpus["train"], encoding="utf-8") as f:
+        lines = f.readlines()
+    first = {"a": "".join(lines[:600]), "b": "".join(lines[600:1000])}
+    for name, text in first.items():
+        (tmp_path / f"{name}.tsv").write_text(text, encoding="utf-8")
+    old = {"train": [str(tmp_path / "a.tsv"), str(tmp_path / "b.tsv")],
+           "dev": small_corpus["dev"]}
+    out = str(tmp_path / "prep")
+    prepared = records.prepare(out, dataset="files", files=old, vocab_size=600, train_shards=1)
+    written = {name: os.stat(os.path.join(out, name)).st_mtime_ns for name in os.listdir(out)}
+    (tmp_path / "moved").mkdir()
+    new = {"train": [str(tmp_path / "moved" / "a.tsv"), str(tmp_path / "moved" / "b.tsv")],
+           "dev": str(tmp_path / "moved" / "dev.tsv")}
+    for source, target in zip(old["train"] + [old["dev"]], new["train"] + [new["dev"]]):
+        shutil.copy(source, target)
+    for path in old["train"]:
+        os.remove(path)
+    moved = records.prepare(out, dataset="files", files=new, vocab_size=600, train_shards=1)
+    assert {name: os.stat(os.path.join(out, name)).st_mtime_ns for name in os.listdir(out)
+            if name != records.MANIFEST} == {k: v for k, v in written.items()
+                                             if k != records.MANIFEST}
+    assert moved == records.load_manifest(out)
+    assert moved["settings"]["inputs"]["files"]["train"] == {
+        path: prepared["settings"]["inputs"]["files"]["train"][before]
+        for path, before in zip(new["train"], old["train"])}
+    assert [c["files"] for c in moved["splits"]["train"]["corpora"]] == new["train"]
+    assert moved["vocab"] == prepared["vocab"]
+    assert [c["examples"] for c in moved["splits"]["train"]["corpora"]] == [600, 400]
+    # Not a move: the corpora swapped, one of them changed, or a vocabulary size changed.
+    swapped = dict(new, train=new["train"][::-1])
+    assert not records.moved_corpus(moved, swapped)
+    assert records.moved_corpus(moved, new)
+    rebuilt = records.prepare(out, dataset="files", files=swapped, vocab_size=600,
+                              train_shards=1)
+    assert [c["examples"] for c in rebuilt["splits"]["train"]["corpora"]] == [400, 600]
+    with open(new["train"][0], "a", encoding="utf-8") as f:
+        f.write("Noch ein Satz.\tOne more sentence.\n")
+    assert not records.moved_corpus(rebuilt, swapped)
+    assert records.prepare(out, dataset="files", files=swapped, vocab_size=600, train_shards=1)[
+        "splits"]["train"]["corpora"][1]["examples"] == 601
+    before = os.stat(os.path.join(out, VOCAB)).st_mtime_ns
+    again = {"train": [str(tmp_path / name) for name in ("b.tsv", "a.tsv")], "dev": new["dev"]}
+    for source, target in zip(swapped["train"], again["train"]):
+        shutil.copy(source, target)
+    assert records.prepare(out, dataset="files", files=again, vocab_size=500, train_shards=1)[
+        "settings"]["vocab_size"] == 500
+    assert os.stat(os.path.join(out, VOCAB)).st_mtime_ns != before  # learned again
+
+
 def test_skipped_pairs_are_logged_once(small_corpus, tmp_path, caplog):
     # The train split is read once per vocabulary learned, then for the records: one count.
     with open(small_corpus["train"], encoding="utf-8") as f:

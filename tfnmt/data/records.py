@@ -207,7 +207,7 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
                                 train_shards, filters, reverse)
 
     with data_dir_lock.preparing(out_dir) as claim:
-        manifest = _up_to_date(out_dir, settings, claim, make_split)
+        manifest = _up_to_date(out_dir, settings, claim, make_split, files)
         if manifest is not None:
             return manifest
         if not vocab_paths and model_vocab and all(os.path.exists(p) for p in model_vocab):
@@ -266,10 +266,11 @@ def data_settings(dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vocab
     return settings
 
 
-def _up_to_date(out_dir, settings, claim, make_split):
+def _up_to_date(out_dir, settings, claim, make_split, files):
     """The manifest of `out_dir` when it holds the data of `settings`, its damaged splits
-    rewritten first (`make_split(vocab, split)` -> the split's manifest entry); else None,
-    once `claim` (data_dir_lock.preparing) allowed the directory to be rebuilt."""
+    rewritten first (`make_split(vocab, split)` -> the split's manifest entry), and its paths
+    made `files`' when only they differ (the corpus moved); else None, once `claim`
+    (data_dir_lock.preparing) allowed the directory to be rebuilt."""
     manifest_path = os.path.join(out_dir, MANIFEST)
     if not os.path.exists(manifest_path):
         claim("its prepared data is incomplete")
@@ -280,9 +281,19 @@ def _up_to_date(out_dir, settings, claim, make_split):
         claim(str(error))
         logging.warning("rebuilding %s: %s", out_dir, error)
         return None
-    if manifest["settings"] != settings:
+    # Settings compare files as {path: sha256} dicts, blind to the corpora's order.
+    same_order = settings["dataset"] != "files" or _corpus_contents(
+        files, settings["inputs"]["files"]) == _corpus_contents(
+        _prepared_files(manifest), manifest["settings"]["inputs"]["files"])
+    if manifest["settings"] != settings and moved_corpus(manifest, files, settings):
+        claim("its corpus files moved")
+        manifest = _with_moved_paths(manifest, files, settings)
+        _write_manifest(manifest_path, manifest)
+        logging.warning("%s: the corpus files moved (the same sha256 at other paths): its "
+                        "prepared data is kept", out_dir)
+    elif manifest["settings"] != settings or not same_order:
         claim("it holds data prepared with other settings ("
-              f"{_differences(manifest['settings'], settings)})")
+              f"{_differences(manifest['settings'], settings) or 'its corpora in another order'})")
         return None
     damaged = damaged_shards(out_dir, manifest)
     if not damaged:
@@ -298,6 +309,57 @@ def _up_to_date(out_dir, settings, claim, make_split):
     for split in splits:
         manifest["splits"][split] = make_split(vocab, split)
     _write_manifest(manifest_path, manifest)
+    return manifest
+
+
+def _corpus_contents(files, shas):
+    """{split: [[sha256 of each file] of each corpus]}: what a files dict's corpora hold,
+    wherever their files are.
+
+    Args:
+      files: {split: spec or [spec, ...]} (a spec: a TSV path or "source,target").
+      shas: {split: {path: sha256}}, `input_fingerprint`'s "files".
+    """
+    return {split: [[shas.get(split, {}).get(path) for path in (spec or "").split(",") if path]
+                    for spec in corpus.train_specs({"train": specs})]
+            for split, specs in (files or {}).items()}
+
+
+def _prepared_files(manifest):
+    """The files dict (paths as given then) that `manifest`'s data was prepared from."""
+    shas = manifest["settings"]["inputs"].get("files") or {}
+    files = {split: ",".join(paths) for split, paths in shas.items()}
+    corpora = manifest["splits"].get("train", {}).get("corpora")
+    if corpora:
+        files["train"] = [entry["files"] for entry in corpora]
+    return files
+
+
+def moved_corpus(manifest, files, settings=None):
+    """Whether `files` (a "files" dataset's {split: spec or [spec, ...]}) hold what the data of
+    `manifest` was prepared from, at other paths (moved or copied since): the same splits,
+    corpora and files per corpus, each file with the sha256 the manifest recorded, and (given
+    `settings`, the data settings asked for) no other setting changed."""
+    prepared = manifest["settings"]
+    if prepared.get("dataset") != "files" or not files:
+        return False
+    shas = input_fingerprint("files", files)["files"] if settings is None \
+        else settings["inputs"].get("files")
+    if settings is not None and ({k: v for k, v in prepared.items() if k != "inputs"}
+                                 != {k: v for k, v in settings.items() if k != "inputs"}):
+        return False
+    old = _prepared_files(manifest)
+    return _corpus_contents(files, shas) == _corpus_contents(old, prepared["inputs"]["files"])
+
+
+def _with_moved_paths(manifest, files, settings):
+    """`manifest` with the paths of `files` (`moved_corpus`) instead of those it recorded."""
+    manifest = dict(manifest, settings=settings, splits=dict(manifest["splits"]))
+    corpora = manifest["splits"].get("train", {}).get("corpora")
+    if corpora:
+        specs = corpus.train_specs(files)
+        manifest["splits"]["train"] = dict(manifest["splits"]["train"], corpora=[
+            dict(entry, files=spec) for entry, spec in zip(corpora, specs)])
     return manifest
 
 

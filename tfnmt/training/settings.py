@@ -92,13 +92,10 @@ def _moved_corpus(given, saved, data_dir):
     if not given or not saved or layout(given) != layout(saved):
         return False
     try:
-        prepared = records.load_manifest(data_dir, check_shards=False)["settings"]["inputs"]
+        manifest = records.load_manifest(data_dir, check_shards=False)
     except records.PreparedDataError:
         return False
-    ours = records.input_fingerprint("files", given)["files"]
-    theirs = prepared.get("files") or {}
-    return {split: list(shas.values()) for split, shas in ours.items()} == \
-        {split: list(shas.values()) for split, shas in theirs.items()}
+    return records.moved_corpus(manifest, given)
 
 
 def _read(path):
