@@ -109,10 +109,10 @@ def test_a_worker_waits_for_the_data_of_its_own_settings(small_corpus, small_pre
 
     wanted = records.data_settings(dataset="files", files=small_corpus, vocab_size=600,
                                    train_shards=4)
-    assert _wait_for_data(small_prepared, wanted, timeout=0) == \
+    assert _wait_for_data(small_prepared, wanted, small_corpus, timeout=0) == \
         records.load_manifest(small_prepared)
     with pytest.raises(records.PreparedDataError, match="other settings than this worker's"):
-        _wait_for_data(small_prepared, dict(wanted, vocab_size=500), timeout=0)
+        _wait_for_data(small_prepared, dict(wanted, vocab_size=500), small_corpus, timeout=0)
 
 
 def test_a_missing_input_file_leaves_the_prepared_data_usable(small_corpus, tmp_path):
@@ -280,6 +280,13 @@ def test_a_moved_corpus_keeps_its_prepared_data(small_corpus, tmp_path):
     rebuilt = records.prepare(out, dataset="files", files=swapped, vocab_size=600,
                               train_shards=1)
     assert [c["examples"] for c in rebuilt["splits"]["train"]["corpora"]] == [400, 600]
+    # A cluster's worker waits for its own order of the corpora too.
+    from tfnmt.training.experiment import _wait_for_data
+
+    wanted = records.data_settings(dataset="files", files=new, vocab_size=600, train_shards=1)
+    assert _wait_for_data(out, wanted, swapped, timeout=0) == rebuilt
+    with pytest.raises(records.PreparedDataError, match="other settings than this worker's"):
+        _wait_for_data(out, wanted, new, timeout=0)
     with open(new["train"][0], "a", encoding="utf-8") as f:
         f.write("Noch ein Satz.\tOne more sentence.\n")
     assert not records.moved_corpus(rebuilt, swapped)

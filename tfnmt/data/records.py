@@ -281,20 +281,17 @@ def _up_to_date(out_dir, settings, claim, make_split, files):
         claim(str(error))
         logging.warning("rebuilding %s: %s", out_dir, error)
         return None
-    # Settings compare files as {path: sha256} dicts, blind to the corpora's order.
-    same_order = settings["dataset"] != "files" or _corpus_contents(
-        files, settings["inputs"]["files"]) == _corpus_contents(
-        _prepared_files(manifest), manifest["settings"]["inputs"]["files"])
-    if manifest["settings"] != settings and moved_corpus(manifest, files, settings):
+    if not prepared_for(manifest, settings, files):
+        if not moved_corpus(manifest, files, settings):
+            differences = _differences(manifest["settings"], settings)
+            claim("it holds data prepared with other settings ("
+                  f"{differences or 'its train corpora in another order'})")
+            return None
         claim("its corpus files moved")
         manifest = _with_moved_paths(manifest, files, settings)
         _write_manifest(manifest_path, manifest)
         logging.warning("%s: the corpus files moved (the same sha256 at other paths): its "
                         "prepared data is kept", out_dir)
-    elif manifest["settings"] != settings or not same_order:
-        claim("it holds data prepared with other settings ("
-              f"{_differences(manifest['settings'], settings) or 'its corpora in another order'})")
-        return None
     damaged = damaged_shards(out_dir, manifest)
     if not damaged:
         logging.info("%s is up to date", out_dir)
@@ -333,6 +330,18 @@ def _prepared_files(manifest):
     if corpora:
         files["train"] = [entry["files"] for entry in corpora]
     return files
+
+
+def prepared_for(manifest, settings, files):
+    """Whether `manifest`'s data is the data of `settings` (`data_settings`) from `files`: the
+    same settings, and a "files" dataset's train corpora in the same order (the settings hold
+    the files as {path: sha256} dicts, which compare equal in any order, and --train_weights
+    binds to the order)."""
+    if manifest["settings"] != settings:
+        return False
+    return settings["dataset"] != "files" or _corpus_contents(
+        files, settings["inputs"]["files"]) == _corpus_contents(
+        _prepared_files(manifest), manifest["settings"]["inputs"]["files"])
 
 
 def moved_corpus(manifest, files, settings=None):

@@ -352,7 +352,7 @@ def _prepare_data(settings, is_chief, data_dir):
         manifest = records.prepare(data_dir, model_vocab=model_vocab if model_fingerprint else None,
                                    **data)
     else:
-        manifest = _wait_for_data(data_dir, records.data_settings(**data),
+        manifest = _wait_for_data(data_dir, records.data_settings(**data), data["files"],
                                   settings["train"].get("data_wait_secs", 1800))
     # Seeded again: preparing data (TFDS builds the dataset on its first use) draws Python
     # random numbers, and a seeded run must not depend on whether its data existed before.
@@ -436,14 +436,14 @@ def _build(settings, strategy, precision):
     return model, optimizer, schedule
 
 
-def _wait_for_data(data_dir, wanted, timeout):
-    """The manifest of data_dir once the chief has prepared the data of settings `wanted` there
-    (data prepared before for other settings is not it)."""
+def _wait_for_data(data_dir, wanted, files, timeout):
+    """The manifest of data_dir once the chief has prepared the data of settings `wanted` (from
+    `files`) there (data prepared before for other settings is not it)."""
     deadline = time.time() + timeout
     while True:
         try:
             manifest = records.load_manifest(data_dir)
-            if manifest["settings"] == wanted:
+            if records.prepared_for(manifest, wanted, files):
                 return manifest
             error = records.PreparedDataError(f"{data_dir} holds data prepared with other "
                                               "settings than this worker's")
