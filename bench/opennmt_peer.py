@@ -107,7 +107,8 @@ infer:
   length_bucket_width: 5
 """
 
-LOG_LINE = re.compile(r"Step = (\d+) ; steps/s = [\d.]+, tokens/s = \d+ \(\d+ source, (\d+) target\)")
+LOG_LINE = re.compile(r"Step = (\d+) ; steps/s = [\d.]+, tokens/s = \d+ "
+                      r"\(\d+ source, (\d+) target\)")
 
 
 def write_data(work, spm_path):

@@ -60,7 +60,8 @@ def main(argv):
     from tfnmt.data.special_tokens import PAD_ID
     from tfnmt.training.distribute import batch_iterator, cpu_has_bf16, resolve_mixed_precision
 
-    result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS, "tensorflow": tf.__version__,
+    result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS,
+              "tensorflow": tf.__version__,
               "preset": FLAGS.preset, "batch_tokens": FLAGS.batch_tokens,
               "shape_stable": FLAGS.shape_stable, "bucket_growth": FLAGS.bucket_growth,
               "jit_compile": FLAGS.jit_compile}

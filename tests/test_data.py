@@ -89,7 +89,8 @@ def test_input_pipelines_split_the_data_between_them(small_prepared, pipelines):
     parts = []
     for index in range(pipelines):
         context = tf.distribute.InputContext(num_input_pipelines=pipelines,
-                                             input_pipeline_id=index, num_replicas_in_sync=pipelines)
+                                             input_pipeline_id=index,
+                                             num_replicas_in_sync=pipelines)
         parts.append(pairs_of(pipeline.make_dataset(small_prepared, "train", batch_tokens=1024,
                                                     max_length=64, seed=0, input_context=context)))
     union = sum(parts, collections.Counter())

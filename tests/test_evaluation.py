@@ -87,7 +87,8 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
     assert misaligned.stderr.strip() == ("evaluate.py: --hypotheses and --reference have 1 and "
                                          "3 lines: they must be line-aligned")
     misaligned = python("evaluate.py", f"--hypotheses={tmp_path / 'hyp.en'}",
-                        f"--reference={tmp_path / 'ref.en'}", f"--reference={tmp_path / 'short.en'}")
+                        f"--reference={tmp_path / 'ref.en'}",
+                        f"--reference={tmp_path / 'short.en'}")
     assert misaligned.returncode == 1
     assert misaligned.stderr.strip() == (f"evaluate.py: --hypotheses and --reference="
                                          f"{tmp_path / 'short.en'} have 3 and 1 lines: they must "

@@ -251,7 +251,8 @@ def test_export_to_a_file_fails_in_one_line(tiny_model_dir, tmp_path):
     result = python("export.py", f"--model_dir={tiny_model_dir}",
                     f"--export_dir={tmp_path}/file", timeout=120)
     assert result.returncode == 1
-    assert last_line(result) == f"export.py: --export_dir={tmp_path}/file is a file, not a directory"
+    assert last_line(result) == \
+        f"export.py: --export_dir={tmp_path}/file is a file, not a directory"
 
 
 def test_killed_three_times_then_a_damaged_manifest_and_the_run_finishes(small_corpus, tmp_path):

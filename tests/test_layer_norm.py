@@ -14,7 +14,8 @@ def _pair(dim=16, dtype=None):
     ours.build((None, dim))
     reference.build((None, dim))
     rng = np.random.default_rng(0)
-    weights = [rng.normal(1.0, 0.3, dim).astype("float32"), rng.normal(0, 0.3, dim).astype("float32")]
+    weights = [rng.normal(1.0, 0.3, dim).astype("float32"),
+               rng.normal(0, 0.3, dim).astype("float32")]
     ours.set_weights(weights)
     reference.set_weights(weights)
     return ours, reference

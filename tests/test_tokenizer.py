@@ -57,7 +57,8 @@ def test_unknown_characters_and_bad_bytes_do_not_crash(small_prepared):
 def test_detokenize_dense_stops_at_eos_and_ignores_padding(small_prepared):
     tokenizer = Tokenizer(os.path.join(small_prepared, VOCAB))
     ids = tokenizer.tokenize(["Guten Morgen.", "Ja."]).to_list()
-    dense = [ids[0] + [EOS_ID, 57, 58], ids[1] + [EOS_ID] + [PAD_ID] * (len(ids[0]) + 2 - len(ids[1]))]
+    dense = [ids[0] + [EOS_ID, 57, 58],
+             ids[1] + [EOS_ID] + [PAD_ID] * (len(ids[0]) + 2 - len(ids[1]))]
     assert tokenizer.detokenize(tf.constant(dense)).numpy().tolist() == [b"Guten Morgen.", b"Ja."]
 
 
@@ -148,7 +149,8 @@ def test_targets_written_with_fullwidth_punctuation_keep_it(small_corpus, tmp_pa
     records.prepare(chinese, dataset="files", files=files, vocab_size=800, train_shards=1)
     with open(os.path.join(chinese, VOCAB), "rb") as f:
         model.ParseFromString(f.read())
-    assert model.normalizer_spec.name == "user_defined" and not model.normalizer_spec.normalization_rule_tsv
+    assert model.normalizer_spec.name == "user_defined"
+    assert not model.normalizer_spec.normalization_rule_tsv
     tokenizer = Tokenizer(os.path.join(chinese, VOCAB))
     targets = [target for _, target in corpus.read_tsv(files["dev"])][:50]
     assert sum("\uff0c" in target for target in targets) > 10

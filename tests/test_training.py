@@ -386,7 +386,8 @@ def test_fp16_skipped_updates_are_not_counted_as_steps(small_corpus, train_data,
     for number in (2, 4):
         reader = tf.train.load_checkpoint(os.path.join(checkpoints, f"ckpt-{number}"))
         # LossScaleOptimizer.iterations is its inner optimizer's count (its own stays unused).
-        count = reader.get_tensor("optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")
+        count = reader.get_tensor(
+            "optimizer/inner_optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")
         assert int(count) == number
 
     # Gradients that stay non-finite at every scale (here: an infinite one) are divergence:

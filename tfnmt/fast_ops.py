@@ -18,8 +18,9 @@ version (CHANGELOG.md, "Measured gains of the speed-ups", says what each bought)
 `train.py --plain_ops` turn them all off: the layers, loss and searches then run stock
 TensorFlow ops that autodiff differentiates (tf.matmul, tf.nn.moments +
 tf.nn.batch_normalization, tf.nn.experimental.stateless_dropout, log_softmax + top_k), Adam is
-Keras' update, and training computes `Transformer.call`, then the loss. Results agree up to rounding (dropout
-draws other masks). The switch is read when a function is traced, so set it before.
+Keras' update, and training computes `Transformer.call`, then the loss. Results agree up to
+rounding (dropout draws other masks). The switch is read when a function is traced, so set it
+before.
 """
 import contextlib
 import os

@@ -39,7 +39,8 @@ class FeedForward(keras.layers.Layer):
     def build(self, input_shape=None):
         self.inner_kernel = self.add_weight(name="inner_kernel", shape=(self.d_model, self.d_ff),
                                             initializer=self.kernel_initializer)
-        self.inner_bias = self.add_weight(name="inner_bias", shape=(self.d_ff,), initializer="zeros")
+        self.inner_bias = self.add_weight(name="inner_bias", shape=(self.d_ff,),
+                                          initializer="zeros")
         self.output_kernel = self.add_weight(name="output_kernel", shape=(self.d_ff, self.d_model),
                                              initializer=self.kernel_initializer)
         self.output_bias = self.add_weight(name="output_bias", shape=(self.d_model,),
