@@ -106,7 +106,7 @@ def test_translate_py_refuses_what_would_lose_data_before_any_work(case, tmp_pat
                     f"--target_prefix={prefixes}", f"--output={output}", timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == "translate.py: " + (
-        "--target_prefix has 1 lines for 2 input lines" if case == "count" else
+        "--target_prefix has 1 line for 2 input lines" if case == "count" else
         f"--output {output}: is the --{case} file, which writing the output would overwrite")
     assert {path: path.read_bytes() for path in (source, prefixes)} == before
     assert not (tmp_path / "out.en").exists()

@@ -182,7 +182,8 @@ def main(argv):
     for flag, path in paired.items():
         if total is not None and os.path.isfile(path) and \
                 (count := text_lines.count_lines(path)) != total:
-            raise app.UsageError(f"--{flag} has {count} lines for {total} input lines")
+            raise app.UsageError(f"--{flag} has {count} line{'s' if count != 1 else ''} for "
+                                 f"{total} input line{'s' if total != 1 else ''}")
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
 
