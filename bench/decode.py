@@ -19,6 +19,9 @@ CTranslate2's own length penalty 0.6, --ct2_threads threads for one translator),
 decode the same model on the same sentences. Each CTranslate2 run is a fresh process per
 --ct2_gemm backend: CTranslate2 picks Intel MKL on Intel CPUs, whose products can run several
 times slower than its oneDNN ones (CT2_USE_MKL=0); the JSON names the SGEMM backend each used.
+--session_threads sizes the exports' thread pools as TF Serving's flags do: at 32 sentences
+per call on 2 cores, 1:2 (one thread per op, the export's parallel searches side by side)
+decodes faster than TensorFlow's default (bench/README.md, "Decoding").
 Prints one JSON line.
 
   python bench/decode.py                       # after `python train.py` (runs/de-en)
@@ -70,9 +73,13 @@ flags.register_validator("ct2_gemm", lambda v: set(v) <= set(CT2_GEMMS),
                          f"--ct2_gemm takes {', '.join(CT2_GEMMS)}")
 flags.DEFINE_string("ct2_model", None, "Internal: time only this CTranslate2 model directory "
                     "as --ctranslate2 does and print its JSON (the child process of one run).")
-flags.DEFINE_integer("session_threads", 0, "Intra- and inter-op threads of the C++ loader's "
-                     "session (TF Serving's --tensorflow_intra_op_parallelism and "
-                     "--tensorflow_inter_op_parallelism); 0: TensorFlow's default, one per core.")
+flags.DEFINE_string("session_threads", "0:0", "INTRA:INTER, the threads one op may use and "
+                    "the threads that run independent ops (TF Serving's "
+                    "--tensorflow_intra_op_parallelism and --tensorflow_inter_op_parallelism), "
+                    "for the exports; 0: TensorFlow's default, one per core.")
+flags.register_validator("session_threads",
+                         lambda v: re.fullmatch(r"\d+:\d+", v) is not None,
+                         "--session_threads takes INTRA:INTER, e.g. 1:2")
 flags.DEFINE_float("alpha", 0.6, "GNMT length penalty of the exports and of the eager search "
                    "they are checked against (not the model_dir's decoding.json, so that every "
                    "engine decodes with 0.6).")
@@ -90,9 +97,22 @@ def export(model_dir, export_dir, beam_size, matmul_dtype):
     return os.path.join(export_dir, "1")
 
 
+def session_threads():
+    """(intra, inter) of --session_threads."""
+    intra, inter = map(int, FLAGS.session_threads.split(":"))
+    return intra, inter
+
+
 def main(argv):
     del argv
+    import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the SentencePiece ops, as a server has them)
+
+    # Before any op runs: the sessions' CPU devices share the process's thread pools, which
+    # the first use of TensorFlow sizes (a TF Serving process runs sessions only).
+    intra, inter = session_threads()
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
 
     from tfnmt.data.corpus import read_split
     from tfnmt.data.tokenizer import Tokenizer
@@ -230,7 +250,8 @@ def load_translate(path):
     if FLAGS.loader == "session":
         from tfnmt.inference.session_loader import SessionModel
 
-        served = SessionModel(path, threads=FLAGS.session_threads)
+        intra, inter = session_threads()
+        served = SessionModel(path, intra_threads=intra, inter_threads=inter)
 
         def translate(sentences):
             out = served.run("serving_default", {"sentences": np.array(

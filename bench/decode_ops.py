@@ -16,6 +16,7 @@ time with their counts, and the --top most executed op types per search step.
 """
 import collections
 import json
+import re
 import statistics
 import time
 
@@ -29,7 +30,11 @@ flags.DEFINE_string("sentence", "Und Jesus sprach zu ihnen: Folgt mir nach.",
                     "The source sentence of every request.")
 flags.DEFINE_integer("batch", 1, "Copies of the sentence per request.")
 flags.DEFINE_integer("requests", 40, "Untimed warm-up requests, then as many timed ones.")
-flags.DEFINE_integer("threads", 0, "Session intra- and inter-op threads (0: TensorFlow's default).")
+flags.DEFINE_string("session_threads", "0:0", "INTRA:INTER, the session's intra- and inter-op "
+                    "threads (TF Serving's --tensorflow_intra_op_parallelism and "
+                    "--tensorflow_inter_op_parallelism; 0: TensorFlow's default, one per core).")
+flags.register_validator("session_threads", lambda v: re.fullmatch(r"\d+:\d+", v) is not None,
+                         "--session_threads takes INTRA:INTER, e.g. 1:2")
 flags.DEFINE_integer("top", 20, "Op types listed, by their summed time and by their count.")
 flags.DEFINE_bool("warmup", False, "Before the first request, run the export's warmup requests "
                   "(assets.extra/tf_serving_warmup_requests) as TF Serving does at load.")
@@ -51,8 +56,9 @@ def main(_):
 
     warmup_requests = read_warmup_requests(FLAGS.export) if FLAGS.warmup else []  # eagerly
     tf.compat.v1.disable_eager_execution()
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=FLAGS.threads,
-                                      inter_op_parallelism_threads=FLAGS.threads)
+    intra, inter = map(int, FLAGS.session_threads.split(":"))
+    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra,
+                                      inter_op_parallelism_threads=inter)
     with tf.compat.v1.Session(graph=tf.Graph(), config=config) as session:
         meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], FLAGS.export)
         signature = meta.signature_def["serving_default"]
@@ -93,7 +99,8 @@ def main(_):
     top = sorted(counts, key=lambda kind: -micros[kind])[:FLAGS.top]
     print(json.dumps({
         "machine": cpu_description(), "kernels": KERNELS, "export": FLAGS.export,
-        "batch": FLAGS.batch, "translation": translation,
+        "batch": FLAGS.batch, "session_threads": FLAGS.session_threads,
+        "translation": translation,
         "first_request_ms": round(first_seconds * 1e3, 2),
         "warmup_ms": None if warmup_seconds is None else round(warmup_seconds * 1e3, 2),
         "wall_ms_per_request": round(statistics.median(seconds) * 1e3, 2),

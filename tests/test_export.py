@@ -711,6 +711,30 @@ def test_parallel_searches_give_each_sentence_its_single_search_result(module, b
         TranslationModule(module.model, proto, parallel_searches=0)
 
 
+@pytest.mark.parametrize("batch", [0, 1, 5])
+def test_scores_are_those_of_one_group_whatever_the_groups(module, batch, tiny_model_dir):
+    # `score` splits a chunk into parallel_searches groups, as the searches: each pair's score
+    # is its score in one pass over the batch (up to rounding), also where a group is empty.
+    proto = checkpoints.load_model(tiny_model_dir)[1]
+    single = TranslationModule(module.model, proto, parallel_searches=1)
+    three = TranslationModule(module.model, proto, parallel_searches=3)
+    sources = (SENTENCES + ["Und Gott sah, dass es gut war."])[:batch]
+    targets = ["In the beginning.", "God said: let there be light, and there was light.",
+               "And God saw.", "", "It was good."][:batch]
+    expected = single.score(tf.constant(sources, tf.string), tf.constant(targets, tf.string))
+    for grouped in (module, three):
+        assert loops_and_loop_calls(grouped.score) == (1, 0)
+        got = grouped.score(tf.constant(sources, tf.string), tf.constant(targets, tf.string))
+        assert got["scores"].shape == (batch,)
+        np.testing.assert_array_equal(got["lengths"], expected["lengths"])
+        np.testing.assert_allclose(got["scores"], expected["scores"], rtol=1e-5, atol=1e-5)
+    # Two groups, two passes of the model: each calls the one function that holds it.
+    graph_def = module.score.get_concrete_function().graph.as_graph_def()
+    calls = [node.attr["f"].func.name for f in graph_def.library.function
+             for node in f.node_def if node.op in ("PartitionedCall", "StatefulPartitionedCall")]
+    assert len(calls) - len(set(calls)) >= 1
+
+
 def test_a_machine_with_a_gpu_searches_a_chunk_as_one_group(module, tiny_model_dir, tmp_path):
     # The device file is looked for when the graph runs, not when it is traced (an export is
     # made on one machine and served on another).

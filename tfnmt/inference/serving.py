@@ -91,8 +91,9 @@ class TranslationModule:
         independent loops in the graph, which the runtime runs at the same time. On a CPU one
         op of a search step seldom keeps every core busy (small tensors run on one thread), and
         a second search fills the gaps (CHANGELOG.md, "Measured gains of the speed-ups"); each
-        sentence's result is the same. Where the machine that runs the graph has a GPU
-        (`search_bounds`), a chunk is searched as one group whatever this says.
+        sentence's result is the same. The `score` signature scores a chunk in as many groups.
+        Where the machine that runs the graph has a GPU (`search_bounds`), a chunk is one
+        group whatever this says.
       matmul_dtype: "bfloat16" runs the model's weight matmuls (projections, feed-forward,
         output layer) in bfloat16 (`linear.low_precision_matmuls`), all else in float32:
         faster with AMX and on recent GPUs, on some CPUs with AVX512-BF16 and not on others,
@@ -379,12 +380,25 @@ class TranslationModule:
                                [(tf.float32, [None]), (tf.int32, [None])])
 
     def _score_chunk(self, sentences, targets):
-        """string [C], [C] -> (log-probabilities [C] float32, lengths [C] int32)."""
+        """string [C], [C] -> (log-probabilities [C] float32, lengths [C] int32), scored in
+        `parallel_searches` groups of consecutive rows, as searched: independent passes that
+        a server's inter-op threads run side by side (one group where a GPU serves)."""
         _, source_ids = self._tokenize(sentences)
         text = tf.strings.unicode_transcode(targets, "UTF-8", "UTF-8", errors="replace")
         target_in, target_out = target_arrays(self.target_tokenizer.tokenize(text),
                                               self.max_source_length)
-        return sequence_log_probs(self.model, source_ids, target_in, target_out)
+        if self.parallel_searches == 1:
+            return sequence_log_probs(self.model, source_ids, target_in, target_out)
+        bounds = search_bounds(tf.shape(source_ids)[0], self.parallel_searches, self.gpu_files)
+
+        def score(source_ids, target_in, target_out):
+            return sequence_log_probs(self.model, source_ids, target_in, target_out)
+
+        if not tf.executing_eagerly():  # the graph holds the model's pass once, as _search
+            score = tf.function(score, autograph=False)
+        parts = [score(source_ids[start:end], target_in[start:end], target_out[start:end])
+                 for start, end in zip(bounds[:-1], bounds[1:])]
+        return tuple(tf.concat(part, 0) for part in zip(*parts))
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT),
                                   tf.TensorSpec([None], tf.string, name=SCORE_TARGETS)],

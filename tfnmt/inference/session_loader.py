@@ -155,13 +155,16 @@ class SessionModel:
     Args:
       export_dir: a SavedModel directory (one version).
       tags: the MetaGraph's tags (TF Serving: "serve").
-      threads: intra- and inter-op threads of the session (0: TensorFlow's default).
+      intra_threads: threads that one op may use (TF Serving's
+        --tensorflow_intra_op_parallelism; 0: TensorFlow's default, one per core).
+      inter_threads: threads that run independent ops at the same time
+        (--tensorflow_inter_op_parallelism; 0: one per core).
 
     `signatures` maps each signature name to its SignatureDef; `run(name, inputs)` feeds numpy
     arrays by input name and returns every output as numpy (strings as bytes objects).
     """
 
-    def __init__(self, export_dir, tags=("serve",), threads=0):
+    def __init__(self, export_dir, tags=("serve",), intra_threads=0, inter_threads=0):
         self._api = api = c_api()
         self._session = None
         status = api.TF_NewStatus()
@@ -169,9 +172,9 @@ class SessionModel:
         self._graph = api.TF_NewGraph()
         meta_graph = api.TF_NewBuffer()
         try:
-            if threads:
-                config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                                  inter_op_parallelism_threads=threads)
+            if intra_threads or inter_threads:
+                config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra_threads,
+                                                  inter_op_parallelism_threads=inter_threads)
                 serialized = config.SerializeToString()
                 api.TF_SetConfig(options, serialized, len(serialized), status)
                 _check(api, status, "TF_SetConfig")
