@@ -7,7 +7,8 @@ in bfloat16 where the serving CPU times it faster; not checked against the eager
 SavedModel the way a server does (tensorflow + tensorflow_text only) and times its
 serving_default signature on a split at each batch size: sentences/s and target tokens/s, where
 target tokens are SentencePiece pieces of the outputs (as OpenNMT-tf counts them), plus the
-sacreBLEU of the full split's translations. Sentences are batched by length, as translate.py
+sacreBLEU of the full split's translations, and the beam exports' `score` signature (forced
+decoding of each sentence's reference, pairs/s). Sentences are batched by length, as translate.py
 does; one batch is decoded first as warm-up, then --rounds timed passes, of which the median is
 reported (and each pass's tokens/s). Also prints the RSS with the exports loaded, and checks
 each exported beam search against the plain eager one (same checkpoint and dtype, no
@@ -143,10 +144,12 @@ def main(argv):
                                           ("beam4_auto", 4, "auto"), ("greedy_auto", 1, "auto")):
         if matmul_dtype not in FLAGS.matmul_dtypes:
             continue
-        translate = load_translate(export(FLAGS.model_dir, os.path.join(scratch, name),
-                                          beam_size, matmul_dtype))
+        translate, score = load_translate(export(FLAGS.model_dir, os.path.join(scratch, name),
+                                                 beam_size, matmul_dtype))
 
         time_translator(result, name, translate, sources, references, tokenizer)
+        if beam_size == 4:  # the `score` signature, the same in every export of a dtype
+            time_scoring(result, f"score_{matmul_dtype}", score, sources, references)
         if beam_size == 4 and matmul_dtype != "auto":  # auto: the eager dtype is the server's
             beam_translators[matmul_dtype] = translate
     for weights in FLAGS.ctranslate2:
@@ -197,6 +200,24 @@ def time_translator(result, name, translate, sources, references, tokenizer):
                 corpus_scores(outputs, references)["bleu"], 2)
 
 
+def time_scoring(result, name, score, sources, references):
+    """Times `score` (the export's forced decoding of (source, reference) pairs, in batches of
+    similar source length) at each batch size into result[f"{name}_batch{size}"]."""
+    for batch_size in map(int, FLAGS.batch_sizes):
+        count = FLAGS.batch1_limit if batch_size == 1 and FLAGS.batch1_limit else len(sources)
+        pairs = sorted(zip(sources[:count], references[:count]), key=lambda p: len(p[0]))
+        batches = [pairs[i:i + batch_size] for i in range(0, len(pairs), batch_size)]
+        score(batches[0])  # warm-up
+        times = []
+        for _ in range(FLAGS.rounds):
+            start = time.perf_counter()
+            for batch in batches:
+                score(batch)
+            times.append(time.perf_counter() - start)
+        result[f"{name}_batch{batch_size}"] = {
+            "pairs": len(pairs), "pairs_per_s": round(len(pairs) / statistics.median(times), 2)}
+
+
 def export_ctranslate2(model_dir, export_dir, weights):
     quantization = "none" if weights == "float32" else weights
     subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), f"--model_dir={model_dir}",
@@ -242,8 +263,9 @@ def load_ctranslate2(path, max_length):
 
 
 def load_translate(path):
-    """The export's serving_default as str [B] -> (translations tensor [B], scores [B]),
-    loaded by --loader."""
+    """The export, loaded by --loader, as (translate: its serving_default, str [B] ->
+    (translations tensor [B], scores [B]); score: its `score` signature, [(source, target)]
+    -> log-probabilities [B])."""
     import numpy as np
     import tensorflow as tf
 
@@ -253,17 +275,27 @@ def load_translate(path):
         intra, inter = session_threads()
         served = SessionModel(path, intra_threads=intra, inter_threads=inter)
 
+        def strings(texts):
+            return np.array([text.encode() for text in texts], object)
+
         def translate(sentences):
-            out = served.run("serving_default", {"sentences": np.array(
-                [s.encode() for s in sentences], object)})
+            out = served.run("serving_default", {"sentences": strings(sentences)})
             return tf.constant(out["translations"].tolist(), tf.string), out["scores"]
-        return translate
-    signature = tf.saved_model.load(path).signatures["serving_default"]
+
+        def score(pairs):
+            return served.run("score", {"sentences": strings([s for s, _ in pairs]),
+                                        "targets": strings([t for _, t in pairs])})["scores"]
+        return translate, score
+    signatures = tf.saved_model.load(path).signatures
 
     def translate(sentences):
-        out = signature(sentences=tf.constant(sentences, tf.string))
+        out = signatures["serving_default"](sentences=tf.constant(sentences, tf.string))
         return out["translations"], out["scores"]
-    return translate
+
+    def score(pairs):
+        return signatures["score"](sentences=tf.constant([s for s, _ in pairs], tf.string),
+                                   targets=tf.constant([t for _, t in pairs], tf.string))["scores"]
+    return translate, score
 
 
 def same_as_eager(sources, translate_exported, matmul_dtype):
