@@ -196,6 +196,31 @@ def cpu_description():
     return f"{model}, {os.cpu_count()} cores" + (f", oneDNN capped at {cap}" if cap else "")
 
 
+def define_session_threads_flag():
+    """--session_threads=INTRA:INTER, the thread pools of the exports' sessions, as TF Serving's
+    --tensorflow_intra_op_parallelism and --tensorflow_inter_op_parallelism size them."""
+    import re
+
+    from absl import flags
+
+    flags.DEFINE_string("session_threads", "0:0", "INTRA:INTER, the threads one op may use and "
+                        "the threads that run independent ops (TF Serving's "
+                        "--tensorflow_intra_op_parallelism and "
+                        "--tensorflow_inter_op_parallelism); 0: TensorFlow's default, one per "
+                        "core.")
+    flags.register_validator("session_threads",
+                             lambda v: re.fullmatch(r"\d+:\d+", v) is not None,
+                             "--session_threads takes INTRA:INTER, e.g. 1:2")
+
+
+def session_threads():
+    """(intra, inter) of --session_threads."""
+    from absl import flags
+
+    intra, inter = map(int, flags.FLAGS.session_threads.split(":"))
+    return intra, inter
+
+
 def define_trainer_flags():
     """--preset, --mixed_precision and --jit_compile, the flags build_trainer takes."""
     from absl import flags

@@ -39,7 +39,8 @@ import sys
 import tempfile
 import time
 
-from common import KERNELS, MALLOC, ROOT, cpu_description, peak_rss_bytes, rss_bytes
+from common import (KERNELS, MALLOC, ROOT, cpu_description, define_session_threads_flag,
+                    peak_rss_bytes, rss_bytes, session_threads)
 from tfnmt import paths  # noqa: E402
 
 from absl import app, flags  # noqa: E402
@@ -74,13 +75,7 @@ flags.register_validator("ct2_gemm", lambda v: set(v) <= set(CT2_GEMMS),
                          f"--ct2_gemm takes {', '.join(CT2_GEMMS)}")
 flags.DEFINE_string("ct2_model", None, "Internal: time only this CTranslate2 model directory "
                     "as --ctranslate2 does and print its JSON (the child process of one run).")
-flags.DEFINE_string("session_threads", "0:0", "INTRA:INTER, the threads one op may use and "
-                    "the threads that run independent ops (TF Serving's "
-                    "--tensorflow_intra_op_parallelism and --tensorflow_inter_op_parallelism), "
-                    "for the exports; 0: TensorFlow's default, one per core.")
-flags.register_validator("session_threads",
-                         lambda v: re.fullmatch(r"\d+:\d+", v) is not None,
-                         "--session_threads takes INTRA:INTER, e.g. 1:2")
+define_session_threads_flag()
 flags.DEFINE_float("alpha", 0.6, "GNMT length penalty of the exports and of the eager search "
                    "they are checked against (not the model_dir's decoding.json, so that every "
                    "engine decodes with 0.6).")
@@ -96,12 +91,6 @@ def export(model_dir, export_dir, beam_size, matmul_dtype):
                     f"--parallel_searches={FLAGS.parallel_searches}"],
                    check=True, stdout=subprocess.DEVNULL)
     return os.path.join(export_dir, "1")
-
-
-def session_threads():
-    """(intra, inter) of --session_threads."""
-    intra, inter = map(int, FLAGS.session_threads.split(":"))
-    return intra, inter
 
 
 def main(argv):

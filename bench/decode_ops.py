@@ -16,11 +16,10 @@ time with their counts, and the --top most executed op types per search step.
 """
 import collections
 import json
-import re
 import statistics
 import time
 
-from common import KERNELS, cpu_description
+from common import KERNELS, cpu_description, define_session_threads_flag, session_threads
 
 from absl import app, flags
 
@@ -30,11 +29,7 @@ flags.DEFINE_string("sentence", "Und Jesus sprach zu ihnen: Folgt mir nach.",
                     "The source sentence of every request.")
 flags.DEFINE_integer("batch", 1, "Copies of the sentence per request.")
 flags.DEFINE_integer("requests", 40, "Untimed warm-up requests, then as many timed ones.")
-flags.DEFINE_string("session_threads", "0:0", "INTRA:INTER, the session's intra- and inter-op "
-                    "threads (TF Serving's --tensorflow_intra_op_parallelism and "
-                    "--tensorflow_inter_op_parallelism; 0: TensorFlow's default, one per core).")
-flags.register_validator("session_threads", lambda v: re.fullmatch(r"\d+:\d+", v) is not None,
-                         "--session_threads takes INTRA:INTER, e.g. 1:2")
+define_session_threads_flag()
 flags.DEFINE_integer("top", 20, "Op types listed, by their summed time and by their count.")
 flags.DEFINE_bool("warmup", False, "Before the first request, run the export's warmup requests "
                   "(assets.extra/tf_serving_warmup_requests) as TF Serving does at load.")
@@ -56,7 +51,7 @@ def main(_):
 
     warmup_requests = read_warmup_requests(FLAGS.export) if FLAGS.warmup else []  # eagerly
     tf.compat.v1.disable_eager_execution()
-    intra, inter = map(int, FLAGS.session_threads.split(":"))
+    intra, inter = session_threads()
     config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra,
                                       inter_op_parallelism_threads=inter)
     with tf.compat.v1.Session(graph=tf.Graph(), config=config) as session:
