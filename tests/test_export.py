@@ -711,6 +711,30 @@ def test_parallel_searches_give_each_sentence_its_single_search_result(module, b
         TranslationModule(module.model, proto, parallel_searches=0)
 
 
+def test_a_process_translating_from_an_export_gives_each_search_its_cores(exported, module):
+    # The export records its searches; a command's process that loads it before TensorFlow
+    # first runs shares the cores out (one op thread per core of each search), unless the
+    # user set the threads. Each case is a fresh process: TensorFlow sizes its pools once.
+    from tfnmt.inference.decoding_threads import export_searches
+
+    assert export_searches(exported) == module.parallel_searches == 2
+    script = ("import sys, tensorflow as tf; from tfnmt.inference import loading; "
+              "f = loading.load_signatures(export=sys.argv[1]); "
+              "print(f['serving_default'](['Guten Morgen!'])[0].numpy()[0].decode()); "
+              "print(tf.config.threading.get_intra_op_parallelism_threads(), "
+              "tf.config.threading.get_inter_op_parallelism_threads())")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TF_NUM_")}
+    cores = len(os.sched_getaffinity(0))
+    expected = f"{max(1, cores // 2)} {cores}" if cores > 1 else "0 0"
+    translation = module.serve(tf.constant(["Guten Morgen!"]))["translations"][0].numpy()
+    for extra, threads in (({}, expected), ({"TF_NUM_INTEROP_THREADS": "3"}, "0 0")):
+        result = subprocess.run([sys.executable, "-c", script, exported], cwd=ROOT,
+                                capture_output=True, timeout=300,
+                                env=dict(environment, TF_CPP_MIN_LOG_LEVEL="2", **extra))
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.decode().splitlines() == [translation.decode(), threads], extra
+
+
 @pytest.mark.parametrize("batch", [0, 1, 5])
 def test_scores_are_those_of_one_group_whatever_the_groups(module, batch, tiny_model_dir):
     # `score` splits a chunk into parallel_searches groups, as the searches: each pair's score

@@ -12,6 +12,7 @@
   serving_precision.py   bf16 or float32 products, chosen on the serving machine
   saved_model.py         the versioned SavedModel export, checked by the C++ loader
   loading.py             a model_dir's or an export's signatures as Python functions
+  decoding_threads.py    CPU threads of a process that decodes in parallel searches
   session_loader.py      TensorFlow's C++ SavedModel loader (TF Serving's) via ctypes
   ctranslate2_export.py  the model as a CTranslate2 model
 """

@@ -4,6 +4,8 @@ import os
 
 import tensorflow as tf
 
+from tfnmt.inference.decoding_threads import (PARALLEL_SEARCHES, export_searches,
+                                              use_decoding_threads)
 from tfnmt.inference.saved_model import next_version
 from tfnmt.inference.serving import TranslationModule
 from tfnmt.paths import DamagedFileError, other_kind
@@ -26,6 +28,28 @@ def latest_export(path):
         raise FileNotFoundError(f"{path} holds no SavedModel and no numbered version of one"
                                 + (f"; {hint}" if hint else ""))
     return os.path.join(path, str(version))
+
+
+def share_threads(export=None, sampling=None):
+    """Shares this process's CPU threads out among the parallel searches of what will translate
+    (`decoding_threads.use_decoding_threads`): an export's recorded number, or a model_dir's
+    `TranslationModule` (one search when sampling). Effective only before TensorFlow first runs
+    in the process: call it before anything else uses TensorFlow.
+
+    Args:
+      export: an export version directory or export_dir; None for a model_dir.
+      sampling: for a model_dir, whether translations are drawn at random.
+
+    Returns:
+      (intra-op threads, inter-op threads) as set, or None when left as they were.
+    """
+    if not export:
+        return use_decoding_threads(1 if sampling else PARALLEL_SEARCHES)
+    try:
+        version = latest_export(export)
+    except FileNotFoundError:  # loading it names the problem
+        return None
+    return use_decoding_threads(export_searches(version))
 
 
 def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=None, checkpoint="auto",
@@ -59,6 +83,9 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
       checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
       sampling: for a model_dir, draw translations at random (`TranslationModule`'s).
 
+    In a process where TensorFlow has not run yet, its CPU threads are first shared out among
+    the parallel searches (`share_threads`).
+
     Returns:
       {"serving_default": sentences -> (translations [B], scores [B]),
        "translate_n_best": sentences -> (translations [B, N], scores [B, N]),
@@ -76,6 +103,7 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
         import tensorflow_text  # noqa: F401  registers the SentencePiece ops
 
         version = latest_export(export)
+        share_threads(export=version)
         try:
             loaded = tf.saved_model.load(version)
         except (tf.errors.OpError, OSError, IndexError, ValueError) as error:
@@ -89,6 +117,7 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
         from tfnmt.checkpoints import load_model
         from tfnmt.inference.length_penalty import default_alpha
 
+        share_threads(sampling=sampling)
         model, vocab, _ = load_model(model_dir, checkpoint)
         alpha = default_alpha(model_dir)[0] if alpha is None else alpha
         module = TranslationModule(model, vocab, beam_size, alpha, n_best=n_best,

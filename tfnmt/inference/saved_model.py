@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 
+from tfnmt.inference.decoding_threads import write_search_settings
 from tfnmt.inference.serving import PREFIXES, SCORE_TARGETS, SIGNATURE_INPUT
 
 
@@ -42,7 +43,8 @@ def export_saved_model(module, export_dir, version=None, check=True):
     TF Serving never loads half a model; an existing version is never overwritten. It holds
     warmup requests (`WARMUP_FILE`: each signature on CHECK_SENTENCES), which TF Serving runs
     when it loads the version: the first run of a signature in a process prepares its graph
-    (seconds for a beam search), and warmed up no client request waits for that.
+    (seconds for a beam search), and warmed up no client request waits for that. Its number
+    of parallel searches is recorded for the tfnmt commands (`decoding_threads.SEARCH_FILE`).
 
     Args:
       module: a `TranslationModule`.
@@ -67,6 +69,7 @@ def export_saved_model(module, export_dir, version=None, check=True):
     try:
         write_saved_model(module, temporary)
         write_warmup_requests(temporary)
+        write_search_settings(temporary, module.parallel_searches)
         if check:
             check_with_session_loader(temporary)
         os.rename(temporary, final)

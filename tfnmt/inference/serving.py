@@ -31,6 +31,7 @@ from tfnmt.data.tokenizer import has_content, portable_model_proto, strip_output
 from tfnmt.data.vocabulary import as_protos
 from tfnmt.inference.beam_search import STOP_RULES, beam_search
 from tfnmt.inference.decoding import EXTRA_LENGTH, decode_limits, dynamic_decode
+from tfnmt.inference.decoding_threads import PARALLEL_SEARCHES
 from tfnmt.inference.greedy_search import SamplingSearch
 from tfnmt.inference.scoring import sequence_log_probs, target_arrays
 from tfnmt.inference.serving_precision import CPUINFO, ENVIRON, SearchPrecision
@@ -120,7 +121,7 @@ class TranslationModule:
     """
 
     def __init__(self, model, vocabulary, beam_size=4, alpha=0.6, max_decode_length=0,
-                 n_best=4, extra_length=EXTRA_LENGTH, parallel_searches=2,
+                 n_best=4, extra_length=EXTRA_LENGTH, parallel_searches=PARALLEL_SEARCHES,
                  matmul_dtype="float32", chunk_size=64, sampling=None, cpuinfo=CPUINFO,
                  beam_stop="finished", bf16_min_speedup=None, gpu_files=GPU_DEVICE_FILES,
                  environ=ENVIRON):

@@ -215,6 +215,10 @@ def main(argv):
     if FLAGS.output:  # written after translating: refused before, not after that work
         cli.check_output_path(FLAGS.output, [("source", FLAGS.source)]
                               + [("reference", path) for path in FLAGS.reference or ()])
+    if not FLAGS.hypotheses:  # before reading a split, which runs TensorFlow
+        from tfnmt.inference.loading import share_threads
+
+        share_threads(FLAGS.export)
     if FLAGS.hypotheses or FLAGS.source:
         flag = "hypotheses" if FLAGS.hypotheses else "source"
         lines = _read_lines(FLAGS[flag].value, flag)

@@ -25,6 +25,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli, cpu_kernels  # noqa: E402
+from tfnmt.inference.decoding_threads import PARALLEL_SEARCHES  # noqa: E402
 from tfnmt.paths import CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -55,9 +56,9 @@ flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtyp
                   "process on its first request. For GPUs choose float32 or bfloat16.")
 flags.DEFINE_integer("n_best", None, "Hypotheses returned by the translate_n_best signature, "
                      "best first, at most --beam_size (default: --beam_size).")
-flags.DEFINE_integer("parallel_searches", 2, "Groups a batch is split into on a CPU, searched "
-                     "at the same time to keep its cores busy; a server with a GPU searches "
-                     "one group. Translations are the same. Default 2.")
+flags.DEFINE_integer("parallel_searches", PARALLEL_SEARCHES, "Groups a batch is split into on a "
+                     "CPU, searched at the same time to keep its cores busy; a server with a GPU "
+                     f"searches one group. Translations are the same. Default {PARALLEL_SEARCHES}.")
 flags.DEFINE_integer("chunk_size", 64, "Sentences searched at once: a larger request is "
                      "translated in chunks of this many, one after another, so its memory stays "
                      "that of one chunk (docs/serving.md).")

@@ -1,0 +1,43 @@
+import json
+import os
+
+import pytest
+
+from tfnmt.inference.decoding_threads import (SEARCH_FILE, decoding_threads, export_searches,
+                                              write_search_settings)
+
+NO_GPU = ("/nonexistent/nvidia[0-9]*",)
+
+
+@pytest.mark.parametrize("searches, cores, expected", [
+    (2, 2, (1, 2)),  # a core per search, each op on its search's core
+    (2, 8, (4, 8)),
+    (3, 8, (2, 8)),
+    (4, 2, (1, 2)),  # more searches than cores: one thread per op still
+    (1, 8, None),  # one search keeps TensorFlow's default: every core for each op
+    (2, 1, None),
+    (None, 2, None),  # an export that does not say
+])
+def test_the_cores_are_shared_out_among_the_searches(searches, cores, expected):
+    assert decoding_threads(searches, cores, {}, NO_GPU) == expected
+
+
+def test_threads_the_user_set_and_a_gpu_keep_the_default(tmp_path):
+    for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        assert decoding_threads(2, 2, {name: "2"}, NO_GPU) is None
+    assert decoding_threads(2, 2, {"TF_NUM_INTRAOP_THREADS": ""}, NO_GPU) == (1, 2)
+    (tmp_path / "nvidia0").touch()
+    assert decoding_threads(2, 2, {}, (str(tmp_path / "nvidia[0-9]*"),)) is None
+
+
+def test_an_exports_searches_are_read_back_and_a_bad_record_reads_as_unknown(tmp_path):
+    write_search_settings(str(tmp_path), 3)
+    assert export_searches(str(tmp_path)) == 3
+    path = tmp_path / SEARCH_FILE
+    for text in ("", "{", json.dumps({"parallel_searches": 0}),
+                 json.dumps({"parallel_searches": "2"}),
+                 json.dumps({"parallel_searches": True}), json.dumps([2])):
+        path.write_text(text)
+        assert export_searches(str(tmp_path)) is None, text
+    os.remove(path)
+    assert export_searches(str(tmp_path)) is None
