@@ -3,10 +3,10 @@
 A beam search runs a batch as `parallel_searches` independent searches side by side
 (`serving.TranslationModule`). TensorFlow's default lets every op use every core, so on a CPU
 the searches split each op over the same cores and wait on each other at every op; with the
-cores shared out, one op thread per core for each search, each keeps its own (on 2 cores: 1.4-1.6x
-the decoding throughput at 32 sentences a batch, bench/README.md). TF Serving is given the same
-split by its flags (docs/serving.md); this module gives it to the tfnmt commands, before the
-process first runs TensorFlow (its thread pools are sized then, once).
+cores shared out each search keeps its own (on 2 cores translate.py decoded a file 1.5-1.7x as
+fast, docs/serving.md). TF Serving is given the same split by its flags (docs/serving.md);
+this module gives it to the tfnmt commands, before the process first runs TensorFlow (its
+thread pools are sized then, once).
 
 An export records its number of searches beside the graph (`SEARCH_FILE`, in the SavedModel's
 assets.extra, which TF Serving leaves alone) so that a command can read it before loading.
