@@ -184,6 +184,19 @@ def test_interrupted_run_never_reads_as_complete(small_corpus, tmp_path, monkeyp
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
 
 
+def test_the_shard_pattern_matches_every_shard_name_and_no_other_file():
+    # What a rebuild may remove (SHARD_NAME) is what shard_file names, at any shard count.
+    for split in ("train", "train.0", "train.12", "dev", "test"):
+        for index, count in ((0, 1), (7, 8), (123456, 200000)):
+            name = records.shard_file(split, index, count)
+            assert name.startswith(f"{split}-") and name.endswith(".tfrecord")
+            assert records.SHARD_NAME.fullmatch(name)
+            assert records.SHARD_NAME.fullmatch(name + ".tmp")
+    for other in ("notes.txt", "train-1-of-2.tfrecord", "valid-00000-of-00001.tfrecord",
+                  "train-00000-of-00001.tfrecord.bak", "manifest.json"):
+        assert not records.SHARD_NAME.fullmatch(other), other
+
+
 def test_a_rebuild_leaves_only_the_shards_its_manifest_names(small_corpus, small_prepared,
                                                             tmp_path):
     out = str(tmp_path / "copy")

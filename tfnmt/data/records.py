@@ -30,7 +30,8 @@ from tfnmt.data.vocabulary import Vocabulary
 from tfnmt.paths import EMBEDDED_DIR
 
 MANIFEST = "manifest.json"
-SHARD_NAME = re.compile(r"(train(\.\d+)?|dev|test)-\d{5}-of-\d{5}\.tfrecord(\.tmp)?")
+# What `shard_file` names, and its `.tmp` while written: the files this module may remove.
+SHARD_NAME = re.compile(r"(train(\.\d+)?|dev|test)-\d{5,}-of-\d{5,}\.tfrecord(\.tmp)?")
 FORMAT_VERSION = 2  # 2: a sha256 per shard; the vocabulary by its fingerprint
 
 
@@ -91,10 +92,16 @@ def _tokenized_pairs(vocab, pairs, batch_size=2048):
         yield from tokenize(batch)
 
 
+def shard_file(split_name, index, count):
+    """The file name of shard `index` of `count` of a split ("train", "train.<corpus>", "dev",
+    "test"), which `SHARD_NAME` matches."""
+    return f"{split_name}-{index:05d}-of-{count:05d}.tfrecord"
+
+
 def _write_split(vocab, pairs, out_dir, name, num_shards, pair_filter=None):
     """Tokenizes pairs into `num_shards` TFRecord files named after `name`; -> the split's
     manifest entry. `pair_filter` (a `filters.PairFilter`) drops pairs and counts them."""
-    names = [f"{name}-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
+    names = [shard_file(name, i, num_shards) for i in range(num_shards)]
     writers = [tf.io.TFRecordWriter(os.path.join(out_dir, n + ".tmp")) for n in names]
     counts = [0] * num_shards
     histogram = collections.Counter()  # longest side incl. EOS/BOS -> number of pairs
