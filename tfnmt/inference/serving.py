@@ -313,27 +313,32 @@ class TranslationModule:
                                       prefix=prefix)
             ids, scores = dynamic_decode(self.model, strategy, source_ids, limits)
             return ids[:, None], scores[:, None]
-        groups = self.parallel_searches
-        bounds = search_bounds(tf.shape(source_ids)[0], groups, self.gpu_files)
-
         def search(source_ids, limits, prefix):
             return beam_search(self.model, source_ids, self.beam_size, self.alpha, limits,
                                n_best, prefix=prefix, stop=self.beam_stop)
 
-        if not tf.executing_eagerly():
-            # One function called once per group: the graph holds the search once, however
-            # many groups run it (with two: a quarter less export time, a 40% smaller graph).
-            search = tf.function(search, autograph=False)
-
-        results = [search(source_ids[start:end], limits[start:end],
-                          None if prefix is None else prefix[start:end])
-                   for start, end in zip(bounds[:-1], bounds[1:])]
-        if groups == 1:
+        results = self._in_groups(search, source_ids, limits, prefix)
+        if len(results) == 1:
             return results[0]
         length = tf.reduce_max([tf.shape(ids)[2] for ids, _ in results])
         ids = [tf.pad(ids, [[0, 0], [0, 0], [0, length - tf.shape(ids)[2]]],
                       constant_values=PAD_ID) for ids, _ in results]
         return tf.concat(ids, 0), tf.concat([scores for _, scores in results], 0)
+
+    def _in_groups(self, function, *rows):
+        """[function(*group's rows)] for the `parallel_searches` groups of consecutive rows of
+        `rows` (tensors of C rows, or None, passed as None), whose sizes differ by at most one
+        (some are empty when C is smaller; one group where a GPU runs the graph,
+        `search_bounds`). The groups are independent: a CPU server's inter-op threads run them
+        side by side."""
+        bounds = search_bounds(tf.shape(rows[0])[0], self.parallel_searches, self.gpu_files)
+        if not tf.executing_eagerly():
+            # One function called once per group: the graph holds its work once, however
+            # many groups run it (a search with two: a quarter less export time, a 40%
+            # smaller graph).
+            function = tf.function(function, autograph=False)
+        return [function(*(None if r is None else r[start:end] for r in rows))
+                for start, end in zip(bounds[:-1], bounds[1:])]
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)],
                  autograph=False)
@@ -390,15 +395,8 @@ class TranslationModule:
                                               self.max_source_length)
         if self.parallel_searches == 1:
             return sequence_log_probs(self.model, source_ids, target_in, target_out)
-        bounds = search_bounds(tf.shape(source_ids)[0], self.parallel_searches, self.gpu_files)
-
-        def score(source_ids, target_in, target_out):
-            return sequence_log_probs(self.model, source_ids, target_in, target_out)
-
-        if not tf.executing_eagerly():  # the graph holds the model's pass once, as _search
-            score = tf.function(score, autograph=False)
-        parts = [score(source_ids[start:end], target_in[start:end], target_out[start:end])
-                 for start, end in zip(bounds[:-1], bounds[1:])]
+        parts = self._in_groups(lambda *group: sequence_log_probs(self.model, *group),
+                                source_ids, target_in, target_out)
         return tuple(tf.concat(part, 0) for part in zip(*parts))
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT),
