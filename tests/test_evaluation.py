@@ -120,8 +120,18 @@ def test_evaluate_py_refuses_flags_that_scoring_given_translations_would_leave_u
 def test_evaluate_py_without_a_model_dir_says_what_to_give(tmp_path):
     from helpers import python
 
+    def refusal(*flags):
+        """The one-line error of evaluate.py run with flags, which it gives before importing
+        TensorFlow (PYTHONPROFILEIMPORTTIME: Python lists each module it imports)."""
+        result = python("evaluate.py", *flags, env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=60)
+        assert result.returncode == 1
+        imported = [line.split("|")[-1].strip() for line in result.stderr.splitlines()
+                    if line.startswith("import time:")]
+        assert "absl.app" in imported and "tensorflow" not in imported
+        return result.stderr.strip().splitlines()[-1]
+
     # Scoring a split needs the model_dir's settings.json (which names the split's dataset).
-    # An export given as --model_dir is named as one; stops before TensorFlow is loaded.
+    # An export given as --model_dir is named as one.
     (tmp_path / "export" / "1").mkdir(parents=True)
     (tmp_path / "export" / "1" / "saved_model.pb").write_bytes(b"")
     (tmp_path / "empty").mkdir()
@@ -131,9 +141,7 @@ def test_evaluate_py_without_a_model_dir_says_what_to_give(tmp_path):
             (tmp_path / "export" / "1", "it is a SavedModel export: give it as --export, with "
                                         "--source and --reference"),
             (tmp_path / "empty", "give --model_dir, or --source and --reference")):
-        result = python("evaluate.py", f"--model_dir={model_dir}", timeout=60)
-        assert result.returncode == 1
-        assert result.stderr.strip().splitlines()[-1] == (
+        assert refusal(f"--model_dir={model_dir}") == (
             f"evaluate.py: {model_dir} holds no trained model (no settings.json); {advice}")
     # A run on its own files without --test_files: no test split to score (the message names
     # evaluate.py's flags, not train.py's).
@@ -141,16 +149,12 @@ def test_evaluate_py_without_a_model_dir_says_what_to_give(tmp_path):
     trained.mkdir()
     (trained / "settings.json").write_text(json.dumps(
         {"data": {"dataset": "files", "files": {"train": "a.tsv", "dev": "b.tsv"}}}))
-    result = python("evaluate.py", f"--model_dir={trained}", timeout=60)
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert refusal(f"--model_dir={trained}") == (
         f"evaluate.py: {trained} was trained on its own files with no test split (train.py "
         "--test_files): give --source and --reference")
     # An export with a split but no training directory: which directory is meant.
-    result = python("evaluate.py", f"--model_dir={tmp_path / 'empty'}",
-                    f"--export={tmp_path / 'export'}", "--split=dev", timeout=60)
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert refusal(f"--model_dir={tmp_path / 'empty'}",
+                   f"--export={tmp_path / 'export'}", "--split=dev") == (
         f"evaluate.py: {tmp_path / 'empty'} holds no trained model (no settings.json); --export "
         "scores the --split of the data its training directory names: give that directory as "
         "--model_dir, or give --source and --reference")
@@ -159,14 +163,10 @@ def test_evaluate_py_without_a_model_dir_says_what_to_give(tmp_path):
     (trained / "export" / "3").mkdir(parents=True)
     (trained / "export" / "3" / "saved_model.pb").write_bytes(b"")
     for export in (trained / "export", trained / "export" / "3"):
-        result = python("evaluate.py", f"--export={export}", timeout=60)
-        assert result.returncode == 1
-        assert result.stderr.strip().splitlines()[-1] == (
+        assert refusal(f"--export={export}") == (
             f"evaluate.py: {trained} was trained on its own files with no test split (train.py "
             "--test_files): give --source and --reference")
-    result = python("evaluate.py", f"--export={tmp_path / 'export'}", timeout=60)
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert refusal(f"--export={tmp_path / 'export'}") == (
         f"evaluate.py: --export={tmp_path / 'export'} lies in no training directory, whose "
         "settings.json names the data of --split: give that directory as --model_dir, or give "
         "--source and --reference")

@@ -101,9 +101,8 @@ def _split_model_dir():
     return found
 
 
-def _split_pairs(model_dir, split):
-    from tfnmt.data.corpus import CorpusError, read_split
-
+def _split_data(model_dir, split):
+    """The data settings of model_dir, checked to name a --split (before TensorFlow loads)."""
     settings = read_settings(model_dir)
     if settings is None:
         if is_export(model_dir):
@@ -122,6 +121,13 @@ def _split_pairs(model_dir, split):
     if data["dataset"] == "files" and not files:  # read_split would name train.py's flag
         raise app.UsageError(f"{model_dir} was trained on its own files with no {split} split "
                              f"(train.py --{split}_files): give --source and --reference")
+    return data
+
+
+def _split_pairs(data, split):
+    from tfnmt.data.corpus import CorpusError, read_split
+
+    files = (data.get("files") or {}).get(split)
     try:
         pairs = list(read_split(data, split))
     except (CorpusError, OSError) as error:
@@ -215,17 +221,19 @@ def main(argv):
     if FLAGS.output:  # written after translating: refused before, not after that work
         cli.check_output_path(FLAGS.output, [("source", FLAGS.source)]
                               + [("reference", path) for path in FLAGS.reference or ()])
-    if not FLAGS.hypotheses:  # before reading a split, which runs TensorFlow
-        from tfnmt.inference.loading import share_threads
-
-        share_threads(FLAGS.export)
     if FLAGS.hypotheses or FLAGS.source:
         flag = "hypotheses" if FLAGS.hypotheses else "source"
         lines = _read_lines(FLAGS[flag].value, flag)
         references = _read_references(lines, flag)
         what = os.path.basename(FLAGS[flag].value)
     else:
-        lines, split_references, what = _split_pairs(_split_model_dir(), FLAGS.split)
+        split_data = _split_data(_split_model_dir(), FLAGS.split)
+    if not FLAGS.hypotheses:  # before reading a split, which runs TensorFlow
+        from tfnmt.inference.loading import share_threads
+
+        share_threads(FLAGS.export)
+    if not (FLAGS.hypotheses or FLAGS.source):
+        lines, split_references, what = _split_pairs(split_data, FLAGS.split)
         references = [split_references]
     bleu_tokenize = _bleu_tokenization(references)  # refused before translating
     # Else lines are sources: a file's lines, or a split's sentences.
