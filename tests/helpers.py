@@ -16,6 +16,13 @@ def python(script, *args, env=None, timeout=300, cwd=ROOT):
                           env=environment, timeout=timeout, capture_output=True, text=True)
 
 
+def imported_modules(stderr):
+    """The modules a process run with PYTHONPROFILEIMPORTTIME=1 imported, from its stderr (where
+    Python lists each one)."""
+    return {line.split("|")[-1].strip() for line in stderr.splitlines()
+            if line.startswith("import time:")}
+
+
 def started(script, *args):
     """An entry point started in a fresh process (stdout and stderr piped, text), with Ctrl-C's
     SIGINT acting as at a terminal: a test runner started in the background (`cmd &` in a

@@ -118,15 +118,13 @@ def test_evaluate_py_refuses_flags_that_scoring_given_translations_would_leave_u
 
 
 def test_evaluate_py_without_a_model_dir_says_what_to_give(tmp_path):
-    from helpers import python
+    from helpers import imported_modules, python
 
     def refusal(*flags):
-        """The one-line error of evaluate.py run with flags, which it gives before importing
-        TensorFlow (PYTHONPROFILEIMPORTTIME: Python lists each module it imports)."""
+        """The one-line error of evaluate.py run with flags, given before TensorFlow loads."""
         result = python("evaluate.py", *flags, env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=60)
         assert result.returncode == 1
-        imported = [line.split("|")[-1].strip() for line in result.stderr.splitlines()
-                    if line.startswith("import time:")]
+        imported = imported_modules(result.stderr)
         assert "absl.app" in imported and "tensorflow" not in imported
         return result.stderr.strip().splitlines()[-1]
 

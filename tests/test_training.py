@@ -14,7 +14,8 @@ import pytest
 import sentencepiece
 import tensorflow as tf
 
-from helpers import ROOT, python, started, teacher_forced_log_prob, train_flags
+from helpers import (ROOT, imported_modules, python, started, teacher_forced_log_prob,
+                     train_flags)
 from tfnmt import cpu_kernels, fast_ops
 from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes
 from tfnmt.data import records
@@ -635,9 +636,15 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
      "training data, and --vocab gives one: drop --vocab_size"),
 ])
 def test_bad_flags_fail_fast(flag, message, tmp_path):
-    result = python("train.py", f"--model_dir={tmp_path}", *flag.split(), timeout=60)
+    result = python("train.py", f"--model_dir={tmp_path}", *flag.split(), timeout=60,
+                    env={"PYTHONPROFILEIMPORTTIME": "1"})
     last_line = result.stderr.strip().splitlines()[-1]  # one line, not a traceback
     assert result.returncode == 1 and last_line.startswith("train.py: ") and message in last_line
+    # Refused before TensorFlow loads, but for a batch too small for the data's longest pairs
+    # (the data is read with it).
+    imported = imported_modules(result.stderr)
+    assert "absl.app" in imported
+    assert ("tensorflow" in imported) == (flag == "--batch_tokens=100"), flag
 
 
 def test_a_max_length_no_training_pair_fits_is_refused_before_the_run_starts(

@@ -12,30 +12,12 @@ import tensorflow as tf
 
 from tfnmt.data import vocabulary
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import (AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS, other_kind,
-                         read_settings)
+from tfnmt.paths import (AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS, checkpoint_prefixes,
+                         other_kind, read_settings)
 
 
 class ModelDirError(ValueError):
     """A model_dir that cannot be used as asked (one line, naming the file)."""
-
-
-def checkpoint_prefixes(directory, name="ckpt"):
-    """The checkpoints in a directory, found from the files themselves (the `checkpoint` state
-    file is only an index of them).
-
-    Args:
-      directory: a checkpoint directory (need not exist).
-      name: the checkpoints' prefix.
-
-    Returns:
-      The `<directory>/<name>-N` prefixes whose index file exists, oldest first.
-    """
-    if not os.path.isdir(directory):
-        return []
-    pattern = re.compile(re.escape(name) + r"-(\d+)\.index$")
-    numbers = sorted(int(m.group(1)) for m in map(pattern.match, os.listdir(directory)) if m)
-    return [os.path.join(directory, f"{name}-{n}") for n in numbers]
 
 
 def _number(prefix):

@@ -1,7 +1,10 @@
 """Names of the files in a model_dir, and where the embedded corpus lives, in one place (every
-entry point and module reads them from here); reading a model_dir's settings.json."""
+entry point and module reads them from here); reading a model_dir's settings.json and listing
+its checkpoints (without TensorFlow, so that the entry points check their flags before loading
+it)."""
 import json
 import os
+import re
 
 # The embedded German-English corpus, shipped inside the package: {train,dev,test}.tsv.gz.
 EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "de-en")
@@ -17,6 +20,24 @@ EXPORT = "export"             # export.py's default export_dir: numbered SavedMo
 CTRANSLATE2 = "ctranslate2"  # export.py --format=ctranslate2 (+ "-<quantization>")
 REPORT = "report.json"        # the final evaluation of the main job's end-of-run report
 DECODING = "decoding.json"    # the length penalty chosen on dev at the end of training
+
+
+def checkpoint_prefixes(directory, name="ckpt"):
+    """The checkpoints in a directory, found from the files themselves (the `checkpoint` state
+    file is only an index of them).
+
+    Args:
+      directory: a checkpoint directory (need not exist).
+      name: the checkpoints' prefix.
+
+    Returns:
+      The `<directory>/<name>-N` prefixes whose index file exists, oldest first.
+    """
+    if not os.path.isdir(directory):
+        return []
+    pattern = re.compile(re.escape(name) + r"-(\d+)\.index$")
+    numbers = sorted(int(m.group(1)) for m in map(pattern.match, os.listdir(directory)) if m)
+    return [os.path.join(directory, f"{name}-{n}") for n in numbers]
 
 
 def is_export(path):

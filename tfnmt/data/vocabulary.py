@@ -14,8 +14,10 @@ import hashlib
 import os
 from typing import NamedTuple
 
-from tfnmt.data.tokenizer import Tokenizer, fingerprint
 from tfnmt.paths import VOCAB, DamagedFileError
+
+# tfnmt.data.tokenizer loads TensorFlow: imported where used, so that train.py checks a
+# --vocab before TensorFlow loads.
 
 SIDE_FILES = {"source": "source.spm.model", "target": "target.spm.model"}
 
@@ -48,10 +50,14 @@ class VocabularyProtos(NamedTuple):
     @property
     def shared(self):
         """Whether both sides are one model (by `tokenizer.fingerprint`, as `Vocabulary`)."""
+        from tfnmt.data.tokenizer import fingerprint
+
         return self.source == self.target or fingerprint(self.source) == fingerprint(self.target)
 
     @property
     def fingerprint(self):
+        from tfnmt.data.tokenizer import fingerprint
+
         return combined_fingerprint(fingerprint(self.source), fingerprint(self.target))
 
 
@@ -178,6 +184,8 @@ class Vocabulary:
     """
 
     def __init__(self, source_path, target_path):
+        from tfnmt.data.tokenizer import Tokenizer
+
         self.source = Tokenizer(source_path)
         self.target = self.source if target_path == source_path else Tokenizer(target_path)
         self.shared = self.source.fingerprint == self.target.fingerprint

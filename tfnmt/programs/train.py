@@ -349,15 +349,15 @@ def check_vocab_given():
 def starting_settings():
     """The requested settings and explicit flags; with --init_from, those of the source model.
     Raises SettingsError for an --init_from that cannot start this model_dir."""
-    from tfnmt.checkpoints import checkpoint_prefixes
-    from tfnmt.paths import CHECKPOINTS, read_settings
-    from tfnmt.training import fine_tune
+    from tfnmt.paths import CHECKPOINTS, checkpoint_prefixes, read_settings
     from tfnmt.training.settings import SettingsError
 
     if not FLAGS.init_from:
         if FLAGS.init_optimizer:
             raise SettingsError("--init_optimizer needs --init_from")
         return requested_settings()
+    from tfnmt.training import fine_tune  # reads the source's checkpoints with TensorFlow
+
     source = fine_tune.resolve_source(FLAGS.init_from, FLAGS.init_optimizer)
     saved = read_settings(FLAGS.model_dir) or {}
     started = checkpoint_prefixes(os.path.join(FLAGS.model_dir, CHECKPOINTS))
@@ -405,19 +405,14 @@ def main(argv):
         raise app.UsageError("--share_embeddings needs one shared vocabulary: drop it or "
                              "--separate_vocabularies")
     check_paths()
-    from tfnmt import fast_ops
-    from tfnmt.checkpoints import ModelDirError
-    from tfnmt.data import records
-    from tfnmt.data.corpus import CorpusError
-    from tfnmt.data.data_dir_lock import DataDirInUseError
-    from tfnmt.data.pipeline import BatchingError
+    # The flags and settings are checked before TensorFlow loads: a refusal comes at once.
     from tfnmt.model.presets import check_sizes
-    from tfnmt.training import distribute, experiment
     from tfnmt.training.settings import SettingsError, resolve_settings
-    from tfnmt.training.stop_signals import TrainingInterrupted
-    from tfnmt.training.trainer import TrainingError
 
-    distribute.split_cpu(FLAGS.cpu_devices)
+    if FLAGS.cpu_devices > 1:  # logical CPUs: set before anything starts TensorFlow's devices
+        from tfnmt.training import distribute
+
+        distribute.split_cpu(FLAGS.cpu_devices)
     try:
         settings, explicit = starting_settings()
         settings = resolve_settings(settings, explicit, FLAGS.model_dir)
@@ -446,6 +441,16 @@ def main(argv):
                              f"{t['average_last']} checkpoints, and --keep_checkpoints="
                              f"{t['keep_checkpoints']} keeps {t['keep_checkpoints']}: raise "
                              "--keep_checkpoints")
+    from tfnmt import fast_ops
+    from tfnmt.checkpoints import ModelDirError
+    from tfnmt.data import records
+    from tfnmt.data.corpus import CorpusError
+    from tfnmt.data.data_dir_lock import DataDirInUseError
+    from tfnmt.data.pipeline import BatchingError
+    from tfnmt.training import distribute, experiment
+    from tfnmt.training.stop_signals import TrainingInterrupted
+    from tfnmt.training.trainer import TrainingError
+
     strategy = distribute.make_strategy(FLAGS.strategy)
     fast_ops.set_plain_ops(FLAGS.plain_ops)
     print(f"memory allocator: {cli.ALLOCATOR}; CPU kernels: {cli.KERNELS}"

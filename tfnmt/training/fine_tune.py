@@ -13,7 +13,7 @@ import tensorflow as tf
 from tfnmt.checkpoints import candidate_checkpoints, newest_readable_checkpoint
 from tfnmt.data import vocabulary
 from tfnmt.paths import CHECKPOINTS, SETTINGS, read_settings
-from tfnmt.training.settings import DATA_DEFAULTS_BEFORE, MODEL_DEFAULTS, SettingsError
+from tfnmt.training.settings import DATA_DEFAULTS_BEFORE, SettingsError, model_defaults
 
 # Model settings a fine-tuning run may change: they create no variables.
 CHANGEABLE_MODEL = ("dropout", "attention_dropout", "ffn_dropout")
@@ -98,7 +98,7 @@ def apply_source(settings, explicit, source):
     saved = read_settings(source["model_dir"])
     model = dict(saved["model"])
     # Settings hold what differs from the Transformer's defaults: compare with those filled in.
-    source_model = dict(MODEL_DEFAULTS, **model)
+    source_model = dict(model_defaults(), **model)
     # Sinusoidal positions exist at any length; learned ones are a table of max_length rows.
     changeable = CHANGEABLE_MODEL + (("max_length",) if source_model["position"] != "learned"
                                      else ())
@@ -121,7 +121,7 @@ def apply_source(settings, explicit, source):
     settings["model"] = model
     settings["data"].update({key: data[key] for key in VOCABULARY})
     # The training pairs fit the model's positions: the source's unless --max_length is given.
-    settings["data"]["max_length"] = dict(MODEL_DEFAULTS, **model)["max_length"]
+    settings["data"]["max_length"] = dict(model_defaults(), **model)["max_length"]
     if "data.reverse" not in explicit:  # it goes on translating as its source did
         settings["data"]["reverse"] = data["reverse"]
     settings["init_from"] = source

@@ -1,14 +1,12 @@
 """A run's settings: saved in <model_dir>/settings.json, and which of them a resumed run
 must keep."""
+import functools
 import inspect
 import json
 import os
 
-from tfnmt.checkpoints import checkpoint_prefixes
-from tfnmt.data import records, vocabulary
 from tfnmt.data.corpus import train_specs
-from tfnmt.model.transformer import Transformer
-from tfnmt.paths import CHECKPOINTS, SETTINGS, read_settings
+from tfnmt.paths import CHECKPOINTS, SETTINGS, checkpoint_prefixes, read_settings
 
 # Settings a run in an existing model_dir must share with it: every model and training setting
 # but those meant to change on resume, and the data that defines the vocabulary.
@@ -24,9 +22,17 @@ class SettingsError(ValueError):
     """Settings that cannot run in this model_dir (raised before any work)."""
 
 
-MODEL_DEFAULTS = {name: parameter.default for name, parameter
-                  in inspect.signature(Transformer.__init__).parameters.items()
-                  if parameter.default is not inspect.Parameter.empty and name != "dtype"}
+@functools.cache
+def model_defaults():
+    """The `Transformer` arguments' defaults: what a saved model omitting them was built with
+    (read where needed: the model's module loads TensorFlow, and train.py checks its flags
+    before that)."""
+    from tfnmt.model.transformer import Transformer
+
+    return {name: parameter.default for name, parameter
+            in inspect.signature(Transformer.__init__).parameters.items()
+            if parameter.default is not inspect.Parameter.empty and name != "dtype"}
+
 
 # What a saved run that does not record these settings trained with.
 TRAIN_DEFAULTS_BEFORE = {"lr_decay": "rsqrt", "train_minutes": 0.0, "dropout_from_epoch": 0.0}
@@ -70,6 +76,8 @@ def _replanned_budget(ours, theirs, explicit, model_dir):
 def _kept_vocabulary(given, model_dir):
     """Whether the SentencePiece models given (train.py --vocab) are, byte for byte, those the
     run keeps in model_dir: the same models at another path (moved or copied since)."""
+    from tfnmt.data import vocabulary
+
     if not given or len(given) > 2:
         return False
     copies = vocabulary.paths(model_dir, separate=len(given) == 2)
@@ -85,6 +93,8 @@ def _moved_corpus(given, saved, data_dir):
     those the run's data was prepared from, at other paths (moved or copied since): the same
     splits and files per corpus, each file with the sha256 the prepared data's manifest
     recorded."""
+    from tfnmt.data import records
+
     def layout(files):
         return {split: [(spec or "").count(",") for spec in train_specs({"train": specs})]
                 for split, specs in (files or {}).items()}
@@ -134,7 +144,7 @@ def resolve_settings(requested, explicit, model_dir):
     for section in ("model", "data", "train"):
         ours, theirs = resolved.setdefault(section, {}), saved.get(section) or {}
         if section == "model":  # the saved model was built with the defaults of what it omits
-            theirs = dict(MODEL_DEFAULTS, **theirs)
+            theirs = dict(model_defaults(), **theirs)
         elif section == "train":  # runs saved before a setting existed trained without it
             theirs = dict(TRAIN_DEFAULTS_BEFORE, **theirs)
         else:
