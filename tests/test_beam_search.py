@@ -59,7 +59,7 @@ def test_scores_equal_teacher_forced_log_probs_with_length_penalty(model, source
 
 def reference_beam_search(model, source, k, alpha, limit, stop):
     """Beam search written plainly, one sentence: every step re-runs the decoder over each
-    whole prefix and extends every alive hypothesis by every token, in float64 numpy. Keeps
+    whole prefix (the alive ones as one batch) and extends every alive hypothesis by every token, in float64 numpy. Keeps
     the 2k best extensions, of which those ending in EOS are finished (scored log P / lp) and
     the k best others go on. Stops at `limit`, or once k have finished ("finished"), or once
     the best alive one under lp(limit) cannot beat the k-th finished ("bound"); at the limit
@@ -71,11 +71,13 @@ def reference_beam_search(model, source, k, alpha, limit, stop):
 
     alive, finished = [((), 0.0)], []
     for length in range(1, limit + 1):
-        extensions = []
-        for tokens, log_prob in alive:
-            logits = model.decode(tf.constant([[BOS_ID, *tokens]]), memory, padding)[0, -1]
-            log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float64)).numpy()
-            extensions += [(tokens + (t,), log_prob + log_probs[t]) for t in range(VOCAB)]
+        # The alive prefixes are all `length - 1` long: one decoder pass over all of them.
+        rows = len(alive)
+        logits = model.decode(tf.constant([[BOS_ID, *tokens] for tokens, _ in alive]),
+                              tf.repeat(memory, rows, 0), tf.repeat(padding, rows, 0))[:, -1]
+        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float64)).numpy()
+        extensions = [(tokens + (t,), log_prob + log_probs[i, t])
+                      for i, (tokens, log_prob) in enumerate(alive) for t in range(VOCAB)]
         extensions = sorted(extensions, key=lambda e: -e[1])[:2 * k]
         finished = sorted(finished + [(t, p / lp(length)) for t, p in extensions
                                       if t[-1] == EOS_ID], key=lambda f: -f[1])[:k]
