@@ -539,10 +539,12 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     assert saved["bleu_tokenize"] == "char"
     with open(os.path.join(model_dir, "best", "best.json")) as f:
         assert json.load(f)["bleu_tokenize"] == "char"
-    # Resumed with stock ops: the same variables, so the fast run's checkpoint reads back.
-    resumed = python(*train_flags(small_corpus, None, model_dir,
-                                  **dict(overrides, train_steps=2)), "--plain_ops")
+    # Resumed on one device with stock ops: the same variables, so the checkpoint the two
+    # replicas' fast ops wrote reads back.
+    resumed = python(*train_flags(small_corpus, None, model_dir, **dict(
+        overrides, train_steps=2, strategy=None, cpu_devices=None)), "--plain_ops")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "1 replica(s)" in resumed.stdout
     assert "ckpt-1 at step 1" in resumed.stdout and "step      2/2 | loss" in resumed.stdout
     assert "stock ops (--plain_ops)" in resumed.stdout
     # The resumed run cannot raise its model's max_length, so the pairs left out say how to
