@@ -59,11 +59,12 @@ def test_scores_equal_teacher_forced_log_probs_with_length_penalty(model, source
 
 def reference_beam_search(model, source, k, alpha, limit, stop):
     """Beam search written plainly, one sentence: every step re-runs the decoder over each
-    whole prefix (the alive ones as one batch) and extends every alive hypothesis by every token, in float64 numpy. Keeps
-    the 2k best extensions, of which those ending in EOS are finished (scored log P / lp) and
-    the k best others go on. Stops at `limit`, or once k have finished ("finished"), or once
-    the best alive one under lp(limit) cannot beat the k-th finished ("bound"); at the limit
-    the alive ones compete as they are. -> ([(tokens, score)] best first, steps taken)."""
+    whole prefix (the alive ones as one batch) and extends every alive hypothesis by every
+    token, in float64 numpy. Keeps the 2k best extensions, of which those ending in EOS are
+    finished (scored log P / lp) and the k best others go on. Stops at `limit`, or once k have
+    finished ("finished"), or once the best alive one under lp(limit) cannot beat the k-th
+    finished ("bound"); at the limit the alive ones compete as they are. -> ([(tokens, score)]
+    best first, steps taken)."""
     memory, padding = model.encode(source[None])
 
     def lp(n):

@@ -505,7 +505,7 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     # English to German (--reverse), separate source/target vocabularies (and so embeddings),
     # pre-norm, learned positions, GELU, FFN dropout, a shallower decoder, an untied output
     # layer, clipping, linear decay, subword sampling, BLEU on characters, 2 micro-batches,
-    # 2 replicas at once, then stock ops
+    # 2 replicas at once, then stock ops on one device
     # (test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy checks their
     # gradients in every combination; test_train_py_end_to_end runs the defaults).
     import ctranslate2
