@@ -65,5 +65,5 @@ def main():
 if __name__ == "__main__":
     main()
     # As the entry points (tfnmt/cli.py): the interpreter's teardown then skips collecting
-    # the objects of every traced graph (~1.5 s here).
+    # the objects of every graph it loaded.
     gc.freeze()
