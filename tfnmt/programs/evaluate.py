@@ -221,18 +221,19 @@ def main(argv):
     if FLAGS.output:  # written after translating: refused before, not after that work
         cli.check_output_path(FLAGS.output, [("source", FLAGS.source)]
                               + [("reference", path) for path in FLAGS.reference or ()])
-    if FLAGS.hypotheses or FLAGS.source:
+    from_split = not (FLAGS.hypotheses or FLAGS.source)
+    if from_split:  # checked here; read below, once TensorFlow's threads are set
+        split_data = _split_data(_split_model_dir(), FLAGS.split)
+    else:
         flag = "hypotheses" if FLAGS.hypotheses else "source"
         lines = _read_lines(FLAGS[flag].value, flag)
         references = _read_references(lines, flag)
         what = os.path.basename(FLAGS[flag].value)
-    else:
-        split_data = _split_data(_split_model_dir(), FLAGS.split)
     if not FLAGS.hypotheses:  # before reading a split, which runs TensorFlow
         from tfnmt.inference.loading import share_threads
 
         share_threads(FLAGS.export)
-    if not (FLAGS.hypotheses or FLAGS.source):
+    if from_split:
         lines, split_references, what = _split_pairs(split_data, FLAGS.split)
         references = [split_references]
     bleu_tokenize = _bleu_tokenization(references)  # refused before translating
