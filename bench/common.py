@@ -10,7 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfnmt import allocator, cpu_kernels  # noqa: E402
+from tfnmt import allocator, cpu_kernels, tensorflow_start  # noqa: E402
 
 # The benchmarks measure what the entry points get: the same allocator (may re-exec once), and
 # train.py's CPU kernels in the training benchmarks (oneDNN on AVX2 CPUs), TensorFlow's
@@ -19,6 +19,7 @@ MALLOC = allocator.use_fast_allocator()
 TRAINING_BENCHMARKS = ("train.py", "train_step.py")
 KERNELS = (cpu_kernels.use_onednn() if os.path.basename(sys.argv[0]) in TRAINING_BENCHMARKS
            else cpu_kernels.describe())
+tensorflow_start.install()  # without the lines TensorFlow's libraries print as it starts
 
 import tensorflow as tf  # noqa: E402
 

@@ -8,7 +8,7 @@ import threading
 
 from absl import app, flags
 
-from tfnmt import allocator, cpu_kernels
+from tfnmt import allocator, cpu_kernels, tensorflow_start
 from tfnmt.paths import DamagedFileError
 from tfnmt.text_lines import OutputError
 
@@ -101,7 +101,8 @@ def run(main, doc=None, training=False):
     Ctrl-C outside what a program handles itself prints `<program>: interrupted` (exit 130),
     also where it lands in a finalizer (`keep_interrupts`).
     First the process gets its memory allocator (tfnmt/allocator.py; may re-execute the process
-    once) and, for training, its CPU kernels (tfnmt/cpu_kernels.py).
+    once), for training its CPU kernels (tfnmt/cpu_kernels.py), and a filter for what
+    TensorFlow's libraries print when it is imported (tfnmt/tensorflow_start.py).
 
     Args:
       main: the entry point's main(argv).
@@ -124,6 +125,7 @@ def run(main, doc=None, training=False):
         print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
         sys.exit(1)
     KERNELS = cpu_kernels.use_onednn() if training else cpu_kernels.describe()
+    tensorflow_start.install()
     keep_interrupts()
 
     def main_with_one_line_usage_errors(argv):
