@@ -75,7 +75,7 @@ def test_what_is_written_before_an_abort_reaches_stderr():
     assert result.stderr.splitlines() == [FATAL, "no newline at the end"]
 
 
-def test_an_entry_point_filters_only_while_tensorflow_starts(tmp_path):
+def test_after_the_start_stderr_passes_everything():
     # After the start, stderr is the process's own again: a later log line of any level and
     # the program's own messages are written as they are, in order.
     script = ("import os, sys\n"
