@@ -89,3 +89,15 @@ def test_after_the_start_stderr_passes_everything():
     tail = [line for line in result.stderr.splitlines()
             if not ("failed call to cuInit" in line and glob.glob(NVIDIA_DEVICE_FILES))]
     assert tail == [INFO, "after"]
+
+
+def test_a_process_without_stderr_starts_tensorflow_unfiltered():
+    # File descriptor 2 closed (a daemon's `2>&-`): nothing to filter, and the import works.
+    script = ("from tfnmt import tensorflow_start\n"
+              "tensorflow_start.install()\n"
+              "import tensorflow as tf\n"
+              "print(float(tf.reduce_sum(tf.ones([2]))))\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, preexec_fn=lambda: os.close(2),
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert (result.returncode, result.stdout) == (0, "2.0\n")

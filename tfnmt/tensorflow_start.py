@@ -65,7 +65,8 @@ def keep_line(line, level, nvidia_device):
 
 
 def _forward(read_fd, write_fd, level, nvidia_device):
-    """The filter process's loop: the lines kept, from read_fd to write_fd, until EOF."""
+    """The filter process's loop: the lines kept, from read_fd to write_fd, until EOF (reading on
+    where stderr no longer takes them, so that the writers never block)."""
     pending = b""
     while True:
         chunk = os.read(read_fd, 65536)
@@ -75,7 +76,10 @@ def _forward(read_fd, write_fd, level, nvidia_device):
             *lines, pending = (pending + chunk).split(b"\n")
         for raw in lines:
             if raw and keep_line(raw.decode("utf-8", "replace"), level, nvidia_device):
-                os.write(write_fd, raw + b"\n")
+                try:
+                    os.write(write_fd, raw + b"\n")
+                except OSError:
+                    pass
         if not chunk:
             return
 
@@ -89,11 +93,24 @@ def filtered_stderr(level=None):
     """
     level = min_log_level() if level is None else level
     nvidia_device = bool(glob.glob(NVIDIA_DEVICE_FILES))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    read_fd, write_fd = os.pipe()
-    stderr = os.dup(2)
-    child = os.fork()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    try:
+        stderr = os.dup(2)
+    except OSError:  # no stderr to filter
+        yield
+        return
+    opened = [stderr]
+    try:
+        read_fd, write_fd = os.pipe()
+        opened += [read_fd, write_fd]
+        child = os.fork()
+    except OSError:  # out of processes or descriptors: unfiltered
+        for fd in opened:
+            os.close(fd)
+        yield
+        return
     if child == 0:
         try:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -107,7 +124,8 @@ def filtered_stderr(level=None):
     try:
         yield
     finally:
-        sys.stderr.flush()
+        if sys.stderr is not None:
+            sys.stderr.flush()
         os.dup2(stderr, 2)  # the pipe's only writer is gone: the filter reads EOF and exits
         os.close(stderr)
         os.waitpid(child, 0)
