@@ -9,9 +9,9 @@ NVIDIA's driver, "E... cuda_platform.cc:52] failed call to cuInit: ... UNKNOWN E
 `install()` (the entry points call it first) makes the process's first `import tensorflow`,
 wherever it happens, run with stderr (file descriptor 2) sent through a filter, and list the
 devices before stderr is restored. The filter keeps what TF_CPP_MIN_LOG_LEVEL keeps (0: every
-line, 1: no INFO, 2: no WARNING either (the entry points' default), 3: no ERROR either), drops
-the banner from 1 up, and drops the cuInit error where the machine has no NVIDIA device file
-(no driver: the error only says so). Fatal lines and any line that is not such a log line pass
+line, 1: no INFO, 2: no WARNING either (the entry points' default), 3: no ERROR either), and
+from 1 up drops the banner and, where the machine has no NVIDIA device file (no driver: the
+error only says so), the cuInit error. Fatal lines and any line that is not such a log line pass
 as they are. The filter is a forked process that writes to the real stderr as lines come, so
 what was printed reaches it even if the import aborts the process.
 """
@@ -33,7 +33,7 @@ NVIDIA_DEVICE_FILES = "/dev/nvidia[0-9]*"
 
 
 def min_log_level(environ=os.environ):
-    """TF_CPP_MIN_LOG_LEVEL as TensorFlow reads it: an int from 0 to 3 (0 when unset or bad)."""
+    """TF_CPP_MIN_LOG_LEVEL as an int from 0 to 3 (0 when unset or not a number)."""
     try:
         return min(max(int(environ.get("TF_CPP_MIN_LOG_LEVEL", "0")), 0), 3)
     except ValueError:
