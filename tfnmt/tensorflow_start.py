@@ -29,6 +29,7 @@ BANNER = "WARNING: All log messages before absl::InitializeLog() is called are w
 _LOG_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^\]]*\] ")
 _SEVERITY = {"I": 0, "W": 1, "E": 2, "F": 3}
 _NO_DRIVER_ERROR = "failed call to cuInit"
+# NVIDIA's driver's device files (serving.GPU_DEVICE_FILES adds AMD's).
 NVIDIA_DEVICE_FILES = "/dev/nvidia[0-9]*"
 
 

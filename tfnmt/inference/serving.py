@@ -34,6 +34,7 @@ from tfnmt.inference.decoding import EXTRA_LENGTH, decode_limits, dynamic_decode
 from tfnmt.inference.decoding_threads import PARALLEL_SEARCHES
 from tfnmt.inference.greedy_search import SamplingSearch
 from tfnmt.inference.scoring import sequence_log_probs, target_arrays
+from tfnmt.tensorflow_start import NVIDIA_DEVICE_FILES
 from tfnmt.inference.serving_precision import CPUINFO, ENVIRON, SearchPrecision
 from tfnmt.layers.linear import low_precision_matmuls
 
@@ -44,7 +45,7 @@ SCORE_TARGETS = "targets"  # the `score` signature's second input
 PREFIXES = "prefixes"  # the `translate_with_prefix` signature's second input
 # Device files of the GPUs TensorFlow runs on under Linux (NVIDIA's driver; AMD's ROCm), as a
 # container sees them when its GPUs are passed in (`docker run --gpus ...`).
-GPU_DEVICE_FILES = ("/dev/nvidia[0-9]*", "/dev/kfd")
+GPU_DEVICE_FILES = (NVIDIA_DEVICE_FILES, "/dev/kfd")
 
 
 def search_bounds(batch, groups, gpu_files=GPU_DEVICE_FILES):
