@@ -75,6 +75,24 @@ def forward_flops(source_lengths, target_lengths, settings):
     return total
 
 
+def padded_forward_flops(source_length, target_length, target_lengths, settings):
+    """Matmul FLOPs of one forward pass over a batch padded to [B, source_length] /
+    [B, target_length] as the training step runs it: the encoder and decoder over every
+    position, padded or not; the output projection over the real target positions only (the
+    loss gathers those rows first, losses.projected_cross_entropy; not under --jit_compile).
+
+    Args:
+      source_length, target_length: the batch's padded lengths.
+      target_lengths: each row's real target length (B of them).
+      settings: the model's settings, as for `forward_flops`.
+    """
+    rows = len(target_lengths)
+    padded = forward_flops([source_length] * rows, [target_length] * rows, settings)
+    unused = 2 * settings["d_model"] * settings["target_vocab_size"] * (
+        rows * target_length - sum(target_lengths))
+    return padded - unused
+
+
 def training_gemms(settings, batch_size, source_length, target_length):
     """The matrix products of one training step on a padded [batch_size, source_length] /
     [batch_size, target_length] batch, as {(shape_a, shape_b, transpose_a, transpose_b): count}:
