@@ -1,5 +1,7 @@
 """Small builders shared by the tests."""
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 
@@ -21,6 +23,30 @@ def imported_modules(stderr):
     Python lists each one)."""
     return {line.split("|")[-1].strip() for line in stderr.splitlines()
             if line.startswith("import time:")}
+
+
+def built_once(tmp_path_factory, name, build):
+    """A directory that `build(path)` fills once for every pytest-xdist worker of a run: the
+    first worker to get here builds it while the others wait on a lock, then all read it (so
+    its users must not change it). Without xdist, once per session.
+
+    Returns:
+      The directory's path (str).
+    """
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # the same in every worker of a run
+    if run_id:
+        shared = tmp_path_factory.getbasetemp().parent / f"{name}-{run_id}"
+        shared.mkdir(exist_ok=True)
+    else:
+        shared = tmp_path_factory.mktemp(name)
+    path = str(shared / "run")
+    with open(shared / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(shared / "done"):
+            shutil.rmtree(path, ignore_errors=True)  # a worker's failed build
+            build(path)
+            (shared / "done").touch()
+    return path
 
 
 def started(script, *args):

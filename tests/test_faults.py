@@ -1,7 +1,6 @@
 """Faults a model_dir must survive: each is injected into a tiny train.py run (in a subprocess
 where a kill, a full disk or the command line itself is the point), and the run either recovers
 from the newest checkpoint that reads back or stops with one line naming what is wrong."""
-import fcntl
 import json
 import logging
 import os
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import ROOT, python, started, train_flags
+from helpers import ROOT, built_once, python, started, train_flags
 from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes, load_model,
                                newest_readable_checkpoint)
 from tfnmt.data import records
@@ -52,23 +51,15 @@ def trained(small_corpus, train_data, tmp_path_factory):
     """A model_dir after 6 steps (ckpt-2, 4, 6) with its prepared data inside, as
     `python train.py` leaves one; tests damage copies of it. Trained once for all pytest-xdist
     workers (the first takes the lock and trains; the others wait for it)."""
-    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")  # the same in every worker of a run
-    if run_id:
-        shared = tmp_path_factory.getbasetemp().parent / f"faults_trained-{run_id}"
-        shared.mkdir(exist_ok=True)
-    else:
-        shared = tmp_path_factory.mktemp("faults_trained")
-    model_dir = str(shared / "run")
-    with open(shared / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.path.exists(os.path.join(shared, "done")):
-            shutil.rmtree(model_dir, ignore_errors=True)
-            # Records prepared by the same settings: train.py finds them up to date.
-            shutil.copytree(train_data, os.path.join(model_dir, "data"))
-            result = python(*train_flags(small_corpus, None, model_dir, train_steps=6, **FAST))
-            assert result.returncode == 0, result.stderr[-3000:]
-            with open(os.path.join(shared, "done"), "w") as f:
-                json.dump(small_corpus, f)
+    def build(model_dir):
+        # Records prepared by the same settings: train.py finds them up to date.
+        shutil.copytree(train_data, os.path.join(model_dir, "data"))
+        result = python(*train_flags(small_corpus, None, model_dir, train_steps=6, **FAST))
+        assert result.returncode == 0, result.stderr[-3000:]
+        with open(os.path.join(os.path.dirname(model_dir), "corpus.json"), "w") as f:
+            json.dump(small_corpus, f)  # the builder's corpus paths, for `corpus`
+
+    model_dir = built_once(tmp_path_factory, "faults_trained", build)
     assert checkpoint_numbers(model_dir) == [2, 4, 6]
     return model_dir
 
@@ -77,7 +68,7 @@ def trained(small_corpus, train_data, tmp_path_factory):
 def corpus(trained):
     """The text files `trained` was trained on (another worker's copy of the small corpus:
     the same bytes under other paths would count as other data and rebuild it)."""
-    with open(os.path.join(os.path.dirname(trained), "done")) as f:
+    with open(os.path.join(os.path.dirname(trained), "corpus.json")) as f:
         return json.load(f)
 
 

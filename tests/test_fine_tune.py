@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from helpers import python, train_flags
+from helpers import built_once, python, train_flags
 from tfnmt.checkpoints import load_model
 from tfnmt.data import records
 from tfnmt.data.pipeline import make_dataset
@@ -28,13 +28,15 @@ def domain_pairs(numbers):
 
 @pytest.fixture(scope="module")
 def source(small_corpus, train_data, tmp_path_factory):
-    """A tiny model trained 30 steps on the small corpus (best/ and checkpoints/ kept)."""
-    model_dir = str(tmp_path_factory.mktemp("source") / "run")
-    result = python(*train_flags(small_corpus, train_data, model_dir, train_steps=30,
-                                 warmup_steps=20, lr_scale=0.3, checkpoint_every=10,
-                                 eval_every=0, average_last=0, test_report="false"))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return model_dir
+    """A tiny model trained 30 steps on the small corpus (best/ and checkpoints/ kept), trained
+    once for all pytest-xdist workers; the tests only read it."""
+    def build(model_dir):
+        result = python(*train_flags(small_corpus, train_data, model_dir, train_steps=30,
+                                     warmup_steps=20, lr_scale=0.3, checkpoint_every=10,
+                                     eval_every=0, average_last=0, test_report="false"))
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "fine_tune_source", build)
 
 
 def scores_on(model_dir, pairs, data_dir):
