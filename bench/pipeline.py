@@ -55,9 +55,9 @@ def main(argv):
             fraction, _ = pipeline.padding_fraction(epoch())
             real_flops = padded_flops = 0
             for batch in epoch():
-                sources, targets = (tf.reduce_sum(tf.cast(batch[key] != PAD_ID, tf.int64),
+                sources, targets = (tf.reduce_sum(tf.cast(batch[side] != PAD_ID, tf.int64),
                                                   1).numpy().tolist()
-                                    for key in ("source", "target_in"))
+                                    for side in ("source", "target_in"))
                 real_flops += forward_flops(sources, targets, settings)
                 padded_flops += padded_forward_flops(batch["source"].shape[1],
                                                      batch["target_in"].shape[1], targets,
