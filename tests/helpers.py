@@ -28,7 +28,7 @@ def imported_modules(stderr):
 def built_once(tmp_path_factory, name, build):
     """A directory that `build(path)` fills once for every pytest-xdist worker of a run: the
     first worker to get here builds it while the others wait on a lock, then all read it (so
-    its users must not change it). Without xdist, once per session.
+    its users must not change it). Without xdist, each call builds its own.
 
     Returns:
       The directory's path (str).

@@ -34,9 +34,9 @@ from tfnmt.inference.decoding import EXTRA_LENGTH, decode_limits, dynamic_decode
 from tfnmt.inference.decoding_threads import PARALLEL_SEARCHES
 from tfnmt.inference.greedy_search import SamplingSearch
 from tfnmt.inference.scoring import sequence_log_probs, target_arrays
-from tfnmt.tensorflow_start import NVIDIA_DEVICE_FILES
 from tfnmt.inference.serving_precision import CPUINFO, ENVIRON, SearchPrecision
 from tfnmt.layers.linear import low_precision_matmuls
+from tfnmt.tensorflow_start import NVIDIA_DEVICE_FILES
 
 MATMUL_DTYPES = ("float32", "bfloat16", "auto")
 
