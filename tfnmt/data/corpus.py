@@ -6,15 +6,47 @@ Pairs with an empty side are skipped and counted (documented behaviour: they car
 A UTF-8 byte order mark at a file's start is dropped.
 """
 import gzip
+import hashlib
 import itertools
 import logging
 import os
 import socket
 import zlib
 
+from tfnmt.paths import EMBEDDED_DIR
+
 EMBEDDED = "embedded"
 EMBEDDED_TFDS_NAME = "tfnmt_de_en"
 SPLITS = ("train", "dev", "test")
+
+
+def sha256_file(path):
+    """The sha256 of a file's bytes (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def input_fingerprint(dataset, files=None, tfds_data_dir=None):
+    """What the raw text is, so that a changed input makes `prepare` rebuild.
+
+    Args:
+      dataset, files, tfds_data_dir: as for `read_corpus`.
+
+    Returns:
+      A JSON-able dict: checksums of the embedded or user files, or the TFDS name and directory.
+    """
+    if dataset == EMBEDDED:
+        tsv_paths = [os.path.join(EMBEDDED_DIR, f"{s}.tsv.gz") for s in SPLITS]
+        return {"embedded": {os.path.basename(p): sha256_file(p) for p in tsv_paths}}
+    if dataset == "files":  # a split's spec: "a.tsv", "a.de,a.en", or a list of such (train)
+        return {"files": {split: {p: sha256_file(p) if os.path.exists(p) else None
+                                  for spec in train_specs({"train": specs})
+                                  for p in (spec or "").split(",") if p}
+                          for split, specs in sorted((files or {}).items())}}
+    return {"tfds": dataset, "tfds_data_dir": tfds_data_dir}
 
 
 class CorpusError(ValueError):

@@ -15,7 +15,6 @@ while one reads it, another that would change it is refused (data_dir_lock.py).
 """
 import collections
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -24,10 +23,10 @@ import re
 import tensorflow as tf
 
 from tfnmt.data import corpus, data_dir_lock, vocabulary
+from tfnmt.data.corpus import input_fingerprint, sha256_file
 from tfnmt.data.filters import PairFilter
 from tfnmt.data.tokenizer import normalization_for, train_sentencepiece
 from tfnmt.data.vocabulary import Vocabulary
-from tfnmt.paths import EMBEDDED_DIR
 
 MANIFEST = "manifest.json"
 # What `shard_file` names, and its `.tmp` while written: the files this module may remove.
@@ -37,34 +36,6 @@ FORMAT_VERSION = 2  # 2: a sha256 per shard; the vocabulary by its fingerprint
 
 class PreparedDataError(RuntimeError):
     """A prepared-data directory that is missing, incomplete or inconsistent."""
-
-
-def _sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def input_fingerprint(dataset, files=None, tfds_data_dir=None):
-    """What the raw text is, so that a changed input makes `prepare` rebuild.
-
-    Args:
-      dataset, files, tfds_data_dir: as for `corpus.read_corpus`.
-
-    Returns:
-      A JSON-able dict: checksums of the embedded or user files, or the TFDS name and directory.
-    """
-    if dataset == corpus.EMBEDDED:
-        tsv_paths = [os.path.join(EMBEDDED_DIR, f"{s}.tsv.gz") for s in corpus.SPLITS]
-        return {"embedded": {os.path.basename(p): _sha256_file(p) for p in tsv_paths}}
-    if dataset == "files":  # a split's spec: "a.tsv", "a.de,a.en", or a list of such (train)
-        return {"files": {split: {p: _sha256_file(p) if os.path.exists(p) else None
-                                  for spec in corpus.train_specs({"train": specs})
-                                  for p in (spec or "").split(",") if p}
-                          for split, specs in sorted((files or {}).items())}}
-    return {"tfds": dataset, "tfds_data_dir": tfds_data_dir}
 
 
 def _serialize(source_ids, target_ids):
@@ -133,7 +104,7 @@ def _write_split(vocab, pairs, out_dir, name, num_shards, pair_filter=None):
         path = os.path.join(out_dir, name)
         os.replace(path + ".tmp", path)
         shards.append({"file": name, "examples": count, "bytes": os.path.getsize(path),
-                       "sha256": _sha256_file(path)})
+                       "sha256": sha256_file(path)})
     return {"examples": sum(counts), "shards": shards, "tokens": tokens,
             "length_histogram": {str(k): v for k, v in sorted(histogram.items())}}
 
@@ -396,8 +367,8 @@ def _vocab_source(vocab_paths):
         return "learned"
     source, target = vocab_paths
     if source == target:
-        return _sha256_file(source)
-    return {"source": _sha256_file(source), "target": _sha256_file(target)}
+        return sha256_file(source)
+    return {"source": sha256_file(source), "target": sha256_file(target)}
 
 
 def _learn_vocabulary(dataset, files, tfds_data_dir, vocab_size, vocab_type, separate,
@@ -549,7 +520,7 @@ def damaged_shards(data_dir, manifest):
             file = os.path.join(data_dir, shard["file"])
             if not os.path.exists(file):
                 damaged.append((split, f"{file} is missing"))
-            elif os.path.getsize(file) != shard["bytes"] or _sha256_file(file) != shard["sha256"]:
+            elif os.path.getsize(file) != shard["bytes"] or sha256_file(file) != shard["sha256"]:
                 damaged.append((split, f"{file} is damaged (its checksum differs from the "
                                        "manifest's)"))
     return damaged
