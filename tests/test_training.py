@@ -351,6 +351,22 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     assert picture.shape[2] == 3 and (picture.max(axis=2) < 40).any()
     assert all(train_events[tag] for tag in train_events)  # every scalar is described
     assert "_hparams_/session_start_info" in events(model_dir)
+    # The same command again: the run has ended, so its end is printed as reported, not
+    # computed again, and nothing in the model_dir changes.
+    before = {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
+              for d, _, files in os.walk(model_dir) for f in files}
+    again = python(*train_flags(small_corpus, None, "run", test_files=str(test_tsv),
+                                alpha=None), cwd=str(tmp_path))
+    assert again.returncode == 0, again.stderr[-3000:]
+    header, *end = again.stdout.strip().splitlines()
+    assert header == ("run: this run has ended before; its end as reported then (report.json: "
+                      "delete it to evaluate and report again)")
+    reported = result.stdout.strip().splitlines()
+    reported = reported[next(i for i, line in enumerate(reported)
+                             if line.startswith("dev sacreBLEU")):]
+    assert end == [line for line in reported if not line.startswith("length penalty:")]
+    assert before == {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
+                      for d, _, files in os.walk(model_dir) for f in files}
 
 
 def train_with_loss_scale(flags, initial_scale, max_skipped_in_a_row=None):

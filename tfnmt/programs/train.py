@@ -33,7 +33,7 @@ from tfnmt import cli  # noqa: E402
 from tfnmt.inference import bleu_tokenization  # noqa: E402
 from tfnmt.inference.length_penalty import ALPHA_GRID  # noqa: E402
 from tfnmt.model.presets import PRESETS  # noqa: E402
-from tfnmt.paths import DEFAULT_MODEL_DIR  # noqa: E402
+from tfnmt.paths import DEFAULT_MODEL_DIR, REPORT  # noqa: E402
 
 FLAGS = flags.FLAGS
 # Where and what.
@@ -418,6 +418,17 @@ def main(argv):
         settings = resolve_settings(settings, explicit, FLAGS.model_dir)
     except SettingsError as error:
         raise app.UsageError(str(error))
+    if FLAGS.strategy != "multi_worker":  # a cluster's workers may not share the report
+        from tfnmt.training import finished
+
+        ended = finished.reported_end(FLAGS.model_dir, finished.end_record(
+            settings, FLAGS.alpha, FLAGS.test_report))
+        if ended:
+            print(f"{FLAGS.model_dir}: this run has ended before; its end as reported then "
+                  f"({REPORT}: delete it to evaluate and report again)", flush=True)
+            print(dev_line(settings, ended["dev_greedy"]), flush=True)
+            print(report_text(settings, ended["test"]), flush=True)
+            return 0
     try:
         check_sizes(settings["model"])
     except ValueError as error:
@@ -465,23 +476,43 @@ def main(argv):
         return 128 + interrupted.signum  # as a shell reports a process the signal ended
     if metrics is None:  # a worker other than the chief: the chief reports
         return 0
+    print(dev_line(settings, metrics), flush=True)
+    final_report(settings, metrics)
+
+
+def dev_line(settings, metrics):
+    """The line of the run's final dev score."""
     search = "greedy" if settings["train"]["eval_beam_size"] == 1 \
         else f"beam {settings['train']['eval_beam_size']}"
-    print(f"dev sacreBLEU {metrics['bleu']:.2f} ({search})  ({FLAGS.model_dir})", flush=True)
-    final_report(settings, metrics)
+    return f"dev sacreBLEU {metrics['bleu']:.2f} ({search})  ({FLAGS.model_dir})"
+
+
+def report_text(settings, test):
+    """The test report (`report.format_report`; None: none) and the next commands."""
+    from tfnmt.data.corpus import EMBEDDED
+    from tfnmt.training import report
+
+    data = settings["data"]
+    return report.format_report(test, FLAGS.model_dir, data.get("reverse", False),
+                                own_data=data["dataset"] != EMBEDDED)
 
 
 def final_report(settings, dev_metrics):
     """Test scores, samples and next commands (printed, and in <model_dir>/report.json)."""
     import keras
 
-    from tfnmt.data.corpus import EMBEDDED, CorpusError
+    from tfnmt.data.corpus import CorpusError
     from tfnmt.inference import length_penalty
-    from tfnmt.training import report
+    from tfnmt.training import finished, report
     from tfnmt.training.evaluator import run_bleu_tokenization
+    from tfnmt.training.settings import resolve_settings
 
     keras.config.set_dtype_policy("float32")  # the model as exported
     result = None
+    # What this end read, so that the same command run again reprints it (training/finished.py):
+    # with the settings as that command resolves them (saved ones, defaults filled in).
+    end = finished.end_record(resolve_settings(settings, set(), FLAGS.model_dir), FLAGS.alpha,
+                              FLAGS.test_report)
     try:
         bleu_tokenize, _ = run_bleu_tokenization(settings)
         alpha = length_penalty.parse_alpha(FLAGS.alpha)
@@ -504,10 +535,10 @@ def final_report(settings, dev_metrics):
                                         bleu_tokenize=bleu_tokenize)
     except (CorpusError, OSError) as error:  # training succeeded: say why, keep its results
         print(f"no test report: {error}", flush=True)
-    report.write_report(FLAGS.model_dir, {"dev_greedy": dev_metrics, "test": result})
-    data = settings["data"]
-    print(report.format_report(result, FLAGS.model_dir, data.get("reverse", False),
-                               own_data=data["dataset"] != EMBEDDED), flush=True)
+        end = None  # a run started again tries once more
+    report.write_report(FLAGS.model_dir, {"dev_greedy": dev_metrics, "test": result,
+                                          "end": end})
+    print(report_text(settings, result), flush=True)
 
 
 def run():

@@ -13,4 +13,5 @@
   distribute.py   strategies, cluster roles, mixed precision, `PreReducedAdam`
   summaries.py    TensorBoard tags and descriptions, HParams, attention heatmaps, RSS
   report.py       the end-of-run report: test scores, samples, next commands
+  finished.py     a run that has ended, started again, prints its report instead of redoing it
 """

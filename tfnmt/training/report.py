@@ -1,17 +1,15 @@
 """The end of a training run, told to its user: test scores of what export.py would export
 (beam search, as served), a few translations beside their references, and what to run next.
 
-Written to <model_dir>/report.json as well as printed."""
+Written to <model_dir>/report.json as well as printed. TensorFlow loads only when something is
+translated: a finished run started again prints its report without it (training/finished.py)."""
 import json
 import os
 import shlex
 
 from tfnmt import paths
-from tfnmt.checkpoints import load_model
 from tfnmt.data.corpus import read_split
 from tfnmt.inference import length_penalty
-from tfnmt.inference.evaluation import corpus_scores, translate_lines
-from tfnmt.inference.serving import TranslationModule
 
 SAMPLES = 3
 
@@ -64,6 +62,9 @@ class ServedTranslator:
         if self._module is None:
             import tensorflow as tf
 
+            from tfnmt.checkpoints import load_model
+            from tfnmt.inference.serving import TranslationModule
+
             model, vocab, checkpoint = load_model(self.model_dir)
             self._checkpoint = os.path.relpath(checkpoint, self.model_dir)
             self._alpha = tf.Variable(length_penalty.PAPER_ALPHA, trainable=False,
@@ -85,6 +86,8 @@ class ServedTranslator:
 
     def translate(self, sentences, alpha):
         """Translations of `sentences` (a list of str) with length penalty `alpha`."""
+        from tfnmt.inference.evaluation import translate_lines
+
         self._load()
         self._alpha.assign(alpha)
 
@@ -136,6 +139,8 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA, bleu_tok
       "samples", "checkpoint", "sources_cut": the sources longer than the model reads};
       None when the dataset has no test split (--dataset=files without --test_files).
     """
+    from tfnmt.inference.evaluation import corpus_scores
+
     d = settings["data"]
     files = (d.get("files") or {}).get("test")
     if d["dataset"] == "files" and not files:
