@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import ROOT, built_once, python, started, train_flags
+from helpers import ROOT, built_once, imported_modules, python, started, train_flags
 from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes, load_model,
                                newest_readable_checkpoint)
 from tfnmt.data import records
@@ -144,12 +144,14 @@ def test_a_shard_damaged_during_training_is_named(corpus, copied):
 def test_changed_settings_are_refused_and_leave_the_model_dir_usable(corpus, copied):
     settings = open(os.path.join(copied, "settings.json"), "rb").read()
     result = python(*train_flags(corpus, None, copied, train_steps=8, norm_first=True,
-                                 attention_dropout=0.2, **FAST))
+                                 attention_dropout=0.2, **FAST),
+                    env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert result.returncode == 1
     assert last_line(result) == (
         f"train.py: {copied} holds a run with other settings: attention_dropout=0.2 (saved: "
         "0.0), norm_first=True (saved: False). Use a new --model_dir, or drop these flags to "
         "continue the saved run.")
+    assert "tensorflow" not in imported_modules(result.stderr)  # refused before it loads
     assert open(os.path.join(copied, "settings.json"), "rb").read() == settings
     assert load_model(copied)[2].endswith("ckpt-6")
 

@@ -189,3 +189,15 @@ def test_decoder_states_times_output_kernel_are_the_logits(tied):
     assert kernel.shape == (30, model.d_model)
     np.testing.assert_allclose(tf.einsum("btd,vd->btv", states, kernel),
                                model.decode(target, memory, padding), rtol=1e-5, atol=1e-5)
+
+
+def test_model_defaults_are_the_transformer_signatures():
+    # Read without TensorFlow (train.py resolves a saved model's settings before it loads):
+    # each of the Transformer's keyword arguments with the default it builds with.
+    import inspect
+
+    from tfnmt.model.presets import MODEL_DEFAULTS
+
+    signature = inspect.signature(Transformer.__init__).parameters.values()
+    assert MODEL_DEFAULTS == {p.name: p.default for p in signature
+                              if p.default is not inspect.Parameter.empty}

@@ -352,12 +352,14 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     assert all(train_events[tag] for tag in train_events)  # every scalar is described
     assert "_hparams_/session_start_info" in events(model_dir)
     # The same command again: the run has ended, so its end is printed as reported, not
-    # computed again, and nothing in the model_dir changes.
+    # computed again (TensorFlow is not even loaded), and nothing in the model_dir changes.
     before = {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
               for d, _, files in os.walk(model_dir) for f in files}
     again = python(*train_flags(small_corpus, None, "run", test_files=str(test_tsv),
-                                alpha=None), cwd=str(tmp_path))
+                                alpha=None), cwd=str(tmp_path),
+                   env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert again.returncode == 0, again.stderr[-3000:]
+    assert "tensorflow" not in imported_modules(again.stderr)
     header, *end = again.stdout.strip().splitlines()
     assert header == ("run: this run has ended before; its end as reported then (report.json: "
                       "delete it to evaluate and report again)")

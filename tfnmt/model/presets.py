@@ -12,6 +12,15 @@ tests.
 """
 import argparse
 
+# The `Transformer`'s arguments' defaults, readable without TensorFlow: what a saved model that
+# omits an argument was built with (tests/test_model.py checks them against its signature).
+MODEL_DEFAULTS = dict(vocab_size=None, num_layers=6, d_model=512, num_heads=8, d_ff=2048,
+                      dropout=0.1, attention_dropout=0.0, ffn_dropout=0.0, activation="relu",
+                      norm_first=False, position="sinusoidal", max_length=1024,
+                      share_embeddings=True, tie_output=True, source_vocab_size=None,
+                      target_vocab_size=None, num_encoder_layers=None, num_decoder_layers=None,
+                      layer_norm_epsilon=1e-6)
+
 PRESETS = {
     "tiny": dict(num_layers=2, d_model=64, num_heads=4, d_ff=128, dropout=0.1),
     "cpu": dict(num_layers=2, d_model=256, num_heads=4, d_ff=1024, dropout=0.1,

@@ -1,11 +1,10 @@
 """A run's settings: saved in <model_dir>/settings.json, and which of them a resumed run
 must keep."""
-import functools
-import inspect
 import json
 import os
 
 from tfnmt.data.corpus import train_specs
+from tfnmt.model.presets import MODEL_DEFAULTS
 from tfnmt.paths import CHECKPOINTS, SETTINGS, checkpoint_prefixes, read_settings
 
 # Settings a run in an existing model_dir must share with it: every model and training setting
@@ -22,16 +21,9 @@ class SettingsError(ValueError):
     """Settings that cannot run in this model_dir (raised before any work)."""
 
 
-@functools.cache
 def model_defaults():
-    """The `Transformer` arguments' defaults: what a saved model omitting them was built with
-    (read where needed: the model's module loads TensorFlow, and train.py checks its flags
-    before that)."""
-    from tfnmt.model.transformer import Transformer
-
-    return {name: parameter.default for name, parameter
-            in inspect.signature(Transformer.__init__).parameters.items()
-            if parameter.default is not inspect.Parameter.empty and name != "dtype"}
+    """The `Transformer` arguments' defaults: what a saved model omitting them was built with."""
+    return dict(MODEL_DEFAULTS)
 
 
 # What a saved run that does not record these settings trained with.
