@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -248,6 +247,28 @@ def test_export_to_a_file_fails_in_one_line(tiny_model_dir, tmp_path):
         f"export.py: --export_dir={tmp_path}/file is a file, not a directory"
 
 
+def kill_at_a_random_moment(process, rng):
+    """SIGKILLs a train.py run at a random moment of its work, found from its own log (so the
+    moments are alike on fast and slow CPUs): up to 1.5 s after one of its first eight lines,
+    chosen at random. Each line starts a phase: data preparation, the model's building and
+    restoring, tracing the step, and updates with a checkpoint written after each logged one.
+
+    Returns:
+      The stdout lines read.
+    """
+    lines = []
+    for _ in range(rng.randint(1, 8)):
+        line = process.stdout.readline()
+        if not line:  # ended by itself
+            return "".join(lines)
+        lines.append(line)
+    try:
+        process.wait(timeout=rng.uniform(0.0, 1.5))
+    except subprocess.TimeoutExpired:
+        process.kill()
+    return "".join(lines)
+
+
 def test_killed_three_times_then_a_damaged_manifest_and_the_run_finishes(small_corpus, tmp_path):
     # kill -9 at random moments of a run that prepares its own data (vocabulary, shards,
     # tracing, steps and checkpoint writes can all be hit); each rerun resumes from the newest
@@ -273,10 +294,9 @@ def test_killed_three_times_then_a_damaged_manifest_and_the_run_finishes(small_c
         command = [sys.executable, os.path.join(ROOT, flags[0]), *flags[1:]]
         process = subprocess.Popen(command, cwd=ROOT, env=environment, text=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if attempt < 3:
-            time.sleep(rng.uniform(1.0, 12.0))
-            process.kill()
+        logged = kill_at_a_random_moment(process, rng) if attempt < 3 else ""
         out, err = process.communicate(timeout=300)
+        out = logged + out
         started = "starting from scratch" if newest is None else f"resumed from {newest} at"
         if attempt == 3 or "resumed from" in out or "starting from scratch" in out:
             assert started in out, f"seed {seed}, attempt {attempt}: {out}{err[-2000:]}"
