@@ -63,7 +63,8 @@ def reported_end(model_dir, record):
         return None
     # Trained to its last update: a run that stopped early computes its end again, which says
     # why it stopped and how to train on.
-    if record["checkpoints"][-1:] != [f"ckpt-{record['settings']['train']['train_steps']}"]:
+    last = record["settings"].get("train", {}).get("train_steps")
+    if record["checkpoints"][-1:] != [f"ckpt-{last}"]:
         return None
     test = report.get("test")
     if test and not os.path.exists(os.path.join(model_dir, test["checkpoint"]) + ".index"):
