@@ -361,8 +361,9 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "tensorflow" not in imported_modules(again.stderr)
     header, *end = again.stdout.strip().splitlines()
-    assert header == ("run: this run has ended before; its end as reported then (report.json: "
-                      "delete it to evaluate and report again)")
+    assert header == ("run: this run has done its 12 updates (a larger --train_steps trains it "
+                      "further); its end as reported then (report.json: delete it to evaluate "
+                      "and report again):")
     reported = result.stdout.strip().splitlines()
     reported = reported[next(i for i, line in enumerate(reported)
                              if line.startswith("dev sacreBLEU")):]

@@ -424,8 +424,9 @@ def main(argv):
         ended = finished.reported_end(FLAGS.model_dir, finished.end_record(
             settings, FLAGS.alpha, FLAGS.test_report))
         if ended:
-            print(f"{FLAGS.model_dir}: this run has ended before; its end as reported then "
-                  f"({REPORT}: delete it to evaluate and report again)", flush=True)
+            print(f"{FLAGS.model_dir}: this run has done its {settings['train']['train_steps']:,d}"
+                  " updates (a larger --train_steps trains it further); its end as reported "
+                  f"then ({REPORT}: delete it to evaluate and report again):", flush=True)
             print(dev_line(settings, ended["dev_greedy"]), flush=True)
             print(report_text(settings, ended["test"]), flush=True)
             return 0
