@@ -41,8 +41,8 @@ def test_the_same_end_is_reported_again(ended):
     assert reported_end(str(model_dir), end_record(settings, "auto", True)) == report
 
 
-@pytest.mark.parametrize("change", ["alpha", "test_report", "train_steps", "average_last",
-                                    "new_checkpoint", "test_text", "dev_text",
+@pytest.mark.parametrize("change", ["alpha", "alpha_grid", "test_report", "train_steps",
+                                    "average_last", "new_checkpoint", "test_text", "dev_text",
                                     "served_checkpoint_gone", "stopped_early"])
 def test_anything_the_end_read_changed_computes_it_again(ended, change):
     model_dir, settings, _ = ended
@@ -53,6 +53,10 @@ def test_anything_the_end_read_changed_computes_it_again(ended, change):
         test_report = False
     elif change in ("train_steps", "average_last"):
         settings["train"][change] += 4
+    elif change == "alpha_grid":  # a version of tfnmt that chooses α among other values
+        report = json.loads((model_dir / "report.json").read_text(encoding="utf-8"))
+        report["end"]["alpha_grid"] = [0.6, 1.2, 1.8, 2.4]
+        (model_dir / "report.json").write_text(json.dumps(report), encoding="utf-8")
     elif change == "new_checkpoint":
         (model_dir / "checkpoints" / "ckpt-12.index").write_bytes(b"")
     elif change == "stopped_early":  # at step 8 of 12, with the same settings as then

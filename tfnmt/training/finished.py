@@ -3,17 +3,19 @@
 reported (<model_dir>/report.json) instead of computing it again, and exits at once.
 
 The report is reused only when everything its end read is as it was then: the run's settings,
-the end's flags (--alpha, --test_report), the checkpoints in checkpoints/, the dev and test text,
-and the checkpoint the test report translated. Any difference (more updates asked for, another
---average_last or --alpha, a changed test file, a deleted averaged/) computes the end again, as
-does deleting report.json; so does a run that stopped early (its end says why, and how to
-train on). Without TensorFlow: the answer comes before it loads.
+the end's flags (--alpha, --test_report) and the grid α is chosen from, the checkpoints in
+checkpoints/, the dev and test text, and the checkpoint the test report translated. Any
+difference (more updates asked for, another --average_last or --alpha, a changed test file, a
+deleted averaged/) computes the end again, as does deleting report.json; so does a run that
+stopped early (its end says why, and how to train on). Without TensorFlow: the answer comes
+before it loads.
 """
 import json
 import os
 
 from tfnmt import paths
 from tfnmt.data.corpus import input_fingerprint
+from tfnmt.inference.length_penalty import ALPHA_GRID
 
 
 def end_record(settings, alpha, test_report):
@@ -36,7 +38,8 @@ def end_record(settings, alpha, test_report):
     # checkpoints hold that vocabulary's model.
     settings = {k: v for k, v in settings.items() if k != "vocab_fingerprint"}
     return json.loads(json.dumps({
-        "settings": settings, "alpha": str(alpha), "test_report": bool(test_report),
+        "settings": settings, "alpha": str(alpha), "alpha_grid": ALPHA_GRID,
+        "test_report": bool(test_report),
         "checkpoints": [os.path.basename(prefix) for prefix in checkpoints],
         "scored_text": input_fingerprint(data["dataset"], scored, data.get("tfds_data_dir"))}))
 
