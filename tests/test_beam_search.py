@@ -7,7 +7,8 @@ import tensorflow as tf
 
 from helpers import random_ids
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
-from tfnmt.inference.beam_search import STOP_RULES, beam_search, length_penalty
+from tfnmt.inference.beam_search import (STOP_RULES, beam_search, beam_search_alphas,
+                                        length_penalty)
 from tfnmt.inference.decoding import greedy_decode_uncached, top_log_probs
 from tfnmt.inference.greedy_search import greedy_decode
 from tfnmt.model.presets import get_preset
@@ -351,3 +352,37 @@ class NoEos:
     def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
         logits, cache = self.model.decode_step(token_ids, step, cache, source_padding)
         return logits - 1e4 * tf.one_hot(EOS_ID, tf.shape(logits)[1]), cache
+
+
+@pytest.mark.parametrize("stop", STOP_RULES)
+def test_one_search_under_a_grid_of_alphas_gives_each_alphas_plain_search(model, stop):
+    # The end of a run chooses alpha on dev from one search (`AlphaGridBeamSearch`): under
+    # each alpha, the float64 plain search's hypotheses and scores, and the single-alpha
+    # search's.
+    model = EosLikely(model)
+    source = random_ids(np.random.default_rng(4), 8, 5, VOCAB)
+    source[::3, 2:] = PAD_ID
+    source = tf.constant(source)
+    alphas = [0.0, 0.6, 1.5, 4.0]
+    ids, scores = beam_search_alphas(model, source, alphas, beam_size=3, max_length=9,
+                                     n_best=3, stop=stop)
+    assert ids.shape[:3] == (8, 4, 3) and scores.shape == (8, 4, 3)
+    for m, alpha in enumerate(alphas):
+        for b in range(8):
+            expected, _ = reference_beam_search(model, source[b], 3, alpha, 9, stop)
+            for row, (tokens, _) in zip(ids[b, m].numpy().tolist(), expected):
+                assert tuple(row[:len(tokens)]) == tokens, (stop, alpha, b)
+                assert set(row[len(tokens):]) <= {PAD_ID}
+            np.testing.assert_allclose(scores[b, m], [score for _, score in expected],
+                                       rtol=1e-5, atol=1e-5)
+        single_ids, single_scores = beam_search(model, source, beam_size=3, alpha=alpha,
+                                                max_length=9, n_best=3, stop=stop)
+        width = single_ids.shape[2]
+        np.testing.assert_array_equal(ids[:, m, :, :width], single_ids)
+        assert np.all(ids.numpy()[:, m, :, width:] == PAD_ID)
+        # Under "bound" a sentence may go on longer, beside other rows: its products' sums
+        # may round differently.
+        np.testing.assert_allclose(scores[:, m], single_scores, rtol=1e-6, atol=1e-6)
+    # The alphas choose differently: the best hypothesis of some sentence changes.
+    best = ids.numpy()[:, :, 0]
+    assert any(not np.array_equal(best[b, 0], best[b, -1]) for b in range(8))

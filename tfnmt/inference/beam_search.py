@@ -47,12 +47,12 @@ def _gather_beams(x, indices):
     return tf.gather(x, indices, batch_dims=1)
 
 
-def _pad_time(tracks, length=None):
-    """Tracks [A, K, t, ...] padded along time (axis 2) to `length`; without it, by one step
+def _pad_time(tracks, length=None, axis=2):
+    """Tracks [A, K, t, ...] padded along time (`axis`) to `length`; without it, by one step
     (constant paddings: no shape arithmetic in a search step)."""
     def pad(t):
-        extra = 1 if length is None else length - tf.shape(t)[2]
-        padding = [[0, 0], [0, 0], [0, extra]] + [[0, 0]] * (t.shape.rank - 3)
+        extra = 1 if length is None else length - tf.shape(t)[axis]
+        padding = [[0, 0]] * axis + [[0, extra]] + [[0, 0]] * (t.shape.rank - axis - 1)
         return tf.pad(t, padding, constant_values=PAD_ID if t.dtype == tf.int32 else 0)
     return tf.nest.map_structure(pad, tracks)
 
@@ -127,7 +127,7 @@ class BeamSearch(DecodingStrategy):
         return tf.reshape(sentences["tokens"], [-1])
 
     def step(self, step, log_probs_of, attention, sentences, results):
-        k, per_beam, alpha = self.k, self.per_beam, self.alpha
+        k, per_beam = self.k, self.per_beam
         # 2k candidates: even if k of them end in EOS, k remain to continue.
         row_log_probs, row_tokens = log_probs_of(per_beam)  # [A*K, P]
         if self.prefix is not None:  # a forced row's one candidate: its prefix token
@@ -163,29 +163,39 @@ class BeamSearch(DecodingStrategy):
         length = step + 1
         # A candidate of a beam that is not there (at first only beam 0 is) ends as nothing.
         real_ends = tf.logical_and(ends, best_log_probs > NEG_INF / 2)
-        ended_scores = tf.where(real_ends, best_log_probs / length_penalty(length, alpha),
-                                NEG_INF)
+        finished, finished_scores = self._finish(sentences, top, best_log_probs, real_ends,
+                                                 length)
+        alive = _gather_tracks(top, keep)
+        sentences = dict(sentences, tokens=alive["ids"][:, :, -1], alive=alive,
+                         alive_log_probs=continue_scores, finished=finished,
+                         finished_scores=finished_scores)
+        limit = sentences["limit"]  # [A]
+        staying = tf.logical_and(length < limit,
+                                 self._going_on(continue_scores, finished_scores, limit))
+        return sentences, results, parents, staying
+
+    def _finish(self, sentences, top, log_probs, ends, length):
+        """The k best finished hypotheses: those finished before and the candidates `top`
+        (log_probs [A, 2K]) that end now (ends [A, 2K]), at `length`.
+
+        Returns:
+          (tracks [A, K, length, ...], scores [A, K]).
+        """
+        ended_scores = tf.where(ends, log_probs / length_penalty(length, self.alpha), NEG_INF)
         finished_scores, best = tf.math.top_k(
-            tf.concat([sentences["finished_scores"], ended_scores], axis=1), k=k)  # [A, K]
+            tf.concat([sentences["finished_scores"], ended_scores], axis=1), k=self.k)
         # Finished tracks hold `step` positions: one more makes them as long as `top`'s.
         all_finished = tf.nest.map_structure(lambda old, new: tf.concat([old, new], axis=1),
                                              _pad_time(sentences["finished"]), top)
-        alive = _gather_tracks(top, keep)
-        sentences = dict(sentences, tokens=alive["ids"][:, :, -1], alive=alive,
-                         alive_log_probs=continue_scores,
-                         finished=_gather_tracks(all_finished, best),
-                         finished_scores=finished_scores)
+        return _gather_tracks(all_finished, best), finished_scores
 
-        limit = sentences["limit"]  # [A]
+    def _going_on(self, continue_scores, finished_scores, limit):
+        """[A] bool: the sentences whose search the `stop` rule goes on with."""
         if self.stop == "finished":  # until k have ended
-            going_on = finished_scores[:, -1] <= NEG_INF / 2
-        else:
-            # While its best alive hypothesis, under the largest length penalty it can still
-            # reach, beats its k-th finished one (log-probs only fall from here).
-            going_on = (continue_scores[:, 0] / length_penalty(limit, alpha)
-                        > finished_scores[:, -1])
-        staying = tf.logical_and(length < limit, going_on)
-        return sentences, results, parents, staying
+            return finished_scores[:, -1] <= NEG_INF / 2
+        # While its best alive hypothesis, under the largest length penalty it can still
+        # reach, beats its k-th finished one (log-probs only fall from here).
+        return continue_scores[:, 0] / length_penalty(limit, self.alpha) > finished_scores[:, -1]
 
     def leave(self, results, left, length):
         """Records the k best hypotheses of the left sentences: their finished ones and, for a
@@ -220,6 +230,89 @@ class BeamSearch(DecodingStrategy):
         return outputs
 
 
+class AlphaGridBeamSearch(BeamSearch):
+    """`BeamSearch` under several length penalties at once: for each alpha of `alphas`, what a
+    `BeamSearch` with that alpha returns, for about the decoding work of one search.
+
+    Alpha scores only the finished hypotheses: the alive beam is ranked by log-probability,
+    and the "finished" rule counts the hypotheses that ended. So one alive beam serves every
+    alpha, beside K finished hypotheses per alpha. Under the "bound" rule a sentence goes on
+    while any alpha's bound says so; what it finds after an alpha's bound has failed cannot
+    enter that alpha's K best (up to exact ties of score), but the rows it shares a step with
+    differ from a single alpha's search, so its products may round differently.
+
+    finalize -> (ids [B, M, N, L], scores [B, M, N]), M = len(alphas), N = n_best, best first.
+
+    Args:
+      alphas: the length penalty's exponents, M of them.
+      beam_size, n_best, vocab_size, stop, **kwargs: `BeamSearch`'s (no return_attention).
+
+    Example:
+      ids, scores = dynamic_decode(model, AlphaGridBeamSearch([0.6, 1.2]), source_ids)
+    """
+
+    def __init__(self, alphas, beam_size=4, n_best=1, vocab_size=None, stop="finished",
+                 **kwargs):
+        if kwargs.get("return_attention"):
+            raise ValueError("AlphaGridBeamSearch keeps no attention")
+        super().__init__(beam_size, None, n_best, vocab_size, stop, **kwargs)
+        self.alpha = tf.constant(alphas, tf.float32)  # [M]
+        self.m = len(alphas)
+
+    def _no_tracks(self, rows, source_length):
+        return {"ids": tf.zeros([rows, self.m, self.k, 0], tf.int32)}
+
+    def initialize(self, batch, limits, source_length):
+        sentences, results = super().initialize(batch, limits, source_length)
+        sentences["finished_scores"] = tf.fill([batch, self.m, self.k], NEG_INF)  # [A, M, K]
+        sentences["alive"] = {"ids": tf.zeros([batch, self.k, 0], tf.int32)}  # [A, K, t]
+        results["scores"] = tf.fill([batch, self.m, self.k], NEG_INF)  # [B, M, K]
+        return sentences, results
+
+    def _finish(self, sentences, top, log_probs, ends, length):
+        penalties = length_penalty(length, self.alpha)[:, None]  # [M, 1]
+        ended_scores = tf.where(ends[:, None], log_probs[:, None] / penalties,
+                                NEG_INF)  # [A, M, 2K]
+        finished_scores, best = tf.math.top_k(
+            tf.concat([sentences["finished_scores"], ended_scores], axis=2), k=self.k)
+        return self._best_tracks(_pad_time(sentences["finished"], axis=3), top,
+                                 best), finished_scores
+
+    def _best_tracks(self, finished, others, best):
+        """finished [A, M, K, t], others [A, J, t] (every alpha's) -> the `best` [A, M, K] of
+        their K + J per alpha."""
+        def pick(kept, new):
+            new = tf.tile(new[:, None], [1, self.m, 1, 1])  # [A, M, J, t]
+            return tf.gather(tf.concat([kept, new], axis=2), best, batch_dims=2)
+        return tf.nest.map_structure(pick, finished, others)
+
+    def _going_on(self, continue_scores, finished_scores, limit):
+        if self.stop == "finished":  # k ended: the same count under every alpha
+            return finished_scores[:, 0, -1] <= NEG_INF / 2
+        bounds = continue_scores[:, :1] / length_penalty(limit[:, None], self.alpha)  # [A, M]
+        return tf.reduce_any(bounds > finished_scores[:, :, -1], axis=1)
+
+    def leave(self, results, left, length):
+        alive_log_probs = left["alive_log_probs"]
+        cut_off = tf.logical_and((length >= left["limit"])[:, None],
+                                 alive_log_probs > NEG_INF / 2)  # [A, K]
+        penalties = length_penalty(length, self.alpha)[:, None]  # [M, 1]
+        alive_scores = tf.where(cut_off[:, None], alive_log_probs[:, None] / penalties,
+                                NEG_INF)  # [A, M, K]
+        scores, best = tf.math.top_k(
+            tf.concat([left["finished_scores"], alive_scores], axis=2), k=self.k)
+        tracks = self._best_tracks(_pad_time(left["finished"], length, axis=3), left["alive"],
+                                   best)
+        return {"tracks": tf.nest.map_structure(
+                    lambda full, rows: replace_rows(full, left["index"], rows),
+                    _pad_time(results["tracks"], length, axis=3), tracks),
+                "scores": replace_rows(results["scores"], left["index"], scores)}
+
+    def finalize(self, results, batch, source_length):
+        return (results["tracks"]["ids"][:, :, :self.n_best],
+                results["scores"][:, :, :self.n_best])
+
+
 def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_best=1,
                 return_attention=False, prefix=None, stop="finished"):
     """Beam search (`dynamic_decode` with `BeamSearch`): each sentence's results are those of
@@ -245,4 +338,21 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
     """
     strategy = BeamSearch(beam_size, alpha, n_best, model.settings["target_vocab_size"],
                           stop=stop, return_attention=return_attention, prefix=prefix)
+    return dynamic_decode(model, strategy, source_ids, max_length)
+
+
+def beam_search_alphas(model, source_ids, alphas, beam_size=4, max_length=None, n_best=1,
+                       prefix=None, stop="finished"):
+    """`beam_search` under each length penalty of `alphas`, in one search
+    (`AlphaGridBeamSearch`): a dev split is searched once for a whole grid of alphas.
+
+    Args:
+      alphas: M exponents; the others as for `beam_search`.
+
+    Returns:
+      (ids [B, M, N, L], scores [B, M, N]): for each alpha, what `beam_search` returns.
+    """
+    strategy = AlphaGridBeamSearch(alphas, beam_size, n_best,
+                                   model.settings["target_vocab_size"], stop=stop,
+                                   prefix=prefix)
     return dynamic_decode(model, strategy, source_ids, max_length)

@@ -29,7 +29,7 @@ import tensorflow as tf
 from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.data.tokenizer import has_content, portable_model_proto, strip_output, to_source_ids
 from tfnmt.data.vocabulary import as_protos
-from tfnmt.inference.beam_search import STOP_RULES, beam_search
+from tfnmt.inference.beam_search import STOP_RULES, beam_search, beam_search_alphas
 from tfnmt.inference.decoding import EXTRA_LENGTH, decode_limits, dynamic_decode
 from tfnmt.inference.decoding_threads import PARALLEL_SEARCHES
 from tfnmt.inference.greedy_search import SamplingSearch
@@ -203,7 +203,7 @@ class TranslationModule:
         subwords = tf.cast(self.source_tokenizer.tokenize(text).row_lengths(), tf.int32)
         return {"subwords": subwords, "max_subwords": tf.constant(self.max_source_length - 1)}
 
-    def translate_batch(self, sentences, n_best, prefixes=None):
+    def translate_batch(self, sentences, n_best, prefixes=None, alphas=None):
         """Translates sentences in chunks of at most `chunk_size`, one chunk after the other.
 
         Args:
@@ -211,17 +211,22 @@ class TranslationModule:
           n_best: hypotheses per sentence.
           prefixes: [B] tf.string or None: the text each translation must start with ("" for
             none); its subwords are forced, then the search goes on.
+          alphas: None, or M length-penalty exponents: the best translation under each, from
+            one beam search (`beam_search.AlphaGridBeamSearch`); n_best must be 1.
 
         Returns:
           (translations [B, n_best] tf.string, scores [B, n_best] float32), best first; a sentence
-          without content gives "" and 0.0.
+          without content gives "" and 0.0. With alphas, [B, M]: column m under alphas[m].
         """
         sentences = _rank_1_strings(sentences)
         if prefixes is not None:
             sentences, prefixes = _as_many(sentences, prefixes, PREFIXES)
+        if alphas is not None and (n_best != 1 or self.sampling is not None):
+            raise ValueError("a search under several alphas is a beam search for n_best=1")
+        columns = n_best if alphas is None else len(alphas)
         return self._in_chunks(
-            lambda rows, prefix_rows: self._translate_chunk(rows, n_best, prefix_rows),
-            [sentences, prefixes], [(tf.string, [None, n_best]), (tf.float32, [None, n_best])])
+            lambda rows, prefix_rows: self._translate_chunk(rows, n_best, prefix_rows, alphas),
+            [sentences, prefixes], [(tf.string, [None, columns]), (tf.float32, [None, columns])])
 
     def _in_chunks(self, chunk_fn, inputs, outputs):
         """Runs `chunk_fn` on `chunk_size` consecutive rows of every input at a time, one chunk
@@ -274,9 +279,9 @@ class TranslationModule:
         """The matmul dtypes the module searches in: both for "auto"."""
         return ("bfloat16", "float32") if self.matmul_dtype == "auto" else (self.matmul_dtype,)
 
-    def _translate_chunk(self, sentences, n_best, prefixes=None):
+    def _translate_chunk(self, sentences, n_best, prefixes=None, alphas=None):
         """string [C] (and prefixes [C]) -> (translations string [C, n_best], scores float32
-        [C, n_best])."""
+        [C, n_best]); with alphas, [C, M] (`translate_batch`)."""
         text, source_ids = self._tokenize(sentences)
         prefix = None
         if prefixes is not None:  # [C, P] subword ids, PAD-padded
@@ -297,26 +302,32 @@ class TranslationModule:
             if self.model.settings["position"] == "learned":
                 limits = tf.minimum(limits, self.model.settings["max_length"])
         limits = tf.where(content, limits, 1)
-        ids, scores = self._search(source_ids, limits, n_best, prefix)  # [C, N, L], [C, N]
+        ids, scores = self._search(source_ids, limits, n_best, prefix, alphas)  # [C, N, L]
+        columns = n_best if alphas is None else len(alphas)
         batch, length = tf.shape(ids)[0], tf.shape(ids)[2]
         text = self.target_tokenizer.detokenize(
-            strip_output(tf.reshape(ids, [batch * n_best, length])))
-        text = tf.reshape(text, [batch, n_best])
+            strip_output(tf.reshape(ids, [batch * columns, length])))
+        text = tf.reshape(text, [batch, columns])
         return (tf.where(content[:, None], text, ""),
                 tf.where(content[:, None], scores, 0.0))
 
-    def _search(self, source_ids, limits, n_best, prefix=None):
+    def _search(self, source_ids, limits, n_best, prefix=None, alphas=None):
         """Beam search of source_ids [C, S] (limits [C], prefix [C, P] or None) in
         `parallel_searches` groups of consecutive rows (their sizes differ by at most one;
-        some are empty when C is smaller); or sampling, of all rows at once."""
+        some are empty when C is smaller); or sampling, of all rows at once. -> (ids [C, N, L],
+        scores [C, N]); with alphas, [C, M, L] and [C, M]: each alpha's best."""
         if self.sampling is not None:
             strategy = SamplingSearch(self.model.settings["target_vocab_size"], **self.sampling,
                                       prefix=prefix)
             ids, scores = dynamic_decode(self.model, strategy, source_ids, limits)
             return ids[:, None], scores[:, None]
         def search(source_ids, limits, prefix):
-            return beam_search(self.model, source_ids, self.beam_size, self.alpha, limits,
-                               n_best, prefix=prefix, stop=self.beam_stop)
+            if alphas is None:
+                return beam_search(self.model, source_ids, self.beam_size, self.alpha, limits,
+                                   n_best, prefix=prefix, stop=self.beam_stop)
+            ids, scores = beam_search_alphas(self.model, source_ids, alphas, self.beam_size,
+                                             limits, prefix=prefix, stop=self.beam_stop)
+            return ids[:, :, 0], scores[:, :, 0]  # n_best 1
 
         results = self._in_groups(search, source_ids, limits, prefix)
         if len(results) == 1:
