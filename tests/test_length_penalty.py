@@ -122,34 +122,37 @@ def test_the_end_of_a_run_translates_as_served_with_each_alpha_in_one_trace(tiny
 
 def test_the_end_of_a_run_searches_the_whole_grid_at_once_as_served(tiny_model_dir):
     # choose_length_penalty translates dev once for every alpha of the grid: each alpha's
-    # translations are what the served module gives under that alpha (one search per alpha),
-    # batches of two sentences and an empty one included, from one trace per grid
+    # translations are what the served module gives under that alpha (one search per alpha,
+    # `single`), batches of two sentences and an empty one included, from one trace per grid
     # (tests/test_beam_search.py checks the search against a plain one where alpha changes
-    # the hypotheses).
+    # the hypotheses). The test report then translates through that trace.
     translator = ServedTranslator(tiny_model_dir, beam_size=3, batch_size=2)
+    single = ServedTranslator(tiny_model_dir, beam_size=3, batch_size=2)
     sentences = ["Das ist ein Haus.", "Guten Morgen!", "Er sprach zu ihnen in der Nacht.", "",
                  "Und Gott sprach: Es werde Licht."]
     grid = (0.0, 0.6, 2.0, 5.0)
     translations = translator.translate_alphas(sentences, grid)
     assert list(translations) == list(grid)
     for alpha in grid:
-        assert translations[alpha] == translator.translate(sentences, alpha), alpha
+        assert translations[alpha] == single.translate(sentences, alpha), alpha
     assert translations[0.0][3] == ""
     assert translator.translate_alphas(sentences[:2], grid) == {
         alpha: translations[alpha][:2] for alpha in grid}
+    assert translator.translate(sentences, 2.0) == translations[2.0]
     assert [f.experimental_get_tracing_count()
             for f in translator._grid_searches.values()] == [1]
+    assert translator.module.serve.experimental_get_tracing_count() == 0
     # Column m is alphas[m]: the scores (which the penalty changes even where this untrained
     # model's translations stay the same) are the served module's under each.
     batch = tf.constant(sentences)
     scores = translator.module.translate_batch(batch, 1, alphas=grid)[1].numpy()  # [B, M]
     for m, alpha in enumerate(grid):
-        translator.translate(sentences[:1], alpha)  # the module's variable now holds alpha
-        np.testing.assert_allclose(scores[:, m], translator.module.serve(batch)["scores"],
+        single.translate(sentences[:1], alpha)  # the module's variable now holds alpha
+        np.testing.assert_allclose(scores[:, m], single.module.serve(batch)["scores"],
                                    rtol=1e-5, err_msg=str(alpha))
     assert np.abs(scores[:, 0] - scores[:, -1]).max() > 1e-2
     with pytest.raises(ValueError, match="n_best=1"):
-        translator.module.translate_batch(tf.constant(sentences), 2, alphas=grid)
+        translator.module.translate_batch(batch, 2, alphas=grid)
 
 
 def test_an_end_of_run_that_translates_nothing_loads_nothing(tmp_path):

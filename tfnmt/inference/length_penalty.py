@@ -3,8 +3,9 @@
 A model trained for a few thousand updates ends its translations early: on the main job's
 dev split, beam 4 with the paper's alpha 0.6 gives outputs ~15% shorter than the references,
 and sacreBLEU's brevity penalty takes a point or more. At the end of a run `train.py`
-translates the dev split with beam 4 under each alpha of a small grid, keeps the best
-(`choose_alpha`) and writes it to <model_dir>/decoding.json; export.py, translate.py and
+translates the dev split with beam 4 under each alpha of a small grid, all in one search
+(`beam_search.AlphaGridBeamSearch`), keeps the best (`choose_alpha`) and writes it to
+<model_dir>/decoding.json; export.py, translate.py and
 evaluate.py take it as their `--alpha` for that model_dir unless one is given
 (`default_alpha`).
 
@@ -18,8 +19,8 @@ from tfnmt.paths import DECODING
 
 PAPER_ALPHA = 0.6
 # Tried in order until one scores no better than the one before. Steps of 0.3: on eight main
-# jobs they chose as well as steps of 0.6 or better, for 1-3 more dev searches
-# (bench/README.md, "The length penalty").
+# jobs they chose as well as steps of 0.6 or better (bench/README.md, "The length penalty");
+# one dev search translates under all of them.
 ALPHA_GRID = (0.6, 0.9, 1.2, 1.5, 1.8, 2.1, 2.4)
 
 

@@ -38,9 +38,10 @@ def pick_samples(pairs, count=SAMPLES, min_words=6, max_words=20):
 
 class ServedTranslator:
     """The checkpoint export.py exports by default, translating as its SavedModel serves (a
-    `TranslationModule`, beam search): the end of a run chooses the length penalty on dev and
-    reports on test with it, in one trace, as the penalty is a variable. The checkpoint is
-    loaded on first use.
+    `TranslationModule`, beam search): the end of a run chooses the length penalty on dev
+    from one search under the whole grid (`translate_alphas`) and reports on test with it
+    through the same trace. The penalty of `translate` is a variable: one trace for any alpha.
+    The checkpoint is loaded on first use.
 
     Args:
       model_dir: the run's model_dir.
@@ -86,9 +87,14 @@ class ServedTranslator:
         return self._checkpoint
 
     def translate(self, sentences, alpha):
-        """Translations of `sentences` (a list of str) with length penalty `alpha`."""
+        """Translations of `sentences` (a list of str) with length penalty `alpha`: by a grid
+        search already traced that holds alpha (`translate_alphas`: the same translations, in
+        about the same time, without tracing the module's `serve`), else by `serve`."""
         from tfnmt.inference.evaluation import translate_lines
 
+        for alphas in self._grid_searches:
+            if float(alpha) in alphas:
+                return self.translate_alphas(sentences, alphas)[float(alpha)]
         self._load()
         self._alpha.assign(alpha)
 
