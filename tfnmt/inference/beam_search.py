@@ -259,15 +259,13 @@ class AlphaGridBeamSearch(BeamSearch):
         self.alpha = tf.constant(alphas, tf.float32)  # [M]
         self.m = len(alphas)
 
-    def _no_tracks(self, rows, source_length):
-        return {"ids": tf.zeros([rows, self.m, self.k, 0], tf.int32)}
-
     def initialize(self, batch, limits, source_length):
         sentences, results = super().initialize(batch, limits, source_length)
-        sentences["finished_scores"] = tf.fill([batch, self.m, self.k], NEG_INF)  # [A, M, K]
-        sentences["alive"] = {"ids": tf.zeros([batch, self.k, 0], tf.int32)}  # [A, K, t]
-        results["scores"] = tf.fill([batch, self.m, self.k], NEG_INF)  # [B, M, K]
-        return sentences, results
+        def per_alpha(t):  # [A, K, ...] -> [A, M, K, ...]
+            return tf.tile(t[:, None], [1, self.m] + [1] * (t.shape.rank - 1))
+        for key in ("finished", "finished_scores"):
+            sentences[key] = tf.nest.map_structure(per_alpha, sentences[key])
+        return sentences, tf.nest.map_structure(per_alpha, results)
 
     def _finish(self, sentences, top, log_probs, ends, length):
         penalties = length_penalty(length, self.alpha)[:, None]  # [M, 1]
