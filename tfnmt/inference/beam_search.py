@@ -89,6 +89,8 @@ class BeamSearch(DecodingStrategy):
       ids, scores = dynamic_decode(model, BeamSearch(beam_size=4, alpha=0.6), source_ids)
     """
 
+    time_axis = 2  # of the tracks: [A, K, t, ...]
+
     def __init__(self, beam_size=4, alpha=0.6, n_best=1, vocab_size=None, stop="finished",
                  **kwargs):
         super().__init__(**kwargs)
@@ -181,13 +183,22 @@ class BeamSearch(DecodingStrategy):
         Returns:
           (tracks [A, K, length, ...], scores [A, K]).
         """
-        ended_scores = tf.where(ends, log_probs / length_penalty(length, self.alpha), NEG_INF)
-        finished_scores, best = tf.math.top_k(
-            tf.concat([sentences["finished_scores"], ended_scores], axis=1), k=self.k)
+        finished_scores, best = tf.math.top_k(tf.concat(
+            [sentences["finished_scores"], self._ended_scores(log_probs, ends, length)],
+            axis=-1), k=self.k)
         # Finished tracks hold `step` positions: one more makes them as long as `top`'s.
-        all_finished = tf.nest.map_structure(lambda old, new: tf.concat([old, new], axis=1),
-                                             _pad_time(sentences["finished"]), top)
-        return _gather_tracks(all_finished, best), finished_scores
+        return self._best_tracks(_pad_time(sentences["finished"], axis=self.time_axis), top,
+                                 best), finished_scores
+
+    def _ended_scores(self, log_probs, ends, length):
+        """log_probs [A, J] of hypotheses ending at `length` where `ends` [A, J] -> their scores
+        [A, J], NEG_INF elsewhere."""
+        return tf.where(ends, log_probs / length_penalty(length, self.alpha), NEG_INF)
+
+    def _best_tracks(self, kept, others, best):
+        """kept [A, K, t, ...], others [A, J, t, ...] -> the `best` [A, K] of their K + J."""
+        return _gather_tracks(tf.nest.map_structure(
+            lambda a, b: tf.concat([a, b], axis=1), kept, others), best)
 
     def _going_on(self, continue_scores, finished_scores, limit):
         """[A] bool: the sentences whose search the `stop` rule goes on with."""
@@ -211,15 +222,14 @@ class BeamSearch(DecodingStrategy):
         alive_log_probs = left["alive_log_probs"]
         cut_off = tf.logical_and((length >= left["limit"])[:, None],
                                  alive_log_probs > NEG_INF / 2)  # [A, K]
-        alive_scores = tf.where(cut_off, alive_log_probs / length_penalty(length, self.alpha),
-                                NEG_INF)
-        scores, best = tf.math.top_k(
-            tf.concat([left["finished_scores"], alive_scores], axis=1), k=self.k)  # [A, K]
-        tracks = tf.nest.map_structure(lambda old, alive: tf.concat([old, alive], axis=1),
-                                       _pad_time(left["finished"], length), left["alive"])
+        scores, best = tf.math.top_k(tf.concat(
+            [left["finished_scores"], self._ended_scores(alive_log_probs, cut_off, length)],
+            axis=-1), k=self.k)  # [A, K]
+        tracks = self._best_tracks(_pad_time(left["finished"], length, axis=self.time_axis),
+                                   left["alive"], best)
         return {"tracks": tf.nest.map_structure(
                     lambda full, rows: replace_rows(full, left["index"], rows),
-                    _pad_time(results["tracks"], length), _gather_tracks(tracks, best)),
+                    _pad_time(results["tracks"], length, axis=self.time_axis), tracks),
                 "scores": replace_rows(results["scores"], left["index"], scores)}
 
     def finalize(self, results, batch, source_length):
@@ -251,6 +261,8 @@ class AlphaGridBeamSearch(BeamSearch):
       ids, scores = dynamic_decode(model, AlphaGridBeamSearch([0.6, 1.2]), source_ids)
     """
 
+    time_axis = 3  # of the finished tracks and results: [A, M, K, t]
+
     def __init__(self, alphas, beam_size=4, n_best=1, vocab_size=None, stop="finished",
                  **kwargs):
         if kwargs.get("return_attention"):
@@ -267,14 +279,9 @@ class AlphaGridBeamSearch(BeamSearch):
             sentences[key] = tf.nest.map_structure(per_alpha, sentences[key])
         return sentences, tf.nest.map_structure(per_alpha, results)
 
-    def _finish(self, sentences, top, log_probs, ends, length):
+    def _ended_scores(self, log_probs, ends, length):  # [A, J] -> [A, M, J]
         penalties = length_penalty(length, self.alpha)[:, None]  # [M, 1]
-        ended_scores = tf.where(ends[:, None], log_probs[:, None] / penalties,
-                                NEG_INF)  # [A, M, 2K]
-        finished_scores, best = tf.math.top_k(
-            tf.concat([sentences["finished_scores"], ended_scores], axis=2), k=self.k)
-        return self._best_tracks(_pad_time(sentences["finished"], axis=3), top,
-                                 best), finished_scores
+        return tf.where(ends[:, None], log_probs[:, None] / penalties, NEG_INF)
 
     def _best_tracks(self, finished, others, best):
         """finished [A, M, K, t], others [A, J, t] (every alpha's) -> the `best` [A, M, K] of
@@ -289,22 +296,6 @@ class AlphaGridBeamSearch(BeamSearch):
             return finished_scores[:, 0, -1] <= NEG_INF / 2
         bounds = continue_scores[:, :1] / length_penalty(limit[:, None], self.alpha)  # [A, M]
         return tf.reduce_any(bounds > finished_scores[:, :, -1], axis=1)
-
-    def leave(self, results, left, length):
-        alive_log_probs = left["alive_log_probs"]
-        cut_off = tf.logical_and((length >= left["limit"])[:, None],
-                                 alive_log_probs > NEG_INF / 2)  # [A, K]
-        penalties = length_penalty(length, self.alpha)[:, None]  # [M, 1]
-        alive_scores = tf.where(cut_off[:, None], alive_log_probs[:, None] / penalties,
-                                NEG_INF)  # [A, M, K]
-        scores, best = tf.math.top_k(
-            tf.concat([left["finished_scores"], alive_scores], axis=2), k=self.k)
-        tracks = self._best_tracks(_pad_time(left["finished"], length, axis=3), left["alive"],
-                                   best)
-        return {"tracks": tf.nest.map_structure(
-                    lambda full, rows: replace_rows(full, left["index"], rows),
-                    _pad_time(results["tracks"], length, axis=3), tracks),
-                "scores": replace_rows(results["scores"], left["index"], scores)}
 
     def finalize(self, results, batch, source_length):
         return (results["tracks"]["ids"][:, :, :self.n_best],
