@@ -16,7 +16,8 @@ from helpers import started, teacher_forced_log_prob
 from tfnmt import checkpoints
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
-from tfnmt.inference.serving import GPU_DEVICE_FILES, TranslationModule, search_bounds
+from tfnmt.inference.serving import (GPU_DEVICE_FILES, TranslationModule, dealt_order,
+                                     search_bounds)
 from tfnmt.inference.session_loader import SessionModel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -761,6 +762,24 @@ def test_scores_are_those_of_one_group_whatever_the_groups(module, batch, tiny_m
     assert len(calls) - len(set(calls)) >= 1
 
 
+def test_parallel_searches_are_dealt_rows_of_every_length():
+    # Group g of G gets the g-th, (g + G)-th, ... shortest rows (ties in row order), as many
+    # as search_bounds gives it: against numpy's stable sort, for every size up to 9.
+    rng = np.random.default_rng(0)
+    for groups in (1, 2, 3, 4):
+        for batch in range(10):
+            lengths = rng.integers(1, 5, batch).astype(np.int32)  # ties
+            order = dealt_order(tf.constant(lengths), groups).numpy()
+            bounds = [int(b) for b in search_bounds(tf.constant(batch), groups, [])]
+            ranked = np.argsort(lengths, kind="stable")
+            for group in range(groups):
+                assert order[bounds[group]:bounds[group + 1]].tolist() == \
+                    ranked[group::groups].tolist()
+            assert sorted(order.tolist()) == list(range(batch))
+            sizes = np.diff(bounds)
+            assert bounds[-1] == batch and sizes.max() - sizes.min() <= 1
+
+
 def test_a_machine_with_a_gpu_searches_a_chunk_as_one_group(module, tiny_model_dir, tmp_path):
     # The device file is looked for when the graph runs, not when it is traced (an export is
     # made on one machine and served on another).
@@ -771,8 +790,8 @@ def test_a_machine_with_a_gpu_searches_a_chunk_as_one_group(module, tiny_model_d
     device.write_text("")
     assert concrete(tf.constant(7)).numpy().tolist() == [0, 7, 7, 7]
     assert [int(b) for b in search_bounds(tf.constant(7), 3, [str(tmp_path / "none*")])] == \
-        [0, 2, 4, 7]
-    assert [int(b) for b in search_bounds(tf.constant(7), 3, [])] == [0, 2, 4, 7]
+        [0, 3, 5, 7]
+    assert [int(b) for b in search_bounds(tf.constant(7), 3, [])] == [0, 3, 5, 7]
     assert [int(b) for b in search_bounds(tf.constant(1), 3, [str(device)])] == [0, 1, 1, 1]
     # The same translations as on a CPU (two groups) and as one search.
     proto = checkpoints.load_model(tiny_model_dir)[1]

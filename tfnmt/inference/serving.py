@@ -51,11 +51,12 @@ GPU_DEVICE_FILES = (NVIDIA_DEVICE_FILES, "/dev/kfd")
 def search_bounds(batch, groups, gpu_files=GPU_DEVICE_FILES):
     """In the graph: the row bounds of a chunk's `groups` parallel searches.
 
-    On a CPU, `groups` consecutive groups whose sizes differ by at most one (some empty when
-    `batch` is smaller). Where one of `gpu_files` exists on the machine that runs the graph,
-    all rows go to the first group and the others are empty: a GPU runs one search of the
-    whole chunk faster than several searches of its parts. The files are looked for where the
-    graph runs (a Python-side check would see the exporting machine).
+    On a CPU, `groups` consecutive groups, group g of ceil((batch - g) / groups) rows: as many
+    as `dealt_order` deals it (sizes differ by at most one; some empty when `batch` is
+    smaller). Where one of `gpu_files` exists on the machine that runs the graph, all rows go
+    to the first group and the others are empty: a GPU runs one search of the whole chunk
+    faster than several searches of its parts. The files are looked for where the graph runs
+    (a Python-side check would see the exporting machine).
 
     Args:
       batch: int32 scalar, the chunk's rows.
@@ -65,12 +66,33 @@ def search_bounds(batch, groups, gpu_files=GPU_DEVICE_FILES):
     Returns:
       A list of groups + 1 int32 scalars, from 0 to `batch`.
     """
-    bounds = [(group * batch) // groups for group in range(groups + 1)]
+    bounds = [0]
+    for group in range(groups):
+        bounds.append(bounds[-1] + (batch - group + groups - 1) // groups)
     if groups == 1 or not gpu_files:
         return bounds
     on_gpu = tf.reduce_any([tf.size(tf.io.matching_files(pattern)) > 0
                             for pattern in gpu_files])
     return [bounds[0]] + [tf.where(on_gpu, batch, bound) for bound in bounds[1:]]
+
+
+def dealt_order(lengths, groups):
+    """In the graph: a permutation of a chunk's rows that deals them out to `groups` searches
+    by length, as cards: the shortest to the first group, the next to the second, and so on;
+    group g's rows, in order, are then the g-th of `search_bounds`. Each search gets sentences
+    of every length, so the searches run for about as many steps and take about as long, and
+    no core waits for the other's longest sentences (rows cut into consecutive halves can put
+    the long ones in one search).
+
+    Args:
+      lengths: [C] int32, each row's search length limit.
+      groups: int, the number of searches.
+
+    Returns:
+      [C] int32: the rows in the groups' order (`tf.gather(rows, order)`).
+    """
+    order = tf.argsort(lengths, stable=True)
+    return tf.concat([order[group::groups] for group in range(groups)], 0)
 
 
 class TranslationModule:
@@ -313,9 +335,10 @@ class TranslationModule:
 
     def _search(self, source_ids, limits, n_best, prefix=None, alphas=None):
         """Beam search of source_ids [C, S] (limits [C], prefix [C, P] or None) in
-        `parallel_searches` groups of consecutive rows (their sizes differ by at most one;
-        some are empty when C is smaller); or sampling, of all rows at once. -> (ids [C, N, L],
-        scores [C, N]); with alphas, [C, M, L] and [C, M]: each alpha's best."""
+        `parallel_searches` groups (their sizes differ by at most one; some are empty when C is
+        smaller), the rows dealt out by length (`dealt_order`); or sampling, of all rows at
+        once. -> (ids [C, N, L], scores [C, N]); with alphas, [C, M, L] and [C, M]: each
+        alpha's best."""
         if self.sampling is not None:
             strategy = SamplingSearch(self.model.settings["target_vocab_size"], **self.sampling,
                                       prefix=prefix)
@@ -329,13 +352,17 @@ class TranslationModule:
                                              limits, prefix=prefix, stop=self.beam_stop)
             return ids[:, :, 0], scores[:, :, 0]  # n_best 1
 
-        results = self._in_groups(search, source_ids, limits, prefix)
-        if len(results) == 1:
-            return results[0]
+        if self.parallel_searches == 1:
+            return self._in_groups(search, source_ids, limits, prefix)[0]
+        order = dealt_order(limits, self.parallel_searches)
+        results = self._in_groups(search, *(None if rows is None else tf.gather(rows, order)
+                                             for rows in (source_ids, limits, prefix)))
         length = tf.reduce_max([tf.shape(ids)[2] for ids, _ in results])
         ids = [tf.pad(ids, [[0, 0], [0, 0], [0, length - tf.shape(ids)[2]]],
                       constant_values=PAD_ID) for ids, _ in results]
-        return tf.concat(ids, 0), tf.concat([scores for _, scores in results], 0)
+        back = tf.math.invert_permutation(order)  # the rows in the chunk's order again
+        return (tf.gather(tf.concat(ids, 0), back),
+                tf.gather(tf.concat([scores for _, scores in results], 0), back))
 
     def _in_groups(self, function, *rows):
         """[function(*group's rows)] for the `parallel_searches` groups of consecutive rows of
