@@ -23,6 +23,9 @@ times slower than its oneDNN ones (CT2_USE_MKL=0); the JSON names the SGEMM back
 --session_threads sizes the exports' thread pools as TF Serving's flags do: at 32 sentences
 per call on 2 cores, 1:2 (one thread per op, the export's parallel searches side by side)
 decodes faster than TensorFlow's default (bench/README.md, "Decoding").
+Batch 1 is also timed with --clients clients sending one-sentence requests at once, as a
+server receives them (`*_batch1_clients<N>`): an export's session runs them side by side on
+its inter-op threads, CTranslate2 with one translator thread per client.
 Prints one JSON line.
 
   python bench/decode.py                       # after `python train.py` (runs/de-en)
@@ -67,6 +70,10 @@ flags.DEFINE_enum("loader", "session", ["session", "python"], "How the exports a
 flags.DEFINE_list("ctranslate2", ["float32", "int8"], "CTranslate2 weight types also timed "
                   "(export.py --format=ctranslate2; empty: none).")
 flags.DEFINE_integer("ct2_threads", 0, "CTranslate2 intra-op threads (0: one per core).")
+flags.DEFINE_integer("clients", 2, "Batch 1 is also timed with this many clients sending "
+                     "one-sentence requests at once, as a server receives them (below 2: not); "
+                     "CTranslate2 then has one translator thread per client, cores // clients "
+                     "threads each.")
 CT2_GEMMS = {"auto": {}, "dnnl": {"CT2_USE_MKL": "0"}}
 flags.DEFINE_list("ct2_gemm", ["auto", "dnnl"], "CTranslate2 GEMM backends timed, each in its "
                   "own process: auto (CTranslate2's choice, MKL on Intel CPUs), dnnl "
@@ -116,8 +123,11 @@ def main(argv):
     tokenizer = Tokenizer(os.path.join(FLAGS.model_dir, paths.VOCAB))
     if FLAGS.ct2_model:
         result = {}
+        cores = len(os.sched_getaffinity(0))
         time_translator(result, "ctranslate2", load_ctranslate2(FLAGS.ct2_model, max_length),
-                        sources, references, tokenizer)
+                        sources, references, tokenizer,
+                        load_ctranslate2(FLAGS.ct2_model, max_length, FLAGS.clients,
+                                         max(1, cores // FLAGS.clients)))
         print(json.dumps(result))
         return
     result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS,
@@ -162,13 +172,21 @@ def main(argv):
     print(json.dumps(result))
 
 
-def time_translator(result, name, translate, sources, references, tokenizer):
-    """Times `translate` at each batch size into result[f"{name}_batch{size}"]."""
+def time_translator(result, name, translate, sources, references, tokenizer,
+                    concurrent_translate=None):
+    """Times `translate` at each batch size into result[f"{name}_batch{size}"], and at batch 1
+    with --clients clients at once (through `concurrent_translate`, default `translate`) into
+    result[f"{name}_batch1_clients{clients}"]."""
     import tensorflow as tf
 
     from tfnmt.inference.evaluation import corpus_scores, translate_lines
 
-    for batch_size in map(int, FLAGS.batch_sizes):
+    batch_sizes = list(map(int, FLAGS.batch_sizes))
+    if 1 in batch_sizes and FLAGS.clients > 1:
+        lines = sources[:FLAGS.batch1_limit] if FLAGS.batch1_limit else sources
+        result[f"{name}_batch1_clients{FLAGS.clients}"] = time_clients(
+            concurrent_translate or translate, lines, tokenizer)
+    for batch_size in batch_sizes:
         lines = sources[:FLAGS.batch1_limit] if batch_size == 1 and FLAGS.batch1_limit \
             else sources
         translate_lines(translate, lines[:batch_size], batch_size)  # warm-up
@@ -187,6 +205,38 @@ def time_translator(result, name, translate, sources, references, tokenizer):
         if len(lines) == len(sources):
             result[f"{name}_batch{batch_size}"]["sacrebleu"] = round(
                 corpus_scores(outputs, references)["bleu"], 2)
+
+
+def time_clients(translate, lines, tokenizer):
+    """Times --clients threads that each translate their share of `lines` (every clients-th
+    line) one sentence per call, all at once: sentences/s and target tokens/s of the median of
+    --rounds passes."""
+    import threading
+
+    import tensorflow as tf
+
+    outputs = [None] * len(lines)
+
+    def client(first):
+        for index in range(first, len(lines), FLAGS.clients):
+            outputs[index] = translate([lines[index]])[0].numpy()[0].decode("utf-8")
+
+    client(0)  # warm-up
+    times = []
+    for _ in range(FLAGS.rounds):
+        threads = [threading.Thread(target=client, args=(first,))
+                   for first in range(FLAGS.clients)]
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        times.append(time.perf_counter() - start)
+    elapsed = statistics.median(times)
+    pieces = int(tf.reduce_sum(tokenizer.tokenize(outputs).row_lengths()))
+    return {"sentences": len(lines), "clients": FLAGS.clients, "seconds": round(elapsed, 1),
+            "sentences_per_s": round(len(lines) / elapsed, 2),
+            "target_tokens_per_s": round(pieces / elapsed, 1)}
 
 
 def time_scoring(result, name, score, sources, references):
@@ -220,7 +270,8 @@ def time_ctranslate2(path, gemm):
     (its `time_translator` entries, keyed "ctranslate2_batch<size>"; the SGEMM backend
     CTranslate2 logged, e.g. "MKL" or "DNNL")."""
     args = [FLAGS[name].serialize() for name in ("model_dir", "split", "batch_sizes", "limit",
-                                                 "batch1_limit", "rounds", "ct2_threads")]
+                                                 "batch1_limit", "rounds", "ct2_threads",
+                                                 "clients")]
     child = subprocess.run([sys.executable, os.path.abspath(__file__), f"--ct2_model={path}",
                             *args], env=dict(os.environ, CT2_VERBOSE="1", **CT2_GEMMS[gemm]),
                            capture_output=True, text=True)
@@ -230,16 +281,19 @@ def time_ctranslate2(path, gemm):
     return json.loads(child.stdout.strip().splitlines()[-1]), backend and backend.group(1)
 
 
-def load_ctranslate2(path, max_length):
+def load_ctranslate2(path, max_length, inter_threads=1, intra_threads=None):
     """A CTranslate2 model directory as str [B] -> (translations tensor [B], scores [B]), within
-    the model's `max_length` positions (a longer source truncated, as the SavedModel does)."""
+    the model's `max_length` positions (a longer source truncated, as the SavedModel does); its
+    translator runs `inter_threads` calls at once, each on `intra_threads` threads
+    (default --ct2_threads)."""
     import ctranslate2
     import sentencepiece
     import tensorflow as tf
 
     processor = sentencepiece.SentencePieceProcessor(model_file=os.path.join(path, paths.VOCAB))
-    translator = ctranslate2.Translator(path, device="cpu", inter_threads=1,
-                                        intra_threads=FLAGS.ct2_threads)
+    translator = ctranslate2.Translator(
+        path, device="cpu", inter_threads=inter_threads,
+        intra_threads=FLAGS.ct2_threads if intra_threads is None else intra_threads)
 
     def translate(sentences):
         results = translator.translate_batch(
