@@ -221,7 +221,7 @@ def time_clients(translate, lines, tokenizer):
         for index in range(first, len(lines), FLAGS.clients):
             outputs[index] = translate([lines[index]])[0].numpy()[0].decode("utf-8")
 
-    client(0)  # warm-up
+    translate(lines[:1])  # warm-up
     times = []
     for _ in range(FLAGS.rounds):
         threads = [threading.Thread(target=client, args=(first,))
