@@ -11,6 +11,7 @@ from tfnmt.inference.beam_search import (STOP_RULES, beam_search, beam_search_al
                                         length_penalty)
 from tfnmt.inference.decoding import greedy_decode_uncached, top_log_probs
 from tfnmt.inference.greedy_search import greedy_decode
+from tfnmt.model import transformer
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
 
@@ -275,6 +276,63 @@ def test_top_log_probs_equal_top_k_of_log_softmax(vocab, count):
     expected, expected_ids = tf.math.top_k(tf.nn.log_softmax(logits), min(count, vocab))
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_allclose(log_probs, expected, rtol=1e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("cuts", [[32], [64], [32, 96], [96]])
+@pytest.mark.parametrize("count", [1, 8, 40])
+def test_top_log_probs_of_slices_equal_numpy(cuts, count):
+    # The logits in slices along V (a sliced output layer's products), the last one not a
+    # whole number of chunks: the same tokens, ties to the lower id also across a cut, and
+    # log-probabilities against float64 numpy.
+    rng = np.random.default_rng(len(cuts) + count)
+    logits = (rng.normal(size=(5, 101)) * 4).astype(np.float32)
+    logits[0, [3, cuts[0] + 1]] = 12.0  # a tie across the first cut
+    logits[1] = 0.0  # ties only
+    logits[2, :] = -30.0
+    logits[2, -1] = 60.0  # peaked in the last slice
+    logits[3, :cuts[0]] = -80.0  # one slice far below the others
+    shifted = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    expected_ids = np.argsort(-log_probs, axis=-1, kind="stable")[:, :count]
+    values, ids = top_log_probs([tf.constant(p) for p in np.split(logits, cuts, axis=1)], count)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(values, np.take_along_axis(log_probs, expected_ids, -1),
+                               rtol=1e-6, atol=2e-6)
+
+
+def test_searches_with_a_sliced_output_layer_give_what_one_product_gives(monkeypatch):
+    # The output layer in two column blocks (`Transformer.decoding_products`, as for a
+    # vocabulary of SLICED_VOCAB tokens or more): per step two products in the loop, and the
+    # beam and greedy searches give the one-product searches' ids and scores, the beam's
+    # scores those of full recomputation.
+    keras.utils.set_random_seed(5)
+    model = Transformer(vocab_size=64, **get_preset("tiny", dropout=0.0))
+    model.build()
+    source = tf.constant(random_ids(np.random.default_rng(1), 3, 7, 64))
+    whole = beam_search(model, source, beam_size=3, alpha=0.6, max_length=12, n_best=3)
+    whole_greedy = greedy_decode(model, source, max_length=12)
+    monkeypatch.setattr(transformer, "SLICED_VOCAB", 64)
+    with model.decoding_products() as slices:
+        assert slices == transformer.VOCAB_SLICES == 2
+    search = tf.function(lambda s: beam_search(model, s, beam_size=3, alpha=0.6, max_length=12,
+                                               n_best=3))
+    ids, scores = search(source)
+    np.testing.assert_array_equal(ids, whole[0])
+    np.testing.assert_allclose(scores, whole[1], rtol=1e-5, atol=1e-6)
+    for b in range(3):
+        for n in range(3):
+            log_prob, length = teacher_forced_log_prob(model, source[b], ids[b, n].numpy())
+            expected = log_prob / float(length_penalty(length, 0.6))
+            assert float(scores[b, n]) == pytest.approx(expected, rel=1e-4, abs=1e-4)
+    greedy = greedy_decode(model, source, max_length=12)
+    np.testing.assert_array_equal(greedy[0], whole_greedy[0])
+    np.testing.assert_allclose(greedy[1], whole_greedy[1], rtol=1e-5, atol=1e-6)
+    graph_def = search.get_concrete_function(source).graph.as_graph_def()
+    body = max((f for f in graph_def.library.function if "body" in f.signature.name),
+               key=lambda f: len(f.node_def))  # the search's loop
+    kinds = [node.op for node in body.node_def]
+    assert kinds.count("MatMul") == 6 * len(model.decoder_layers) + 2
+    assert "Transpose" not in kinds
 
 
 def test_top_log_probs_break_ties_like_top_k_on_bfloat16_logits():

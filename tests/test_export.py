@@ -19,6 +19,8 @@ from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
 from tfnmt.inference.serving import (GPU_DEVICE_FILES, TranslationModule, dealt_order,
                                      search_bounds)
 from tfnmt.inference.session_loader import SessionModel
+from tfnmt.layers.linear import slice_bounds
+from tfnmt.model import transformer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Blank but not ASCII-blank: NBSP, ideographic space, zero-width space, BOM, line separator.
@@ -43,6 +45,15 @@ def with_training_path(proto):
     model.trainer_spec.model_prefix = TRAINING_PATH
     model.trainer_spec.input.append(TRAINING_PATH + ".txt")
     return model.SerializeToString()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sliced_output_layer():
+    """The tiny model's 600-token output layer in slices, as an 8,000-token one is
+    (`Transformer.decoding_products`): the exports here are of what users get."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transformer, "SLICED_VOCAB", 600)
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +83,9 @@ def graph_ops(export_path):
 
 def decoding_copies(model, matmul_dtypes):
     """What an export keeps beside the weights for its searches in each matmul dtype, made here
-    with numpy: the tied output kernel transposed and each decoder layer's self-attention query,
-    key and value kernels side by side (the bfloat16 ones from the weights rounded to bfloat16),
+    with numpy: the tied output kernel transposed (in column blocks when the model's vocabulary
+    is sliced, `transformer.SLICED_VOCAB`) and each decoder layer's self-attention query, key
+    and value kernels side by side (the bfloat16 ones from the weights rounded to bfloat16),
     and those biases side by side (float32, once)."""
     import ml_dtypes
 
@@ -87,7 +99,10 @@ def decoding_copies(model, matmul_dtypes):
             return value if dtype == "float32" else value.astype(ml_dtypes.bfloat16)
 
         assert model.output_projection is None  # tied: x · Eᵀ
-        copies.append(rounded(model.target_embedding.embeddings).T)
+        output = rounded(model.target_embedding.embeddings).T  # [D, V]
+        vocab = output.shape[1]
+        slices = transformer.VOCAB_SLICES if vocab >= transformer.SLICED_VOCAB else 1
+        copies.extend(np.split(output, slice_bounds(vocab, slices)[1:-1], axis=1))
         for layer in model.decoder_layers:
             copies.append(np.concatenate([rounded(k) for k in
                                           layer.self_attention.projection_kernels()], axis=1))

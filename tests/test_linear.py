@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfnmt.layers.linear import (concatenated_kernels, linear, linear_many,
-                                 low_precision_matmuls, pretransposed_kernels)
+from tfnmt.layers.linear import (concatenated_kernels, linear, linear_many, linear_slices,
+                                 low_precision_matmuls, pretransposed_kernels, slice_bounds,
+                                 sliced_kernels)
 
 
 def test_matches_batched_matmul_and_its_gradients():
@@ -228,3 +229,60 @@ def test_concatenated_kernels_make_one_product_of_a_group():
     products = [op for op in project_low.get_concrete_function(x).graph.get_operations()
                 if op.type == "MatMul"]
     assert len(products) == 1 and products[0].get_attr("T") == tf.bfloat16
+
+
+@pytest.mark.parametrize("width", [1, 31, 32, 33, 600, 8000, 37001])
+@pytest.mark.parametrize("slices", [1, 2, 3])
+def test_slice_bounds_cover_the_width_in_whole_chunks(width, slices):
+    bounds = slice_bounds(width, slices)
+    assert bounds[0] == 0 and bounds[-1] == width and len(bounds) <= slices + 1
+    assert all(a < b for a, b in zip(bounds, bounds[1:]))  # none empty
+    assert all(b % 32 == 0 for b in bounds[1:-1])
+    if width >= 64 * slices:  # about equal: within a chunk of width / slices
+        assert max(b - a for a, b in zip(bounds, bounds[1:])) - width / slices < 32
+
+
+@pytest.mark.parametrize("transpose", [True, False])
+def test_sliced_kernels_give_the_product_in_column_blocks_made_once(transpose):
+    # A tied output layer ([V, D] embedding, transposed) and an untied one ([D, V]); 70
+    # columns in blocks of 64 and 6 (slice_bounds), checked against float64 numpy.
+    kernel = tf.Variable(tf.random.normal([70, 8] if transpose else [8, 70]))
+    x = tf.random.normal([2, 3, 8])
+    dense = kernel.numpy().astype(np.float64)
+    expected = x.numpy().astype(np.float64) @ (dense.T if transpose else dense)  # [2, 3, 70]
+    assert len(linear_slices(x, kernel, transpose_kernel=transpose)) == 1  # outside the scope
+
+    @tf.function
+    def iterate(x):  # [4, 8]: x <- tanh(x K)[:, :8] three times, the blocks concatenated
+        with sliced_kernels([kernel], 2, transpose=transpose):
+            def step(i, x):
+                parts = linear_slices(x, kernel, transpose_kernel=transpose)
+                return i + 1, tf.tanh(tf.concat(parts, axis=1))[:, :8]
+            return tf.while_loop(lambda i, x: i < 3, step, (0, x))[1]
+
+    with sliced_kernels([kernel], 2, transpose=transpose):
+        parts = linear_slices(x, kernel, transpose_kernel=transpose)
+    assert [p.shape for p in parts] == [(2, 3, 64), (2, 3, 6)]
+    np.testing.assert_allclose(tf.concat(parts, axis=-1), expected, rtol=1e-5, atol=1e-5)
+    start = tf.random.normal([4, 8])
+    reference = start.numpy().astype(np.float64)
+    for _ in range(3):
+        reference = np.tanh(reference @ (dense.T if transpose else dense))[:, :8]
+    np.testing.assert_allclose(iterate(start), reference, rtol=1e-5, atol=1e-5)
+    graph_def = iterate.get_concrete_function(start).graph.as_graph_def()
+    body = next(f for f in graph_def.library.function if "body" in f.signature.name)
+    # In the loop: one product per block, by copies made before it.
+    products = [node for node in body.node_def if node.op == "MatMul"]
+    assert len(products) == 2 and not any(p.attr["transpose_b"].b for p in products)
+    kinds = [node.op for node in body.node_def]
+    assert kinds.count("StridedSlice") == 1  # the step's own [:, :8]
+    assert not {"Transpose", "ReadVariableOp", "Slice"} & set(kinds)
+
+    # Inside `low_precision_matmuls` the blocks are the bf16 copy's: input, kernel and product
+    # rounded as `linear` rounds them.
+    with low_precision_matmuls([kernel]), sliced_kernels([kernel], 2, transpose=transpose):
+        low = linear_slices(x, kernel, transpose_kernel=transpose)
+    rounded = tf.matmul(tf.cast(tf.reshape(x, [6, 8]), tf.bfloat16), tf.cast(kernel, tf.bfloat16),
+                        transpose_b=transpose)
+    np.testing.assert_array_equal(tf.concat(low, axis=-1),
+                                  tf.reshape(tf.cast(rounded, tf.float32), [2, 3, 70]))

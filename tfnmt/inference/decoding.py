@@ -79,8 +79,13 @@ def top_log_probs(logits, count, width=32):
     candidate): one subtraction, exponential and sum over [R, V] (oneDNN's fused softmax costs
     more than these three at a decoding step's sizes).
 
+    `logits` may also be a list of slices [R, V_i] along V (`linear.linear_slices`): each slice
+    is then searched and summed on its own, independent ops that a graph's inter-op threads run
+    at once, and only their [R, count] bests and sums are merged (the slices are never
+    concatenated).
+
     Args:
-      logits: [R, V] float32.
+      logits: [R, V] float32, or a list of [R, V_i] slices of it.
       count: how many tokens per row, <= V.
       width: the chunk width.
 
@@ -88,27 +93,60 @@ def top_log_probs(logits, count, width=32):
       (log-probabilities [R, count], token ids [R, count] int32), best first, ties to the
       lower id.
     """
-    vocab = logits.shape[-1]
+    slices = logits if isinstance(logits, (list, tuple)) else [logits]
     if not fast_ops.enabled():
-        return tf.math.top_k(tf.nn.log_softmax(logits), k=min(count, vocab))
-    chunks = -(-vocab // width)  # ceil
-    padded = logits
-    if chunks * width != vocab:
-        padded = tf.pad(logits, [[0, 0], [0, chunks * width - vocab]],
-                        constant_values=float("-inf"))
+        logits = slices[0] if len(slices) == 1 else tf.concat(slices, axis=1)
+        return tf.math.top_k(tf.nn.log_softmax(logits), k=min(count, logits.shape[-1]))
+    vocab = sum(part.shape[-1] for part in slices)
     count = min(count, vocab)
-    padded = tf.reshape(padded, [-1, chunks, width])  # token = chunk * width + offset
-    kept = min(count, chunks)
-    _, best_chunks = tf.math.top_k(tf.reduce_max(padded, axis=2), k=kept)
+    # [R, C_i, width] chunks of each slice (every slice but the last a whole number of chunks,
+    # `linear.slice_bounds`): token = chunk * width + offset, chunks numbered across slices.
+    chunked = [tf.reshape(_pad_to(part, width), [-1, -(-part.shape[-1] // width), width])
+               for part in slices]
+    maxima = [tf.reduce_max(part, axis=2) for part in chunked]  # [R, C_i]
+    kept = min(count, sum(part.shape[1] for part in chunked))
+    _, best_chunks = tf.math.top_k(maxima[0] if len(maxima) == 1 else tf.concat(maxima, 1),
+                                   k=kept)
     # In ascending order, so that candidates run in token order (tf.sort, without its shape ops).
-    best_chunks = -tf.math.top_k(-best_chunks, k=kept).values
-    candidates = tf.gather(padded, best_chunks, batch_dims=1)  # [R, kept, width]
+    best_chunks = -tf.math.top_k(-best_chunks, k=kept).values  # [R, kept]
+    candidates = _gather_chunks(chunked, best_chunks)  # [R, kept, width]
     candidate_ids = best_chunks[:, :, None] * width + tf.range(width)
     top_logits, position = tf.math.top_k(tf.reshape(candidates, [-1, kept * width]), k=count)
     ids = tf.gather(tf.reshape(candidate_ids, [-1, kept * width]), position, batch_dims=1)
     best = top_logits[:, :1]  # [R, 1]
-    log_normaliser = tf.math.log(tf.reduce_sum(tf.exp(logits - best), axis=1, keepdims=True))
+    if len(slices) == 1:
+        log_normaliser = tf.math.log(tf.reduce_sum(tf.exp(slices[0] - best), axis=1,
+                                                   keepdims=True))
+    else:  # each slice summed relative to its own best, without waiting for the others
+        bests = [tf.reduce_max(part, axis=1, keepdims=True) for part in maxima]  # [R, 1]
+        log_normaliser = tf.math.log(tf.add_n([
+            tf.reduce_sum(tf.exp(part - part_best), axis=1, keepdims=True)
+            * tf.exp(part_best - best) for part, part_best in zip(slices, bests)]))
     return top_logits - best - log_normaliser, ids
+
+
+def _pad_to(logits, width):
+    """logits [R, V] padded with -inf to a multiple of `width` columns."""
+    extra = -logits.shape[-1] % width
+    if not extra:
+        return logits
+    return tf.pad(logits, [[0, 0], [0, extra]], constant_values=float("-inf"))
+
+
+def _gather_chunks(chunked, chunks):
+    """chunked: [R, C_i, W] slices of [R, C, W]; chunks [R, K] int32 -> [R, K, W], the given
+    chunks of each row, each from the slice that holds it."""
+    if len(chunked) == 1:
+        return tf.gather(chunked[0], chunks, batch_dims=1)
+    gathered, first = None, 0
+    for part in chunked:
+        size = part.shape[1]
+        inside = tf.clip_by_value(chunks - first, 0, size - 1)
+        rows = tf.gather(part, inside, batch_dims=1)
+        gathered = rows if gathered is None else tf.where(
+            (chunks >= first)[:, :, None], rows, gathered)
+        first += size
+    return gathered
 
 
 class StepLogProbs:
@@ -116,7 +154,7 @@ class StepLogProbs:
     count for each row's best tokens (`top_log_probs`), or use `of` for given tokens.
 
     Args:
-      logits: [R, V] float32.
+      logits: [R, V] float32, or a list of [R, V_i] slices of it along V.
     """
 
     def __init__(self, logits):
@@ -127,7 +165,10 @@ class StepLogProbs:
 
     def of(self, tokens):
         """log P of one given token per row: tokens [R] int32 -> [R] float32."""
-        log_probs = tf.nn.log_softmax(self.logits)
+        logits = self.logits
+        if isinstance(logits, (list, tuple)):
+            logits = logits[0] if len(logits) == 1 else tf.concat(logits, axis=1)
+        log_probs = tf.nn.log_softmax(logits)
         return tf.gather(log_probs, tokens[:, None], batch_dims=1)[:, 0]
 
 
@@ -320,7 +361,8 @@ def dynamic_decode(model, strategy, source_ids, max_length=None):
         caches, cache_state = cache.for_step(cache_state, step, row_slots)
         out = model.decode_step(strategy.last_tokens(sentences)[:, None], step, caches,
                                 cache_state["source_padding"],
-                                return_attention=strategy.return_attention)
+                                return_attention=strategy.return_attention,
+                                **({"logit_slices": True} if logit_slices > 1 else {}))
         logits, caches = out[0], out[1]  # [A * K, V]
         cache_state = cache.update(cache_state, caches)
         sentences, results, parents, staying = strategy.step(
@@ -343,7 +385,8 @@ def dynamic_decode(model, strategy, source_ids, max_length=None):
         return step + 1, sentences, results, cache_state
 
     loop_vars = (tf.constant(0), sentences, results, cache.state)
-    with model.decoding_products():  # what the steps multiply by, prepared once
+    # What the steps multiply by, prepared once; the output layer in `logit_slices` products.
+    with model.decoding_products() as logit_slices:
         _, _, results, _ = tf.while_loop(not_done, one_step, loop_vars,
                                          shape_invariants=loop_shape_invariants(loop_vars))
     return strategy.finalize(results, batch, source_length)

@@ -12,8 +12,10 @@ what it prepared into its loop as loop-invariant inputs):
     bfloat16 on AMX, with everything around them left in float32;
   `pretransposed_kernels(kernels)`: products with their transposes use a copy transposed once;
   `concatenated_kernels(groups)`: `linear_many` multiplies by a group's kernels side by side
-    in one product.
-`kept_copies(copies)` makes the last two keep what they prepare as variables, made once: an
+    in one product;
+  `sliced_kernels(kernels, slices)`: `linear_slices` multiplies by a kernel's column blocks in
+    separate products, which a graph's inter-op threads run side by side.
+`kept_copies(copies)` makes the last three keep what they prepare as variables, made once: an
 export saves them, so that a served request does not prepare them again.
 """
 import contextlib
@@ -133,10 +135,70 @@ def concatenated_kernels(groups):
         _low_precision.concatenated = outer
 
 
+def slice_bounds(width, slices, multiple=32):
+    """Where `slices` column blocks of a `width`-wide kernel begin and end: about equal, each
+    boundary a multiple of `multiple` (top_log_probs's chunk width), none empty.
+
+    Args:
+      width: the kernel's output width.
+      slices: how many blocks.
+      multiple: what the boundaries are multiples of.
+
+    Returns:
+      [0, b_1, ..., width], at most slices + 1 bounds.
+    """
+    inner = [-(-width * i // (slices * multiple)) * multiple for i in range(1, slices)]
+    return sorted({0, width} | {b for b in inner if 0 < b < width})
+
+
+@contextlib.contextmanager
+def sliced_kernels(kernels, slices, transpose=False):
+    """A scope in which `linear_slices(x, kernel)`, outside training, for any of `kernels` gives
+    `slices` products by column blocks of the kernel (of its transpose with transpose=True),
+    copied here once (in the low-precision dtype of an enclosing `low_precision_matmuls` if it
+    holds the kernel), instead of one product: independent ops, which a graph's two inter-op
+    threads run at once. A search of one sentence leaves a core idle otherwise; its largest
+    product, the output layer's, is then split between the cores, and so is what the search
+    does with its logits (`decoding.top_log_probs` takes the slices as they are). Inside an
+    enclosing scope of the same kernel (and precision), its copies are used.
+
+    Args:
+      kernels: [D_in, D_out] variables, or [D_out, D_in] with transpose.
+      slices: the number of column blocks (`slice_bounds`).
+      transpose: the products are with the kernels' transposes (a tied output layer).
+
+    Example:
+      with sliced_kernels([model.target_embedding.embeddings], 2, transpose=True):
+          parts = linear_slices(x, model.target_embedding.embeddings)  # 2 x [N, ~V/2]
+    """
+    outer = getattr(_low_precision, "sliced", None)
+    _low_precision.sliced = dict(outer or {})
+    for kernel in kernels:
+        source = _registered("kernels", kernel)
+        low_precision = source is not None
+        source = kernel if source is None else source
+        outer_entry = _low_precision.sliced.get(id(kernel))
+        if outer_entry is not None and outer_entry[2] == low_precision:
+            continue  # an enclosing scope's copies serve
+        width = kernel.shape[0] if transpose else kernel.shape[1]
+        bounds = slice_bounds(width, slices)
+        def block(start, end):
+            return (tf.transpose(source[start:end]) if transpose
+                    else source[:, start:end])  # [D_in, end - start]
+        copies = [_kept(("sliced", id(kernel), tf.as_dtype(source.dtype).name, start),
+                        lambda start=start, end=end: block(start, end))
+                  for start, end in zip(bounds[:-1], bounds[1:])]
+        _low_precision.sliced[id(kernel)] = (kernel, copies, low_precision)
+    try:
+        yield
+    finally:
+        _low_precision.sliced = outer
+
+
 @contextlib.contextmanager
 def kept_copies(copies):
-    """A scope in which `pretransposed_kernels` and `concatenated_kernels` keep what they prepare
-    in `copies`, a dict: run eagerly, each copy is made there as a non-trainable tf.Variable of
+    """A scope in which `pretransposed_kernels`, `concatenated_kernels` and `sliced_kernels`
+    keep what they prepare in `copies`, a dict: run eagerly, each copy is made there as a non-trainable tf.Variable of
     the weights' values at that time (a copy already there is given them); traced, a search
     takes the copy made before (a variable: read at each step, as the weights are, and never
     remade), else prepares its own as outside the scope. An export made inside the scope, with
@@ -198,6 +260,29 @@ def linear_many(x, kernels, biases, training=False):
     y = _product(_flatten(x), kernel, bias, low_precision, False, x.dtype)  # [N, sum D_i]
     return [_unflatten(part, x, width) for part, width in zip(tf.split(y, widths, axis=1),
                                                                 widths)]
+
+
+def linear_slices(x, kernel, transpose_kernel=False):
+    """`linear(x, kernel, transpose_kernel=...)` cut along its last axis: inside a
+    `sliced_kernels` scope that prepared this kernel (and not training), one product per
+    column block; elsewhere the one product, as a list of one.
+
+    Args:
+      x: [..., D_in].
+      kernel: [D_in, D_out], or [D_out, D_in] with transpose_kernel.
+      transpose_kernel: multiply by the kernel's transpose.
+
+    Returns:
+      A list of [..., D_i] in x's dtype, which concatenated give the product.
+    """
+    entry = (getattr(_low_precision, "sliced", None) or {}).get(id(kernel))
+    if not fast_ops.enabled() or entry is None or entry[0] is not kernel:
+        return [linear(x, kernel, transpose_kernel=transpose_kernel)]
+    _, copies, low_precision = entry
+    flat = _flatten(x)  # [N, D_in]
+    return [_unflatten(_product(flat, copy if low_precision else tf.cast(copy, x.dtype), None,
+                                low_precision, False, x.dtype), x, copy.shape[1])
+            for copy in copies]
 
 
 def _registered(registry, kernel):

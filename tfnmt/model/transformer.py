@@ -9,8 +9,15 @@ from tfnmt.layers import (PositionalEncoding, TokenEmbedding, TransformerDecoder
                           TransformerEncoderLayer)
 from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.layer_norm import LayerNorm
-from tfnmt.layers.linear import concatenated_kernels, linear, pretransposed_kernels
+from tfnmt import fast_ops
+from tfnmt.layers.linear import (concatenated_kernels, linear, linear_slices,
+                                 pretransposed_kernels, sliced_kernels)
 from tfnmt.model import kv_cache
+
+# A decoding step's output layer as this many products by column blocks of its kernel, for an
+# output vocabulary of at least SLICED_VOCAB tokens (`Transformer.decoding_products`).
+VOCAB_SLICES = 2
+SLICED_VOCAB = 1024
 
 
 def causal_mask(length):
@@ -189,6 +196,14 @@ class Transformer(keras.Model):
             logits = self.target_embedding.logits(x)
         return tf.cast(logits, tf.float32)  # [B, T, V]; the loss and softmax work in float32
 
+    def _logit_slices(self, x):
+        """x [B, D] -> the logits as a list of float32 [B, V_i] (`linear.linear_slices`)."""
+        if self.output_projection is not None:
+            slices = linear_slices(x, self.output_projection.kernel)
+        else:
+            slices = linear_slices(x, self.target_embedding.embeddings, transpose_kernel=True)
+        return [tf.cast(part, tf.float32) for part in slices]
+
     def output_kernel(self):
         """The [V, D] matrix whose product with the decoder states gives the logits."""
         if self.output_projection is not None:
@@ -259,21 +274,27 @@ class Transformer(keras.Model):
         """A scope for a decoding loop, which prepares what its steps multiply by once per
         search (the loop takes it as loop-invariant inputs): each layer's self-attention query,
         key and value kernels side by side, for one product per step
-        (`linear.concatenated_kernels`); with a tied output layer, a [D, V] copy of the
-        embedding transposed once (`linear.pretransposed_kernels`), not the [V, D] matrix
-        transposed at every step.
+        (`linear.concatenated_kernels`); the output layer's kernel in VOCAB_SLICES column
+        blocks (`linear.sliced_kernels`; a tied embedding transposed once, not at every step),
+        for a vocabulary of SLICED_VOCAB tokens or more, else whole (tied:
+        `linear.pretransposed_kernels`).
 
         Yields:
-          Nothing; use it as a context manager.
+          How many slices `decode_step(..., logit_slices=True)` returns the logits in.
         """
         attentions = [layer.self_attention for layer in self.decoder_layers]
-        with concatenated_kernels([(a.projection_kernels(), a.projection_biases())
-                                   for a in attentions]):
-            if self.output_projection is not None:
-                yield
-                return
-            with pretransposed_kernels([self.target_embedding.embeddings]):
-                yield
+        tied = self.output_projection is None
+        kernel = self.target_embedding.embeddings if tied else self.output_projection.kernel
+        slices = VOCAB_SLICES if (fast_ops.enabled() and VOCAB_SLICES > 1 and
+                                  self.settings["target_vocab_size"] >= SLICED_VOCAB) else 1
+        with contextlib.ExitStack() as scopes:
+            scopes.enter_context(concatenated_kernels(
+                [(a.projection_kernels(), a.projection_biases()) for a in attentions]))
+            if slices > 1:
+                scopes.enter_context(sliced_kernels([kernel], slices, transpose=tied))
+            elif tied:
+                scopes.enter_context(pretransposed_kernels([kernel]))
+            yield slices
 
     def residual_dropouts(self):
         """The dropout layers whose rate is `dropout`: the embeddings' and each layer's on its
@@ -281,7 +302,8 @@ class Transformer(keras.Model):
         return [self.embedding_dropout] + [layer.dropout for layer in
                                            self.encoder_layers + self.decoder_layers]
 
-    def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
+    def decode_step(self, token_ids, step, cache, source_padding, return_attention=False,
+                    logit_slices=False):
         """One incremental decoding step: attends to the cached prefix only, so no earlier
         position is recomputed.
 
@@ -293,10 +315,13 @@ class Transformer(keras.Model):
             (the beams of a sentence).
           source_padding: [Bs, S], True at real source tokens.
           return_attention: also return the last layer's cross-attention.
+          logit_slices: return the logits as a list of [B, V_i] slices along V, one per
+            column block of the output kernel that `decoding_products` prepared (one outside
+            it).
 
         Returns:
-          (logits [B, V] float32, the new cache), and with return_attention the last layer's
-          cross-attention averaged over heads [B, S].
+          (logits [B, V] float32 (or its slices), the new cache), and with return_attention
+          the last layer's cross-attention averaged over heads [B, S].
         """
         memory_mask = source_padding[:, None, :]  # [Bs, 1, S]
         # The step's states are [B, D], one position per row: no op moves a length-1 axis.
@@ -312,7 +337,7 @@ class Transformer(keras.Model):
             new_cache.append(layer_cache)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        logits = self._logits(x)  # [B, V]
+        logits = self._logit_slices(x) if logit_slices else self._logits(x)  # [B, V]
         if return_attention:
             return logits, new_cache, tf.reduce_mean(weights["cross"][:, :, 0], axis=1)
         return logits, new_cache
