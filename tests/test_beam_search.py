@@ -300,13 +300,16 @@ def test_top_log_probs_of_slices_equal_numpy(cuts, count):
                                rtol=1e-6, atol=2e-6)
 
 
-def test_searches_with_a_sliced_output_layer_give_what_one_product_gives(monkeypatch):
-    # The output layer in two column blocks (`Transformer.decoding_products`, as for a
-    # vocabulary of SLICED_VOCAB tokens or more): per step two products in the loop, and the
-    # beam and greedy searches give the one-product searches' ids and scores, the beam's
-    # scores those of full recomputation.
+@pytest.mark.parametrize("tie_output", [True, False])
+def test_searches_with_a_sliced_output_layer_give_what_one_product_gives(monkeypatch,
+                                                                        tie_output):
+    # The output layer (the tied embedding transposed, or its own kernel) in two column
+    # blocks (`Transformer.decoding_products`, as for a vocabulary of SLICED_VOCAB tokens or
+    # more): per step two products in the loop, and the beam and greedy searches give the
+    # one-product searches' ids and scores, the beam's scores those of full recomputation.
     keras.utils.set_random_seed(5)
-    model = Transformer(vocab_size=64, **get_preset("tiny", dropout=0.0))
+    model = Transformer(vocab_size=64, tie_output=tie_output,
+                        **get_preset("tiny", dropout=0.0))
     model.build()
     source = tf.constant(random_ids(np.random.default_rng(1), 3, 7, 64))
     whole = beam_search(model, source, beam_size=3, alpha=0.6, max_length=12, n_best=3)
