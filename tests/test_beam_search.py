@@ -175,16 +175,22 @@ def test_compiled_equals_eager(model, source):
     np.testing.assert_allclose(scores, eager_scores, rtol=1e-5)
 
 
+def search_loop_ops(search, source):
+    """The op types of the largest loop body (the search's) in the tf.function `search`'s
+    graph for `source`."""
+    graph_def = search.get_concrete_function(source).graph.as_graph_def()
+    body = max((f for f in graph_def.library.function if "body" in f.signature.name),
+               key=lambda f: len(f.node_def))
+    return [node.op for node in body.node_def]
+
+
 def test_a_search_step_projects_queries_keys_and_values_in_one_product(model, source):
     # Prepared once per search (`Transformer.decoding_products`), a layer's query, key and
     # value kernels side by side make one product per step: per decoder layer that, the
     # self-attention output, the cross-attention query and output and the two feed-forward
     # products; then the output layer.
     search = tf.function(lambda s: beam_search(model, s, beam_size=3, max_length=8))
-    graph_def = search.get_concrete_function(source).graph.as_graph_def()
-    body = max((f for f in graph_def.library.function if "body" in f.signature.name),
-               key=lambda f: len(f.node_def))  # the search's loop
-    kinds = [node.op for node in body.node_def]
+    kinds = search_loop_ops(search, source)
     assert kinds.count("MatMul") == 6 * len(model.decoder_layers) + 1
     assert "Transpose" not in kinds
 
@@ -330,10 +336,7 @@ def test_searches_with_a_sliced_output_layer_give_what_one_product_gives(monkeyp
     greedy = greedy_decode(model, source, max_length=12)
     np.testing.assert_array_equal(greedy[0], whole_greedy[0])
     np.testing.assert_allclose(greedy[1], whole_greedy[1], rtol=1e-5, atol=1e-6)
-    graph_def = search.get_concrete_function(source).graph.as_graph_def()
-    body = max((f for f in graph_def.library.function if "body" in f.signature.name),
-               key=lambda f: len(f.node_def))  # the search's loop
-    kinds = [node.op for node in body.node_def]
+    kinds = search_loop_ops(search, source)
     assert kinds.count("MatMul") == 6 * len(model.decoder_layers) + 2
     assert "Transpose" not in kinds
 
