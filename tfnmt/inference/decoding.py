@@ -363,7 +363,7 @@ def dynamic_decode(model, strategy, source_ids, max_length=None):
                                 cache_state["source_padding"],
                                 return_attention=strategy.return_attention,
                                 **({"logit_slices": True} if logit_slices > 1 else {}))
-        logits, caches = out[0], out[1]  # [A * K, V]
+        logits, caches = out[0], out[1]  # [A * K, V], or its slices along V
         cache_state = cache.update(cache_state, caches)
         sentences, results, parents, staying = strategy.step(
             step, StepLogProbs(logits),

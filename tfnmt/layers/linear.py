@@ -180,13 +180,10 @@ def sliced_kernels(kernels, slices, transpose=False):
         outer_entry = _low_precision.sliced.get(id(kernel))
         if outer_entry is not None and outer_entry[2] == low_precision:
             continue  # an enclosing scope's copies serve
-        width = kernel.shape[0] if transpose else kernel.shape[1]
-        bounds = slice_bounds(width, slices)
-        def block(start, end):
-            return (tf.transpose(source[start:end]) if transpose
-                    else source[:, start:end])  # [D_in, end - start]
+        bounds = slice_bounds(kernel.shape[0] if transpose else kernel.shape[1], slices)
         copies = [_kept(("sliced", id(kernel), tf.as_dtype(source.dtype).name, start),
-                        lambda start=start, end=end: block(start, end))
+                        lambda source=source, start=start, end=end:
+                            _column_block(source, start, end, transpose))
                   for start, end in zip(bounds[:-1], bounds[1:])]
         _low_precision.sliced[id(kernel)] = (kernel, copies, low_precision)
     try:
@@ -195,11 +192,18 @@ def sliced_kernels(kernels, slices, transpose=False):
         _low_precision.sliced = outer
 
 
+def _column_block(kernel, start, end, transpose):
+    """Columns start:end of kernel [D_in, D_out] (of its transpose with transpose) ->
+    [D_in, end - start]."""
+    return tf.transpose(kernel[start:end]) if transpose else kernel[:, start:end]
+
+
 @contextlib.contextmanager
 def kept_copies(copies):
     """A scope in which `pretransposed_kernels`, `concatenated_kernels` and `sliced_kernels`
-    keep what they prepare in `copies`, a dict: run eagerly, each copy is made there as a non-trainable tf.Variable of
-    the weights' values at that time (a copy already there is given them); traced, a search
+    keep what they prepare in `copies`, a dict: run eagerly, each copy is made there as a
+    non-trainable tf.Variable of the weights' values at that time (a copy already there is
+    given them); traced, a search
     takes the copy made before (a variable: read at each step, as the weights are, and never
     remade), else prepares its own as outside the scope. An export made inside the scope, with
     the copies saved beside the weights (`saved_model.write_saved_model`), spares every request

@@ -4,12 +4,12 @@ import contextlib
 import keras
 import tensorflow as tf
 
+from tfnmt import fast_ops
 from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.layers import (PositionalEncoding, TokenEmbedding, TransformerDecoderLayer,
                           TransformerEncoderLayer)
 from tfnmt.layers.dropout import Dropout
 from tfnmt.layers.layer_norm import LayerNorm
-from tfnmt import fast_ops
 from tfnmt.layers.linear import (concatenated_kernels, linear, linear_slices,
                                  pretransposed_kernels, sliced_kernels)
 from tfnmt.model import kv_cache
