@@ -182,13 +182,12 @@ def time_translator(result, name, translate, sources, references, tokenizer,
     from tfnmt.inference.evaluation import corpus_scores, translate_lines
 
     batch_sizes = list(map(int, FLAGS.batch_sizes))
+    batch1_lines = sources[:FLAGS.batch1_limit] if FLAGS.batch1_limit else sources
     if 1 in batch_sizes and FLAGS.clients > 1:
-        lines = sources[:FLAGS.batch1_limit] if FLAGS.batch1_limit else sources
         result[f"{name}_batch1_clients{FLAGS.clients}"] = time_clients(
-            concurrent_translate or translate, lines, tokenizer)
+            concurrent_translate or translate, batch1_lines, tokenizer)
     for batch_size in batch_sizes:
-        lines = sources[:FLAGS.batch1_limit] if batch_size == 1 and FLAGS.batch1_limit \
-            else sources
+        lines = batch1_lines if batch_size == 1 else sources
         translate_lines(translate, lines[:batch_size], batch_size)  # warm-up
         times = []
         for _ in range(FLAGS.rounds):

@@ -95,7 +95,7 @@ def top_log_probs(logits, count, width=32):
     """
     slices = logits if isinstance(logits, (list, tuple)) else [logits]
     if not fast_ops.enabled():
-        logits = slices[0] if len(slices) == 1 else tf.concat(slices, axis=1)
+        logits = _joined(slices)
         return tf.math.top_k(tf.nn.log_softmax(logits), k=min(count, logits.shape[-1]))
     vocab = sum(part.shape[-1] for part in slices)
     count = min(count, vocab)
@@ -123,6 +123,11 @@ def top_log_probs(logits, count, width=32):
             tf.reduce_sum(tf.exp(part - part_best), axis=1, keepdims=True)
             * tf.exp(part_best - best) for part, part_best in zip(slices, bests)]))
     return top_logits - best - log_normaliser, ids
+
+
+def _joined(slices):
+    """[R, V_i] slices along V -> [R, V] (a concat only for more than one)."""
+    return slices[0] if len(slices) == 1 else tf.concat(slices, axis=1)
 
 
 def _pad_to(logits, width):
@@ -166,9 +171,8 @@ class StepLogProbs:
     def of(self, tokens):
         """log P of one given token per row: tokens [R] int32 -> [R] float32."""
         logits = self.logits
-        if isinstance(logits, (list, tuple)):
-            logits = logits[0] if len(logits) == 1 else tf.concat(logits, axis=1)
-        log_probs = tf.nn.log_softmax(logits)
+        log_probs = tf.nn.log_softmax(
+            _joined(logits) if isinstance(logits, (list, tuple)) else logits)
         return tf.gather(log_probs, tokens[:, None], batch_dims=1)[:, 0]
 
 
@@ -362,6 +366,7 @@ def dynamic_decode(model, strategy, source_ids, max_length=None):
         out = model.decode_step(strategy.last_tokens(sentences)[:, None], step, caches,
                                 cache_state["source_padding"],
                                 return_attention=strategy.return_attention,
+                                # asked only where sliced: a model wrapper may not take it
                                 **({"logit_slices": True} if logit_slices > 1 else {}))
         logits, caches = out[0], out[1]  # [A * K, V], or its slices along V
         cache_state = cache.update(cache_state, caches)
