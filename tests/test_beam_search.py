@@ -9,7 +9,7 @@ from helpers import random_ids
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from tfnmt.inference.beam_search import (STOP_RULES, beam_search, beam_search_alphas,
                                         length_penalty)
-from tfnmt.inference.decoding import greedy_decode_uncached, top_log_probs
+from tfnmt.inference.decoding import PLAIN_EXP_RANGE, greedy_decode_uncached, top_log_probs
 from tfnmt.inference.greedy_search import greedy_decode
 from tfnmt.model import transformer
 from tfnmt.model.presets import get_preset
@@ -304,6 +304,37 @@ def test_top_log_probs_of_slices_equal_numpy(cuts, count):
     np.testing.assert_array_equal(ids, expected_ids)
     np.testing.assert_allclose(values, np.take_along_axis(log_probs, expected_ids, -1),
                                rtol=1e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("cuts", [[], [64]])
+def test_top_log_probs_of_rows_beyond_the_plain_exp_range_equal_numpy(cuts):
+    # Rows whose best logit lies beyond ±PLAIN_EXP_RANGE (exp would overflow, or underflow
+    # the whole row) take the shifted sum, in a graph too; the rows within it give the same
+    # values whatever rows share their batch.
+    rng = np.random.default_rng(len(cuts))
+    logits = (rng.normal(size=(5, 101)) * 4).astype(np.float32)
+    logits[1] += 200.0  # exp overflows
+    logits[2] -= 300.0  # exp underflows to 0 everywhere
+    logits[3, :] = -30.0
+    logits[3, -1] = PLAIN_EXP_RANGE - 1.0  # just inside: summed as it is
+    shifted = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    expected_ids = np.argsort(-log_probs, axis=-1, kind="stable")[:, :8]
+    expected = np.take_along_axis(log_probs, expected_ids, -1)
+
+    def slices(rows):
+        return [tf.constant(part) for part in np.split(rows, cuts, axis=1)]
+
+    def search(parts):
+        return top_log_probs(list(parts), 8)
+
+    for run in (search, tf.function(search)):
+        values, ids = run(slices(logits))
+        np.testing.assert_array_equal(ids, expected_ids)
+        np.testing.assert_allclose(values, expected, rtol=1e-6, atol=5e-6)
+    inside = [0, 3, 4]
+    alone, _ = search(slices(logits[inside]))
+    np.testing.assert_array_equal(search(slices(logits))[0].numpy()[inside], alone)
 
 
 @pytest.mark.parametrize("tie_output", [True, False])

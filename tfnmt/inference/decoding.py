@@ -9,6 +9,9 @@ from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from tfnmt.model import kv_cache
 
 EXTRA_LENGTH = 50  # outputs may be this much longer than their source (paper §6.1)
+# `top_log_probs` sums exp(x) of a row's logits without shifting them by its best, x*, where
+# |x*| <= this: no term overflows (V e^64 < 3e38 for V < 1e10) and e^x* stays a normal float.
+PLAIN_EXP_RANGE = 64.0
 
 
 def greedy_decode_uncached(model, source_ids, max_length, bos_id=BOS_ID, eos_id=EOS_ID):
@@ -75,9 +78,12 @@ def top_log_probs(logits, count, width=32):
     and one max per chunk is taken. The `count` chunks with the largest maxima hold the row's
     `count` best tokens (a chunk holding one of them has a maximum at least the count-th best
     value, and at most `count` chunks do), so the top-k runs over count * width candidates.
-    The log-normaliser is log sum exp(x - max), max being the row's best logit (the first
-    candidate): one subtraction, exponential and sum over [R, V] (oneDNN's fused softmax costs
-    more than these three at a decoding step's sizes).
+    The log-normaliser is log sum exp(x), an exponential and a sum over [R, V], without first
+    subtracting the row's best logit x* (another pass over [R, V]): only rows with
+    |x*| > PLAIN_EXP_RANGE, where exp could overflow or the whole row underflow, take the
+    shifted sum x* + log sum exp(x - x*). The float32 log-normaliser is then rounded to the
+    spacing of numbers near x* (4e-6 at x* = 60), far below the rounding of the logits' own
+    products.
 
     `logits` may also be a list of slices [R, V_i] along V (`linear.linear_slices`): each slice
     is then searched and summed on its own, independent ops that a graph's inter-op threads run
@@ -114,15 +120,32 @@ def top_log_probs(logits, count, width=32):
     top_logits, position = tf.math.top_k(tf.reshape(candidates, [-1, kept * width]), k=count)
     ids = tf.gather(tf.reshape(candidate_ids, [-1, kept * width]), position, batch_dims=1)
     best = top_logits[:, :1]  # [R, 1]
+    # log Σ exp(x) of the logits as they are: no pass subtracting each row's best first, which
+    # only rows whose best logit lies outside ±PLAIN_EXP_RANGE need (exp would overflow or the
+    # whole row underflow); they, and only they, take the shifted sum.
+    log_sum = tf.math.log(_sum_of([tf.reduce_sum(tf.exp(part), axis=1, keepdims=True)
+                                   for part in slices]))  # [R, 1]
+    in_range = tf.abs(best) <= PLAIN_EXP_RANGE
+    log_sum = tf.cond(tf.reduce_all(in_range), lambda: log_sum,
+                      lambda: tf.where(in_range, log_sum, _shifted_log_sum(slices, maxima, best)))
+    return top_logits - log_sum, ids
+
+
+def _shifted_log_sum(slices, maxima, best):
+    """log Σ exp(x) over [R, V_i] slices whose chunk maxima are `maxima` [R, C_i] and whose best
+    logit is best [R, 1]: each slice summed relative to its own best (independent ops, for the
+    inter-op threads), the sums rescaled to the row's best -> [R, 1]."""
     if len(slices) == 1:
-        log_normaliser = tf.math.log(tf.reduce_sum(tf.exp(slices[0] - best), axis=1,
-                                                   keepdims=True))
-    else:  # each slice summed relative to its own best, without waiting for the others
-        bests = [tf.reduce_max(part, axis=1, keepdims=True) for part in maxima]  # [R, 1]
-        log_normaliser = tf.math.log(tf.add_n([
-            tf.reduce_sum(tf.exp(part - part_best), axis=1, keepdims=True)
-            * tf.exp(part_best - best) for part, part_best in zip(slices, bests)]))
-    return top_logits - best - log_normaliser, ids
+        return best + tf.math.log(tf.reduce_sum(tf.exp(slices[0] - best), axis=1, keepdims=True))
+    bests = [tf.reduce_max(part, axis=1, keepdims=True) for part in maxima]  # [R, 1]
+    return best + tf.math.log(tf.add_n([
+        tf.reduce_sum(tf.exp(part - part_best), axis=1, keepdims=True)
+        * tf.exp(part_best - best) for part, part_best in zip(slices, bests)]))
+
+
+def _sum_of(parts):
+    """The sum of same-shaped tensors (one op only for more than one)."""
+    return parts[0] if len(parts) == 1 else tf.add_n(parts)
 
 
 def _joined(slices):
