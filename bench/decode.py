@@ -342,7 +342,8 @@ def load_translate(path):
 
 def same_as_eager(sources, translate_exported, matmul_dtype):
     """Share of `sources` whose exported translation equals eager beam search's (batch 32, each
-    batch one search)."""
+    batch split into the export's searches: bf16 products round differently with a search's
+    number of rows)."""
     import tensorflow as tf
 
     from tfnmt.checkpoints import load_model
@@ -351,7 +352,7 @@ def same_as_eager(sources, translate_exported, matmul_dtype):
 
     model, proto, _ = load_model(FLAGS.model_dir)
     module = TranslationModule(model, proto, beam_size=4, alpha=FLAGS.alpha, n_best=1,
-                               parallel_searches=1, matmul_dtype=matmul_dtype)
+                               matmul_dtype=matmul_dtype)
 
     def eager(sentences):  # translate_batch itself, not the tf.function around it
         translations, scores = module.translate_batch(tf.constant(sentences, tf.string), 1)
