@@ -5,14 +5,13 @@ gradient to autodiff: on CPU, where every element-wise op is one pass over memor
 many passes per LayerNorm (CHANGELOG.md, "Measured gains of the speed-ups"). Here the
 forward keeps x̂ and 1/σ, and the backward is the textbook expression
     dx = (g - mean(g) - x̂ · mean(g · x̂)) / σ,   g = dy · γ,
-in fewer passes. That path is for training only (and off under fast_ops.plain_ops()). Outside
-it (decoding, export) the layer runs (x - mean) · (rsqrt(var + ε) · γ) + β: fewer and cheaper
-passes than tf.nn.batch_normalization's broadcasting products (at a 64-row search step 22
-against 39 µs per LayerNorm, bench/README.md), and a form grappler leaves as written, so a graph
-gives eager code's bits (a last-bit difference would flip the bf16 rounding of the next
-matmul's input under `linear.low_precision_matmuls`).
-Statistics are computed in float32 under any policy, as Keras does. The variables are named
-`gamma` and `beta` like Keras's, so checkpoints carry over.
+in fewer passes. That path is for training only (and off under fast_ops.plain_ops()). Outside it
+(decoding, export) the layer runs (x - mean) · (rsqrt(var + ε) · γ) + β: fewer and cheaper passes
+than tf.nn.batch_normalization's broadcasting products (at a 64-row search step 19 against 32-38 µs
+per LayerNorm, bench/layer_norm.py), and a form grappler leaves as written, so a graph gives eager
+code's bits (a last-bit difference would flip the bf16 rounding of the next matmul's input under
+`linear.low_precision_matmuls`). Statistics are computed in float32 under any policy, as Keras does.
+The variables are named `gamma` and `beta` like Keras's, so checkpoints carry over.
 """
 import keras
 import tensorflow as tf
