@@ -352,6 +352,7 @@ def same_as_eager(sources, translate_exported, matmul_dtype):
 
     model, proto, _ = load_model(FLAGS.model_dir)
     module = TranslationModule(model, proto, beam_size=4, alpha=FLAGS.alpha, n_best=1,
+                               parallel_searches=FLAGS.parallel_searches,
                                matmul_dtype=matmul_dtype)
 
     def eager(sentences):  # translate_batch itself, not the tf.function around it
