@@ -97,6 +97,47 @@ def test_closed_form_gradient_matches_autodiff_of_the_formula(epsilon):
                                tape.gradient(theirs_total, logits), atol=1e-6)
 
 
+@pytest.mark.parametrize("projected", [False, True])
+def test_rows_of_extreme_logits_take_the_shifted_statistics(projected):
+    """Rows whose log-sum of exp(z) lies beyond ±NORMALISER_RANGE (exp overflows, or the row
+    underflows) are shifted by their max: the loss against float64 numpy, the gradient against
+    autodiff of log_softmax, beside rows summed as they are."""
+    rng = np.random.default_rng(5)
+    vocab, dim = 13, 6
+    labels = tf.constant(rng.integers(1, vocab, size=(6,)), tf.int32)
+    hidden = rng.normal(size=(6, dim))
+    hidden[1] *= 60.0  # logits in the hundreds: exp overflows
+    hidden[4] *= 40.0
+    hidden = tf.constant(hidden, tf.float32)
+    kernel = tf.constant(rng.normal(size=(vocab, dim)), tf.float32)
+    shift = tf.constant([[0.0], [0.0], [-300.0], [0.0], [0.0], [0.0]])  # row 2 underflows
+
+    def logits_of(hidden):
+        return tf.matmul(hidden, kernel, transpose_b=True) + shift
+
+    def reference(hidden):
+        log_probs = tf.nn.log_softmax(logits_of(hidden))
+        target = tf.one_hot(labels, vocab, on_value=0.9, off_value=0.1 / (vocab - 2))
+        target *= tf.one_hot(0, vocab, on_value=0.0, off_value=1.0)
+        return -tf.reduce_sum(target * log_probs, -1)
+
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(hidden)
+        if projected:  # the shift as a kernel column against a constant input column
+            ours = projected_cross_entropy(labels, tf.concat([hidden, -shift], 1),
+                                           tf.concat([kernel, -tf.ones([vocab, 1])], 1), 0.1)
+        else:
+            ours = label_smoothed_cross_entropy(labels[None], logits_of(hidden)[None], 0.1)[0][0]
+        theirs = reference(hidden)
+    logits64 = logits_of(hidden).numpy().astype(np.float64)
+    assert np.abs(logits64).max() > 150 and logits64[2].max() < -250
+    expected = [numpy_reference(labels.numpy()[i:i + 1, None], logits64[i:i + 1, None], 0.1)[0]
+                for i in range(6)]
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(tape.gradient(ours, hidden), tape.gradient(theirs, hidden),
+                               rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("real_rows_only", [True, False])
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
 def test_projected_loss_matches_logits_path(epsilon, real_rows_only):

@@ -9,6 +9,11 @@ import tensorflow as tf
 from tfnmt import fast_ops
 from tfnmt.data.special_tokens import PAD_ID
 
+# The softmax statistics skip subtracting each row's largest logit where every row's log-sum of
+# exp(z) is within ±this: no exp overflows, the terms that matter stay normal floats, and a
+# bf16 copy of exp(z) times a kernel stays far below bf16's largest value.
+NORMALISER_RANGE = 40.0
+
 
 def label_smoothed_cross_entropy(labels, logits, epsilon=0.1, pad_id=PAD_ID):
     """Label-smoothed cross-entropy per token.
@@ -83,12 +88,30 @@ def _smoothed_xent(labels, logits, epsilon, pad_id):
 
 
 def _softmax_statistics(logits):
-    """logsumexp by hand over the last axis of logits [..., V], keeping exp(z - max) for the
-    gradient (no second exp pass): (exp(z - max) [..., V], its sum [...], logsumexp [...])."""
-    row_max = tf.reduce_max(logits, axis=-1, keepdims=True)  # [..., 1]
-    shifted_exp = tf.exp(logits - row_max)
-    normaliser = tf.reduce_sum(shifted_exp, axis=-1)
-    return shifted_exp, normaliser, tf.math.log(normaliser) + row_max[..., 0]
+    """logsumexp by hand over the last axis of logits [..., V], keeping exp(z - c) for the
+    gradient (no second exp pass): (exp(z - c) [..., V], its sum [...], logsumexp [...]), c = 0
+    for the rows whose sum of exp(z) lies within [e^-NORMALISER_RANGE, e^NORMALISER_RANGE] (no
+    pass for the rows' maxima nor for subtracting them), else c = the row's max."""
+    plain_exp = tf.exp(logits)
+    normaliser = tf.reduce_sum(plain_exp, axis=-1)  # [...]
+    log_normaliser = tf.math.log(normaliser)
+
+    def shifted():
+        row_max = tf.reduce_max(logits, axis=-1, keepdims=True)  # [..., 1]
+        shifted_exp = tf.exp(logits - row_max)
+        shifted_sum = tf.reduce_sum(shifted_exp, axis=-1)
+        return shifted_exp, shifted_sum, tf.math.log(shifted_sum) + row_max[..., 0]
+
+    in_range = tf.abs(log_normaliser) <= NORMALISER_RANGE  # [...]; False for NaN too
+
+    def per_row():  # only the rows out of range shifted: the others' values do not change
+        shifted_exp, shifted_sum, shifted_log = shifted()
+        return (tf.where(in_range[..., None], plain_exp, shifted_exp),
+                tf.where(in_range, normaliser, shifted_sum),
+                tf.where(in_range, log_normaliser, shifted_log))
+
+    return tf.cond(tf.reduce_all(in_range), lambda: (plain_exp, normaliser, log_normaliser),
+                   per_row)
 
 
 def _smoothed_loss(log_normaliser, label_logit, logit_sum, pad_logit, epsilon, others_count):
