@@ -9,9 +9,9 @@ import tensorflow as tf
 from tfnmt import fast_ops
 from tfnmt.data.special_tokens import PAD_ID
 
-# The softmax statistics skip subtracting each row's largest logit where every row's log-sum of
-# exp(z) is within ±this: no exp overflows, the terms that matter stay normal floats, and a
-# bf16 copy of exp(z) times a kernel stays far below bf16's largest value.
+# `_softmax_statistics` does not subtract a row's largest logit where the row's log-sum of exp(z)
+# lies within ±this: no exp overflows, the terms that matter stay normal floats, and a bf16 copy
+# of exp(z) times a kernel stays far below bf16's largest value.
 NORMALISER_RANGE = 40.0
 
 
@@ -142,8 +142,8 @@ def projected_cross_entropy(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
     [N, V] logits, which dominate a CPU step's element-wise work (CHANGELOG.md, "Measured
     gains of the speed-ups"):
     - sum_j z_j is hidden · (sum of kernel rows), not a pass over the logits;
-    - of the gradient (softmax(z) - q) · upstream, only exp(z - max) becomes an [N, V] matrix
-      (one cast to hidden's dtype): the row scale upstream / sum(exp) is applied on the
+    - of the gradient (softmax(z) - q) · upstream, only exp(z - c) becomes an [N, V] matrix
+      (c: 0, or the row's max, `_softmax_statistics`; one cast to hidden's dtype): the row scale upstream / sum(exp) is applied on the
       [N, D] side, the uniform part of q (eps / (V - 2)) is a rank-1 term, and the label and
       pad columns, where q differs from it, are corrected exactly in float32 through rows of
       the kernel and of hidden.
@@ -167,9 +167,9 @@ def projected_cross_entropy(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
 
         def grad(upstream):  # upstream [N]
             scale = upstream / normaliser  # [N]
-            # dlogits = (p - q) · upstream = scale · exp(z - max), minus the uniform
+            # dlogits = (p - q) · upstream = scale · exp(z - c), minus the uniform
             # off_value · upstream (rank-1 terms), plus corrections in the label and pad
-            # columns. Only exp(z - max) is written as an [N, V] matrix (in the compute dtype);
+            # columns. Only exp(z - c) is written as an [N, V] matrix (in the compute dtype);
             # the row scale is applied to the [N, D] operands and results, and the two
             # corrections go to the gradients through the kernel's and hidden's rows, in
             # float32, so no pass scales or patches the [N, V] matrix.
