@@ -143,10 +143,10 @@ def projected_cross_entropy(labels, hidden, kernel, epsilon=0.1, pad_id=PAD_ID):
     gains of the speed-ups"):
     - sum_j z_j is hidden · (sum of kernel rows), not a pass over the logits;
     - of the gradient (softmax(z) - q) · upstream, only exp(z - c) becomes an [N, V] matrix
-      (c: 0, or the row's max, `_softmax_statistics`; one cast to hidden's dtype): the row scale upstream / sum(exp) is applied on the
-      [N, D] side, the uniform part of q (eps / (V - 2)) is a rank-1 term, and the label and
-      pad columns, where q differs from it, are corrected exactly in float32 through rows of
-      the kernel and of hidden.
+      (c: 0, or the row's max, `_softmax_statistics`; one cast to hidden's dtype): the row
+      scale upstream / sum(exp) is applied on the [N, D] side, the uniform part of q
+      (eps / (V - 2)) is a rank-1 term, and the label and pad columns, where q differs from
+      it, are corrected exactly in float32 through rows of the kernel and of hidden.
     """
     vocab_size = tf.shape(kernel)[0]
     others_count = tf.cast(vocab_size, tf.float32) - 2.0
