@@ -202,13 +202,13 @@ def _column_block(kernel, start, end, transpose):
 def kept_copies(copies):
     """A scope in which `pretransposed_kernels`, `concatenated_kernels` and `sliced_kernels`
     keep what they prepare in `copies`, a dict: run eagerly, each copy is made there as a
-    non-trainable tf.Variable of the weights' values at that time (a copy already there is
-    given them); traced, a search
-    takes the copy made before (a variable: read at each step, as the weights are, and never
-    remade), else prepares its own as outside the scope. An export made inside the scope, with
-    the copies saved beside the weights (`saved_model.write_saved_model`), spares every request
-    the transposes and concatenations (at one sentence per request 3-6% of its time on a Zen 4
-    EPYC). The copies are snapshots: make them again (here, eagerly) after the weights change.
+    non-trainable tf.Variable of the weights' values at that time (a copy already there is given
+    them); traced, a search takes the copy made before (a variable: read at each step, as the
+    weights are, and never remade), else prepares its own as outside the scope. An export made
+    inside the scope, with the copies saved beside the weights
+    (`saved_model.write_saved_model`), spares every request the transposes and concatenations
+    (at one sentence per request 3-6% of its time on a Zen 4 EPYC). The copies are snapshots:
+    make them again (here, eagerly) after the weights change.
 
     Args:
       copies: {key: tf.Variable}, filled by eager use.
