@@ -306,6 +306,19 @@ def test_top_log_probs_of_slices_equal_numpy(cuts, count):
                                rtol=1e-6, atol=2e-6)
 
 
+def test_top_log_probs_of_slices_take_any_chunk_width_that_divides_them():
+    # Chunks are numbered across slices: a narrower width that divides every slice but the
+    # last gives numpy's tokens; a slice that would hold a partial chunk is refused (its
+    # ids would be wrong, and a GPU's gather returns zeros for ids out of range).
+    logits = (np.random.default_rng(3).normal(size=(4, 101)) * 4).astype(np.float32)
+    expected_ids = np.argsort(-logits, axis=-1, kind="stable")[:, :8]
+    parts = [tf.constant(p) for p in np.split(logits, [32, 96], axis=1)]
+    _, ids = top_log_probs(parts, 8, width=16)
+    np.testing.assert_array_equal(ids, expected_ids)
+    with pytest.raises(ValueError, match="whole number of 64-token chunks"):
+        top_log_probs(parts, 8, width=64)
+
+
 @pytest.mark.parametrize("cuts", [[], [64]])
 def test_top_log_probs_of_rows_beyond_the_plain_exp_range_equal_numpy(cuts):
     # Rows whose best logit lies beyond ±PLAIN_EXP_RANGE (exp would overflow, or underflow

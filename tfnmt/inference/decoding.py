@@ -91,7 +91,8 @@ def top_log_probs(logits, count, width=32):
     concatenated).
 
     Args:
-      logits: [R, V] float32, or a list of [R, V_i] slices of it.
+      logits: [R, V] float32, or a list of [R, V_i] slices of it, each but the last a
+        multiple of `width` wide (`linear.slice_bounds`).
       count: how many tokens per row, <= V.
       width: the chunk width.
 
@@ -100,6 +101,10 @@ def top_log_probs(logits, count, width=32):
       lower id.
     """
     slices = logits if isinstance(logits, (list, tuple)) else [logits]
+    if any(part.shape[-1] % width for part in slices[:-1]):
+        # Chunks are numbered across slices: a partial chunk inside would give wrong token ids.
+        raise ValueError(f"every slice but the last must be a whole number of {width}-token "
+                         f"chunks, got slices of {[part.shape[-1] for part in slices]}")
     if not fast_ops.enabled():
         logits = _joined(slices)
         return tf.math.top_k(tf.nn.log_softmax(logits), k=min(count, logits.shape[-1]))
