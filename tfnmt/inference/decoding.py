@@ -99,6 +99,9 @@ def top_log_probs(logits, count, width=32):
     Returns:
       (log-probabilities [R, count], token ids [R, count] int32), best first, ties to the
       lower id.
+
+    Raises:
+      ValueError: a slice but the last is not a multiple of `width` wide.
     """
     slices = logits if isinstance(logits, (list, tuple)) else [logits]
     if any(part.shape[-1] % width for part in slices[:-1]):
