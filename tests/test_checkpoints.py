@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tfnmt.checkpoints import (ModelDirError, candidate_checkpoints, checkpoint_prefixes,
                                load_model)
-from tfnmt.inference.loading import latest_export
+from tfnmt.paths import latest_export
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
 from tfnmt.training.schedule import paper_adam

@@ -112,6 +112,36 @@ def test_translate_py_refuses_what_would_lose_data_before_any_work(case, tmp_pat
     assert not (tmp_path / "out.en").exists()
 
 
+
+def test_a_missing_or_misplaced_model_is_named_before_tensorflow_loads(tmp_path):
+    # A mistyped --model_dir or --export is refused in one line without the seconds TensorFlow
+    # takes to load; a directory of another of tfnmt's kinds is named as what it is.
+    from helpers import imported_modules, python
+
+    version, run, missing = tmp_path / "export" / "1", tmp_path / "run", tmp_path / "missing"
+    version.mkdir(parents=True)
+    (version / "saved_model.pb").write_bytes(b"")
+    run.mkdir()
+    (run / "settings.json").write_text("{}")
+    no_export = "holds no SavedModel and no numbered version of one"
+    no_model = "holds no trained model (no settings.json)"
+    export_hint = "it is a SavedModel export: translate.py and evaluate.py read it with --export"
+    for program, flag, message in (
+            ("translate.py", f"--export={missing}", f"{missing} {no_export}"),
+            ("translate.py", f"--export={run}",
+             f"{run} {no_export}; it is a training directory: give it as --model_dir"),
+            ("translate.py", f"--model_dir={missing}", f"{missing} {no_model}"),
+            ("translate.py", f"--model_dir={version.parent}",
+             f"{version.parent} {no_model}; {export_hint}"),
+            ("export.py", f"--model_dir={missing}", f"{missing} {no_model}"),
+            ("export.py", f"--model_dir={version}", f"{version} {no_model}; {export_hint}")):
+        result = python(program, flag, env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=60)
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines()[-1] == f"{program}: {message}"
+        imported = imported_modules(result.stderr)
+        assert "absl.app" in imported and "tensorflow" not in imported, (program, flag)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "run"]
+
 FINALIZER_INTERRUPTED = """
 import signal, sys, time
 sys.path.insert(0, sys.argv[1])

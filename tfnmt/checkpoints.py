@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from tfnmt.data import vocabulary
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import (AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS, checkpoint_prefixes,
-                         other_kind, read_settings)
+from tfnmt.paths import (AVERAGED, BEST, BEST_STATE, CHECKPOINTS, checkpoint_prefixes,
+                         no_model_error, read_settings)
 
 
 class ModelDirError(ValueError):
@@ -243,9 +243,7 @@ def load_model(model_dir, which="auto"):
     """
     settings = read_settings(model_dir)
     if settings is None:
-        hint = other_kind(model_dir)
-        raise ModelDirError(f"{model_dir} holds no trained model (no {SETTINGS})"
-                            + (f"; {hint}" if hint else ""))
+        raise ModelDirError(no_model_error(model_dir))
     try:
         protos = vocabulary.read_protos(*vocabulary.paths(
             model_dir, (settings.get("data") or {}).get("separate_vocabularies", False)))

@@ -1,7 +1,7 @@
 """Names of the files in a model_dir, and where the embedded corpus lives, in one place (every
 entry point and module reads them from here); reading a model_dir's settings.json and listing
-its checkpoints (without TensorFlow, so that the entry points check their flags before loading
-it)."""
+its checkpoints, finding an export's newest version (without TensorFlow, so that the entry points
+check their flags and paths before loading it)."""
 import json
 import os
 import re
@@ -48,6 +48,42 @@ def is_export(path):
     return any(os.path.exists(os.path.join(c, "saved_model.pb")) for c in candidates)
 
 
+def next_version(export_dir):
+    """The version number a new export gets.
+
+    Args:
+      export_dir: the directory of numbered versions (need not exist).
+
+    Returns:
+      One more than the largest version there, or 1.
+    """
+    versions = [int(n) for n in os.listdir(export_dir) if re.fullmatch(r"\d+", n)] \
+        if os.path.isdir(export_dir) else []
+    return max(versions, default=0) + 1
+
+
+def latest_export(path):
+    """The SavedModel a path names.
+
+    Args:
+      path: an export version directory, or an export_dir of numbered versions.
+
+    Returns:
+      The version directory (the newest one under an export_dir).
+
+    Raises:
+      FileNotFoundError: `path` holds neither (the message names what it is instead).
+    """
+    if os.path.exists(os.path.join(path, "saved_model.pb")):
+        return path
+    version = next_version(path) - 1
+    if version < 1:
+        hint = other_kind(path)
+        raise FileNotFoundError(f"{path} holds no SavedModel and no numbered version of one"
+                                + (f"; {hint}" if hint else ""))
+    return os.path.join(path, str(version))
+
+
 def is_ctranslate2(path):
     """Whether `path` is a CTranslate2 model directory (export.py --format=ctranslate2)."""
     return all(os.path.exists(os.path.join(path, name)) for name in ("model.bin", "config.json"))
@@ -64,6 +100,13 @@ def other_kind(path):
     if os.path.exists(os.path.join(path, SETTINGS)):
         return "it is a training directory: give it as --model_dir"
     return ""
+
+
+def no_model_error(model_dir):
+    """The one-line error for a model_dir without settings.json, naming what the directory is
+    instead where it is another of tfnmt's kinds."""
+    hint = other_kind(model_dir)
+    return f"{model_dir} holds no trained model (no {SETTINGS})" + (f"; {hint}" if hint else "")
 
 
 class DamagedFileError(ValueError):

@@ -1,33 +1,11 @@
 """Translators loaded for use in Python: from a model_dir's checkpoint (a `TranslationModule`
 built on the spot) or from an export (its signatures), behind the same functions."""
-import os
-
 import tensorflow as tf
 
 from tfnmt.inference.decoding_threads import (PARALLEL_SEARCHES, export_searches,
                                               use_decoding_threads)
-from tfnmt.inference.saved_model import next_version
 from tfnmt.inference.serving import TranslationModule
-from tfnmt.paths import DamagedFileError, other_kind
-
-
-def latest_export(path):
-    """The SavedModel a path names.
-
-    Args:
-      path: an export version directory, or an export_dir of numbered versions.
-
-    Returns:
-      The version directory (the newest one under an export_dir).
-    """
-    if os.path.exists(os.path.join(path, "saved_model.pb")):
-        return path
-    version = next_version(path) - 1
-    if version < 1:
-        hint = other_kind(path)
-        raise FileNotFoundError(f"{path} holds no SavedModel and no numbered version of one"
-                                + (f"; {hint}" if hint else ""))
-    return os.path.join(path, str(version))
+from tfnmt.paths import DamagedFileError, latest_export
 
 
 def share_threads(export=None, sampling=None):

@@ -9,20 +9,7 @@ import shutil
 
 from tfnmt.inference.decoding_threads import write_search_settings
 from tfnmt.inference.serving import PREFIXES, SCORE_TARGETS, SIGNATURE_INPUT
-
-
-def next_version(export_dir):
-    """The version number a new export gets.
-
-    Args:
-      export_dir: the directory of numbered versions (need not exist).
-
-    Returns:
-      One more than the largest version there, or 1.
-    """
-    versions = [int(n) for n in os.listdir(export_dir) if re.fullmatch(r"\d+", n)] \
-        if os.path.isdir(export_dir) else []
-    return max(versions, default=0) + 1
+from tfnmt.paths import next_version
 
 
 SIGNATURES = ("serving_default", "translate_n_best", "translate_with_prefix", "score")

@@ -26,7 +26,8 @@ from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli, cpu_kernels  # noqa: E402
 from tfnmt.inference.decoding_threads import PARALLEL_SEARCHES  # noqa: E402
-from tfnmt.paths import CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT  # noqa: E402
+from tfnmt.paths import (CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT, no_model_error,  # noqa: E402
+                         read_settings)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory (settings.json, "
@@ -90,6 +91,8 @@ def main(argv):
             if FLAGS[name].present:
                 raise app.UsageError(f"--{name} is for SavedModel exports; CTranslate2 takes its "
                                      "decoding options when it translates")
+    if read_settings(FLAGS.model_dir) is None:  # said before TensorFlow loads
+        raise app.UsageError(no_model_error(FLAGS.model_dir))
     import tensorflow as tf
 
     if FLAGS.format != "ctranslate2" and FLAGS.matmul_dtype == "bfloat16" and FLAGS.check \
