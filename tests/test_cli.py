@@ -122,25 +122,33 @@ def test_a_missing_or_misplaced_model_is_named_before_tensorflow_loads(tmp_path)
     version.mkdir(parents=True)
     (version / "saved_model.pb").write_bytes(b"")
     run.mkdir()
-    (run / "settings.json").write_text("{}")
+    (run / "settings.json").write_text('{"data": {"dataset": "embedded"}}')
+    (tmp_path / "src.de").write_text("Ein Haus.\n")
+    (tmp_path / "ref.en").write_text("A house.\n")
+    files = [f"--source={tmp_path / 'src.de'}", f"--reference={tmp_path / 'ref.en'}"]
     no_export = "holds no SavedModel and no numbered version of one"
     no_model = "holds no trained model (no settings.json)"
     export_hint = "it is a SavedModel export: translate.py and evaluate.py read it with --export"
-    for program, flag, message in (
-            ("translate.py", f"--export={missing}", f"{missing} {no_export}"),
-            ("translate.py", f"--export={run}",
-             f"{run} {no_export}; it is a training directory: give it as --model_dir"),
-            ("translate.py", f"--model_dir={missing}", f"{missing} {no_model}"),
-            ("translate.py", f"--model_dir={version.parent}",
+    run_hint = "it is a training directory: give it as --model_dir"
+    for program, flags, message in (
+            ("translate.py", [f"--export={missing}"], f"{missing} {no_export}"),
+            ("translate.py", [f"--export={run}"], f"{run} {no_export}; {run_hint}"),
+            ("translate.py", [f"--model_dir={missing}"], f"{missing} {no_model}"),
+            ("translate.py", [f"--model_dir={version.parent}"],
              f"{version.parent} {no_model}; {export_hint}"),
-            ("export.py", f"--model_dir={missing}", f"{missing} {no_model}"),
-            ("export.py", f"--model_dir={version}", f"{version} {no_model}; {export_hint}")):
-        result = python(program, flag, env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=60)
+            ("evaluate.py", [f"--export={missing}", *files], f"{missing} {no_export}"),
+            ("evaluate.py", [f"--export={run}", *files], f"{run} {no_export}; {run_hint}"),
+            ("evaluate.py", [f"--model_dir={missing}", *files], f"{missing} {no_model}"),
+            ("evaluate.py", [f"--export={missing}", f"--model_dir={run}"],
+             f"{missing} {no_export}"),
+            ("export.py", [f"--model_dir={missing}"], f"{missing} {no_model}"),
+            ("export.py", [f"--model_dir={version}"], f"{version} {no_model}; {export_hint}")):
+        result = python(program, *flags, env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=60)
         assert result.returncode == 1
         assert result.stderr.strip().splitlines()[-1] == f"{program}: {message}"
         imported = imported_modules(result.stderr)
-        assert "absl.app" in imported and "tensorflow" not in imported, (program, flag)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "run"]
+        assert "absl.app" in imported and "tensorflow" not in imported, (program, flags)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "ref.en", "run", "src.de"]
 
 FINALIZER_INTERRUPTED = """
 import signal, sys, time

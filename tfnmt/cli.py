@@ -8,7 +8,7 @@ import threading
 
 from absl import app, flags
 
-from tfnmt import allocator, cpu_kernels, tensorflow_start
+from tfnmt import allocator, cpu_kernels, paths, tensorflow_start
 from tfnmt.paths import DamagedFileError
 from tfnmt.text_lines import OutputError
 
@@ -24,6 +24,18 @@ def define_beam_stop_flag(scope=""):
             "hypotheses have ended, as in CTranslate2) or bound (once none left can beat "
             "them; slower).")
     flags.DEFINE_enum("beam_stop", "finished", ["finished", "bound"], text[0].upper() + text[1:])
+
+
+def check_model_path(model_dir, export):
+    """Raises app.UsageError (one line, before TensorFlow loads) for a --model_dir without
+    settings.json, or an --export that holds no SavedModel (translate.py, evaluate.py)."""
+    try:
+        if export:
+            paths.latest_export(export)
+        elif paths.read_settings(model_dir) is None:
+            raise app.UsageError(paths.no_model_error(model_dir))
+    except FileNotFoundError as error:
+        raise app.UsageError(str(error))
 
 
 def refuse_checkpoint_search_flags():

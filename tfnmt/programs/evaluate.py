@@ -230,6 +230,7 @@ def main(argv):
         references = _read_references(lines, flag)
         what = os.path.basename(FLAGS[flag].value)
     if not FLAGS.hypotheses:  # before reading a split, which runs TensorFlow
+        cli.check_model_path(FLAGS.model_dir, FLAGS.export)
         from tfnmt.inference.loading import share_threads
 
         share_threads(FLAGS.export)

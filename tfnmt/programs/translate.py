@@ -30,7 +30,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags, logging  # noqa: E402
 
-from tfnmt import cli, paths, text_lines  # noqa: E402
+from tfnmt import cli, text_lines  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Training directory to translate with.")
@@ -91,18 +91,6 @@ def check_paths(input_path, output_path):
         cli.check_output_path(output_path, {"input": input_path,
                                             "score_targets": FLAGS.score_targets,
                                             "target_prefix": FLAGS.target_prefix})
-
-
-def check_model_path(model_dir, export):
-    """One clear line (UsageError), before TensorFlow loads, for a --model_dir without
-    settings.json or an --export that holds no SavedModel."""
-    try:
-        if export:
-            paths.latest_export(export)
-        elif paths.read_settings(model_dir) is None:
-            raise app.UsageError(paths.no_model_error(model_dir))
-    except FileNotFoundError as error:
-        raise app.UsageError(str(error))
 
 
 def score_lines(score, pairs):
@@ -196,7 +184,7 @@ def main(argv):
                 (count := text_lines.count_lines(path)) != total:
             raise app.UsageError(f"--{flag} has {count} line{'s' if count != 1 else ''} for "
                                  f"{total} input line{'s' if total != 1 else ''}")
-    check_model_path(FLAGS.model_dir, FLAGS.export)
+    cli.check_model_path(FLAGS.model_dir, FLAGS.export)
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
 
