@@ -215,14 +215,14 @@ def cpu_description():
     return f"{model}, {os.cpu_count()} cores" + (f", oneDNN capped at {cap}" if cap else "")
 
 
-def define_session_threads_flag():
+def define_session_threads_flag(default="0:0"):
     """--session_threads=INTRA:INTER, the thread pools of the exports' sessions, as TF Serving's
     --tensorflow_intra_op_parallelism and --tensorflow_inter_op_parallelism size them."""
     import re
 
     from absl import flags
 
-    flags.DEFINE_string("session_threads", "0:0", "INTRA:INTER, the threads one op may use and "
+    flags.DEFINE_string("session_threads", default, "INTRA:INTER, the threads one op may use and "
                         "the threads that run independent ops (TF Serving's "
                         "--tensorflow_intra_op_parallelism and "
                         "--tensorflow_inter_op_parallelism); 0: TensorFlow's default, one per "
