@@ -11,6 +11,7 @@ step of one sentence (beam 4: 4 rows) is bound by this rate (bench/README.md, "D
 
   python bench/weight_stream.py                        # 4 rows, 16 products of [256, 1024]
   python bench/weight_stream.py --session_threads=2:1  # one product at a time on both cores
+  python bench/weight_stream.py --dtype=bfloat16       # half the bytes (AMX: not half the time)
 """
 import json
 import os
@@ -27,6 +28,8 @@ flags.DEFINE_integer("rows", 4, "Rows of each product's input (beam 4, one sente
 flags.DEFINE_integer("width", 256, "Input width (the model width D).")
 flags.DEFINE_integer("columns", 1024, "Output width (the cpu preset's feed-forward size).")
 flags.DEFINE_integer("products", 16, "Independent products per run, each its own weights.")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "The products' dtype (bfloat16: "
+                  "input and weights rounded to it, as an export's bf16 products are).")
 flags.DEFINE_integer("runs", 100, "Session runs per timing.")
 flags.DEFINE_integer("windows", 5, "Timings per setting; the fastest is reported.")
 flags.DEFINE_bool("baseline", True, "Also time 1:1 in a child process, and the ratio.")
@@ -40,16 +43,20 @@ def main(_):
     tf.compat.v1.disable_eager_execution()
     rng = np.random.default_rng(0)
     x_value = rng.normal(size=(FLAGS.rows, FLAGS.width)).astype(np.float32)
-    weight_bytes = FLAGS.products * FLAGS.width * FLAGS.columns * 4
+    dtype = tf.as_dtype(FLAGS.dtype)
+    weight_bytes = FLAGS.products * FLAGS.width * FLAGS.columns * dtype.size
 
     def seconds_per_run(intra, inter):
         graph = tf.Graph()
         with graph.as_default():
             x = tf.compat.v1.placeholder(tf.float32, [FLAGS.rows, FLAGS.width])
-            kernels = [tf.Variable(rng.normal(0, 0.01, (FLAGS.width, FLAGS.columns))
-                                   .astype(np.float32)) for _ in range(FLAGS.products)]
+            kernels = [tf.Variable(tf.cast(rng.normal(0, 0.01, (FLAGS.width, FLAGS.columns))
+                                           .astype(np.float32), dtype))
+                       for _ in range(FLAGS.products)]
+            x_cast = tf.cast(x, dtype)
             # One scalar per product, so that fetching the result costs nothing.
-            total = tf.add_n([tf.reduce_sum(tf.matmul(x, kernel)) for kernel in kernels])
+            total = tf.add_n([tf.reduce_sum(tf.cast(tf.matmul(x_cast, kernel), tf.float32))
+                              for kernel in kernels])
             init = tf.compat.v1.global_variables_initializer()
         config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra,
                                           inter_op_parallelism_threads=inter)
@@ -68,13 +75,13 @@ def main(_):
     given = seconds_per_run(*session_threads())
     result = {"machine": cpu_description(), "kernels": KERNELS,
               "products": f"{FLAGS.products} x [{FLAGS.rows}, {FLAGS.width}] x "
-                          f"[{FLAGS.width}, {FLAGS.columns}]",
+                          f"[{FLAGS.width}, {FLAGS.columns}] {FLAGS.dtype}",
               "weights_mb": round(weight_bytes / 1e6, 1),
               FLAGS.session_threads: {"ms": round(given * 1e3, 3),
                                       "gb_per_s": round(weight_bytes / given / 1e9, 1)}}
     if FLAGS.baseline:
         args = [FLAGS[name].serialize() for name in ("rows", "width", "columns", "products",
-                                                     "runs", "windows")]
+                                                     "dtype", "runs", "windows")]
         child = subprocess.run([sys.executable, os.path.abspath(__file__), "--nobaseline",
                                 "--session_threads=1:1", *args],
                                capture_output=True, text=True, check=True)
