@@ -91,8 +91,16 @@ def main(argv):
             if FLAGS[name].present:
                 raise app.UsageError(f"--{name} is for SavedModel exports; CTranslate2 takes its "
                                      "decoding options when it translates")
-    if read_settings(FLAGS.model_dir) is None:  # said before TensorFlow loads
+    # Said before TensorFlow loads: a missing model, an export_dir that is a file, a version
+    # that exists.
+    if read_settings(FLAGS.model_dir) is None:
         raise app.UsageError(no_model_error(FLAGS.model_dir))
+    export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, EXPORT)
+    if os.path.exists(export_dir) and not os.path.isdir(export_dir):
+        raise app.UsageError(f"--export_dir={export_dir} is a file, not a directory")
+    version_dir = None if FLAGS.version is None else os.path.join(export_dir, str(FLAGS.version))
+    if version_dir and os.path.exists(version_dir):
+        raise app.UsageError(f"{version_dir} exists; versions are never overwritten")
     import tensorflow as tf
 
     if FLAGS.format != "ctranslate2" and FLAGS.matmul_dtype == "bfloat16" and FLAGS.check \
@@ -107,9 +115,6 @@ def main(argv):
     from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
     from tfnmt.inference.serving import TranslationModule
 
-    export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, EXPORT)
-    if os.path.exists(export_dir) and not os.path.isdir(export_dir):
-        raise app.UsageError(f"--export_dir={export_dir} is a file, not a directory")
     try:
         model, vocab, path = checkpoints.load_model(FLAGS.model_dir, FLAGS.checkpoint)
     except checkpoints.ModelDirError as error:
