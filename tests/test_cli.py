@@ -112,7 +112,6 @@ def test_translate_py_refuses_what_would_lose_data_before_any_work(case, tmp_pat
     assert not (tmp_path / "out.en").exists()
 
 
-
 def test_a_missing_or_misplaced_model_is_named_before_tensorflow_loads(tmp_path):
     # A mistyped --model_dir or --export is refused in one line without the seconds TensorFlow
     # takes to load; a directory of another of tfnmt's kinds is named as what it is.
@@ -149,6 +148,7 @@ def test_a_missing_or_misplaced_model_is_named_before_tensorflow_loads(tmp_path)
         imported = imported_modules(result.stderr)
         assert "absl.app" in imported and "tensorflow" not in imported, (program, flags)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "ref.en", "run", "src.de"]
+
 
 FINALIZER_INTERRUPTED = """
 import signal, sys, time

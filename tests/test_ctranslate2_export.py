@@ -29,12 +29,19 @@ EOS_SCALE = 2.0
 
 @pytest.fixture(scope="module")
 def cli_export(tiny_model_dir, tmp_path_factory):
-    """The tiny post-norm model of tiny_model_dir, converted by the export command."""
-    out = str(tmp_path_factory.mktemp("ct2") / "model")
-    result = subprocess.run([sys.executable, "export.py", f"--model_dir={tiny_model_dir}",
-                             "--format=ctranslate2", f"--export_dir={out}"], cwd=ROOT,
+    """The tiny post-norm model of tiny_model_dir, converted by the export command into its
+    default directory, <model_dir>/ctranslate2 (of a model_dir that links to tiny_model_dir's
+    files and holds a file named `export`, where a SavedModel export would go: not in the way)."""
+    model_dir = tmp_path_factory.mktemp("ct2")
+    for name in os.listdir(tiny_model_dir):
+        if name != "export" and not name.startswith("ctranslate2"):
+            os.symlink(os.path.join(tiny_model_dir, name), model_dir / name)
+    (model_dir / "export").write_text("not a directory")
+    result = subprocess.run([sys.executable, "export.py", f"--model_dir={model_dir}",
+                             "--format=ctranslate2"], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    out = str(model_dir / "ctranslate2")
     model, vocab, _ = checkpoints.load_model(tiny_model_dir)
     return model, vocab.source, out
 

@@ -95,7 +95,7 @@ def main(argv):
     # that exists.
     if read_settings(FLAGS.model_dir) is None:
         raise app.UsageError(no_model_error(FLAGS.model_dir))
-    export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, EXPORT)
+    export_dir = FLAGS.export_dir or default_export_dir()
     if os.path.exists(export_dir) and not os.path.isdir(export_dir):
         raise app.UsageError(f"--export_dir={export_dir} is a file, not a directory")
     version_dir = None if FLAGS.version is None else os.path.join(export_dir, str(FLAGS.version))
@@ -120,7 +120,7 @@ def main(argv):
     except checkpoints.ModelDirError as error:
         raise app.UsageError(str(error))
     if FLAGS.format == "ctranslate2":
-        return export_ctranslate2(model, vocab, path)
+        return export_ctranslate2(model, vocab, path, export_dir)
     alpha, source = (FLAGS.alpha, "--alpha") if FLAGS.alpha is not None \
         else length_penalty.default_alpha(FLAGS.model_dir)
     print(f"length penalty {alpha:g} ({source})", flush=True)
@@ -141,12 +141,19 @@ def main(argv):
     print(f"exported {path} to {final} (weight matmuls: {matmuls})")
 
 
-def export_ctranslate2(model, vocab, path):
+def default_export_dir():
+    """Where --export_dir defaults to: <model_dir>/export for a SavedModel, else
+    <model_dir>/ctranslate2[-<quantization>]."""
+    if FLAGS.format != "ctranslate2":
+        return os.path.join(FLAGS.model_dir, EXPORT)
+    quantization = None if FLAGS.quantization == "none" else FLAGS.quantization
+    return os.path.join(FLAGS.model_dir, CTRANSLATE2 + (f"-{quantization}" if quantization else ""))
+
+
+def export_ctranslate2(model, vocab, path, export_dir):
     from tfnmt.inference import ctranslate2_export
 
     quantization = None if FLAGS.quantization == "none" else FLAGS.quantization
-    default_name = CTRANSLATE2 + (f"-{quantization}" if quantization else "")
-    export_dir = FLAGS.export_dir or os.path.join(FLAGS.model_dir, default_name)
     try:
         final = ctranslate2_export.export_ctranslate2(model, vocab, export_dir, quantization,
                                                       check=FLAGS.check)
