@@ -238,20 +238,30 @@ def test_bad_paths_fail_in_one_line_before_any_work(fault, expected, small_corpu
     assert not os.path.exists(tmp_path / "run")
 
 
-def test_export_to_a_file_or_an_existing_version_fails_in_one_line(tiny_model_dir, tmp_path):
+def test_export_to_a_file_or_over_an_existing_export_fails_in_one_line(tiny_model_dir, tmp_path):
     # Refused before TensorFlow loads (and the model with it); nothing is written.
     (tmp_path / "file").write_text("not a directory")
     (tmp_path / "export" / "3").mkdir(parents=True)
+    linked = tmp_path / "linked"  # the model, with a file where its exports would go
+    linked.mkdir()
+    for name in os.listdir(tiny_model_dir):
+        if name != "export":
+            os.symlink(os.path.join(tiny_model_dir, name), linked / name)
+    (linked / "export").write_text("not a directory")
     for flags, message in (([f"--export_dir={tmp_path}/file"],
                             f"--export_dir={tmp_path}/file is a file, not a directory"),
+                           ([f"--model_dir={linked}"],
+                            f"{linked}/export is a file, not a directory: give --export_dir"),
                            ([f"--export_dir={tmp_path}/export", "--version=3"],
-                            f"{tmp_path}/export/3 exists; versions are never overwritten")):
+                            f"{tmp_path}/export/3 exists; versions are never overwritten"),
+                           ([f"--export_dir={tmp_path}/export", "--format=ctranslate2"],
+                            f"{tmp_path}/export exists; give another --export_dir or remove it")):
         result = python("export.py", f"--model_dir={tiny_model_dir}", *flags,
                         env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=120)
         assert result.returncode == 1
         assert last_line(result) == f"export.py: {message}"
         assert "tensorflow" not in imported_modules(result.stderr)
-    assert (tmp_path / "file").read_text() == "not a directory"
+    assert (tmp_path / "file").read_text() == (linked / "export").read_text() == "not a directory"
     assert [p.name for p in (tmp_path / "export").iterdir()] == ["3"]
     assert not list((tmp_path / "export" / "3").iterdir())
 

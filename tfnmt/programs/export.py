@@ -92,15 +92,20 @@ def main(argv):
                 raise app.UsageError(f"--{name} is for SavedModel exports; CTranslate2 takes its "
                                      "decoding options when it translates")
     # Said before TensorFlow loads: a missing model, an export_dir that is a file, a version
-    # that exists.
+    # (or a CTranslate2 directory) that exists.
     if read_settings(FLAGS.model_dir) is None:
         raise app.UsageError(no_model_error(FLAGS.model_dir))
     export_dir = FLAGS.export_dir or default_export_dir()
     if os.path.exists(export_dir) and not os.path.isdir(export_dir):
-        raise app.UsageError(f"--export_dir={export_dir} is a file, not a directory")
+        raise app.UsageError(f"--export_dir={export_dir} is a file, not a directory"
+                             if FLAGS.export_dir else f"{export_dir} is a file, not a directory: "
+                             "give --export_dir")
     version_dir = None if FLAGS.version is None else os.path.join(export_dir, str(FLAGS.version))
     if version_dir and os.path.exists(version_dir):
         raise app.UsageError(f"{version_dir} exists; versions are never overwritten")
+    if FLAGS.format == "ctranslate2" and os.path.exists(export_dir):
+        raise app.UsageError(f"{os.path.abspath(export_dir)} exists; give another --export_dir "
+                             "or remove it")
     import tensorflow as tf
 
     if FLAGS.format != "ctranslate2" and FLAGS.matmul_dtype == "bfloat16" and FLAGS.check \
