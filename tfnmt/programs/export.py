@@ -146,19 +146,24 @@ def main(argv):
     print(f"exported {path} to {final} (weight matmuls: {matmuls})")
 
 
+def ctranslate2_quantization():
+    """--quantization as ctranslate2_export takes it: None for float32 weights."""
+    return None if FLAGS.quantization == "none" else FLAGS.quantization
+
+
 def default_export_dir():
     """Where --export_dir defaults to: <model_dir>/export for a SavedModel, else
     <model_dir>/ctranslate2[-<quantization>]."""
     if FLAGS.format != "ctranslate2":
         return os.path.join(FLAGS.model_dir, EXPORT)
-    quantization = None if FLAGS.quantization == "none" else FLAGS.quantization
+    quantization = ctranslate2_quantization()
     return os.path.join(FLAGS.model_dir, CTRANSLATE2 + (f"-{quantization}" if quantization else ""))
 
 
 def export_ctranslate2(model, vocab, path, export_dir):
     from tfnmt.inference import ctranslate2_export
 
-    quantization = None if FLAGS.quantization == "none" else FLAGS.quantization
+    quantization = ctranslate2_quantization()
     try:
         final = ctranslate2_export.export_ctranslate2(model, vocab, export_dir, quantization,
                                                       check=FLAGS.check)
