@@ -230,6 +230,7 @@ def define_session_threads_flag(default="0:0"):
     flags.register_validator("session_threads",
                              lambda v: re.fullmatch(r"\d+:\d+", v) is not None,
                              "--session_threads takes INTRA:INTER, e.g. 1:2")
+    _listed_in_help("session_threads")
 
 
 def session_threads():
@@ -247,6 +248,16 @@ def define_trainer_flags():
     flags.DEFINE_string("preset", "small", "Model preset.")
     flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16"], "As train.py.")
     flags.DEFINE_bool("jit_compile", False, "XLA-compile the train step.")
+    _listed_in_help("preset", "mixed_precision", "jit_compile")
+
+
+def _listed_in_help(*names):
+    """The named flags, defined here for a benchmark, become key flags of the benchmark run
+    (sys.argv[0]), so that its --help lists them (absl lists the flags of the module run)."""
+    from absl import flags
+
+    for name in names:
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
 
 
 def build_trainer(preset, precision, vocab_size, jit_compile=False):

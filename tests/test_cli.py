@@ -197,3 +197,42 @@ def test_ctrl_c_in_a_finalizer_stops_the_program(kept):
     assert result.stdout.strip() == ("interrupted" if kept else "went on")
     # Python's note on the lost exception, which the entry points leave out.
     assert ("Exception ignored" in result.stderr) is not kept
+
+
+
+@pytest.mark.parametrize("program", ["train.py", "export.py", "translate.py", "evaluate.py"])
+def test_help_lists_every_flag_of_the_program_with_its_default(program):
+    # README: `python train.py --help  # every flag, with its default`. absl's --help lists the
+    # flags of the module run as the program (a shim or a console script), not of the modules
+    # where tfnmt defines them.
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from helpers import ROOT, imported_modules, python
+
+    # The flags the program defines, and their defaults, from absl's registry in a process of
+    # their own (the programs define flags of the same names).
+    module = "tfnmt.programs." + program[:-len(".py")]
+    listing = subprocess.run(
+        [sys.executable, "-c",
+         f"import json, {module}; from absl import flags; print(json.dumps({{f.name: "
+         "f.default for m, fs in flags.FLAGS.flags_by_module_dict().items() "
+         "if m.startswith('tfnmt') for f in fs}))"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    defined = json.loads(listing.stdout)
+    assert len(defined) >= 10, listing.stderr[-2000:]
+    result = python(program, "--help", env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=60)
+    listed = {}  # flag name -> its entry in the help, on one line
+    for entry in re.split(r"\n  (?=--)", result.stdout.split("\nflags:\n", 1)[-1]):
+        name = re.match(r"--(?:\[no\])?(\w+)", entry)
+        if name:
+            listed[name[1]] = " ".join(entry.split())
+    assert set(defined) <= set(listed), sorted(set(defined) - set(listed))
+    for name, default in defined.items():
+        if default is not None:
+            shown = (str(default).lower() if isinstance(default, bool) else
+                     ",".join(default) if isinstance(default, list) else default)
+            assert f"(default: '{shown}')" in listed[name], listed[name]
+    assert "tensorflow" not in imported_modules(result.stderr)  # no TensorFlow start for it

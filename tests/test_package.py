@@ -49,7 +49,8 @@ def test_pip_installs_the_package_its_corpus_and_commands(tmp_path):
     help_text = subprocess.run([str(venv / "bin" / "tfnmt-translate"), "--help"],
                                capture_output=True, text=True, cwd=str(tmp_path),
                                env=environment, timeout=300).stdout  # absl exits 1 after help
-    assert "Translate text with a trained model" in help_text and "--n_best" in help_text
+    # The program's flags listed, each with its help (not only the description's examples).
+    assert "Translate text with a trained model" in help_text and "\n  --n_best: " in help_text
     error = subprocess.run([str(venv / "bin" / "tfnmt-train"), "--batch_tokens=-1"],
                            capture_output=True, text=True, cwd=str(tmp_path), env=environment,
                            timeout=300)

@@ -1,4 +1,4 @@
-"""Train a Transformer translation model (tfnmt).
+r"""Train a Transformer translation model (tfnmt).
 
 With no flags: the `cpu` preset on the embedded German->English corpus for 12.25 minutes of
 training (as many updates as this CPU does in them), then dev scores, the length penalty chosen
