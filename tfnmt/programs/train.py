@@ -118,7 +118,8 @@ flags.DEFINE_float("label_smoothing", None, "Label smoothing epsilon of the loss
 flags.DEFINE_float("clip_norm", 0.0, "Scale each update's gradients down to this global norm "
                    "when larger (default 0: no clipping; the paper does not clip).")
 flags.DEFINE_enum("strategy", "auto", ["auto", "one_device", "mirrored", "multi_worker"],
-                  "tf.distribute strategy; multi_worker reads TF_CONFIG.")
+                  "tf.distribute strategy; auto (default): multi_worker where TF_CONFIG names "
+                  "several workers, mirrored with several GPUs, else one device.")
 flags.DEFINE_integer("cpu_devices", 1, "Split the CPU into this many logical devices, one "
                      "replica each with --strategy=mirrored (default 1).")
 flags.DEFINE_enum("mixed_precision", "auto", ["auto", "none", "bf16", "fp16"],
@@ -381,6 +382,31 @@ def use_files_given():
     FLAGS.dataset = "files"
 
 
+CLUSTER_WITH_BUDGET = ("--train_minutes plans on one machine; the workers of a cluster need "
+                       "--train_steps")
+
+
+def resolve_cluster_strategy():
+    """--strategy=auto becomes multi_worker where TF_CONFIG names several training processes
+    (what distribute.make_strategy chooses), decided here, before TensorFlow loads, so that every
+    rule of a cluster run applies to it (no time budget: the workers must agree on the number of
+    updates); a TF_CONFIG that cannot place this process in its cluster is refused in one line."""
+    from tfnmt.training import cluster
+
+    if FLAGS.strategy not in ("auto", "multi_worker"):
+        return
+    try:
+        config = cluster.read_tf_config()
+        if FLAGS.strategy == "auto" and cluster.training_processes(config) > 1:
+            if FLAGS["train_minutes"].present:
+                raise app.UsageError(CLUSTER_WITH_BUDGET)
+            FLAGS.strategy = "multi_worker"
+        if FLAGS.strategy == "multi_worker":
+            cluster.check_training_task(config)
+    except cluster.ClusterConfigError as error:
+        raise app.UsageError(str(error))
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -396,8 +422,8 @@ def main(argv):
     if FLAGS["train_minutes"].present and FLAGS["train_steps"].present:
         raise app.UsageError("give --train_steps or --train_minutes, not both")
     if FLAGS["train_minutes"].present and FLAGS.strategy == "multi_worker":
-        raise app.UsageError("--train_minutes plans on one machine; the workers of a cluster "
-                             "need --train_steps")
+        raise app.UsageError(CLUSTER_WITH_BUDGET)
+    resolve_cluster_strategy()
     if FLAGS.cpu_devices > 1 and FLAGS.strategy != "mirrored":  # else trains on one of them
         raise app.UsageError(f"--cpu_devices={FLAGS.cpu_devices} splits the CPU for "
                              "--strategy=mirrored: add it, or drop --cpu_devices")

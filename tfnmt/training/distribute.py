@@ -1,11 +1,11 @@
 """Choosing a tf.distribute strategy, and the cluster role of this process."""
-import json
 import os
 
 import keras
 import tensorflow as tf
 
 from tfnmt import cpu_kernels
+from tfnmt.training import cluster
 from tfnmt.training.settings import SettingsError
 
 
@@ -22,13 +22,6 @@ def split_cpu(num_devices):
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(num_devices)])
 
 
-def cluster_workers():
-    """Number of workers TF_CONFIG describes (1 without TF_CONFIG)."""
-    config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
-    cluster = config.get("cluster", {})
-    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
-
-
 def make_strategy(name="auto"):
     """The training strategy.
 
@@ -42,17 +35,20 @@ def make_strategy(name="auto"):
       A `tf.distribute.Strategy`.
 
     Raises:
-      ValueError: an unknown name, or multi_worker without TF_CONFIG.
+      ValueError: an unknown name.
+      cluster.ClusterConfigError: multi_worker without a TF_CONFIG that places this process
+        in its cluster.
     """
     # Physical devices only: listing logical ones starts the runtime, after which
     # MultiWorkerMirroredStrategy can no longer configure its collective ops.
     num_gpus = len(tf.config.list_physical_devices("GPU"))
+    if name in ("auto", "multi_worker"):
+        config = cluster.read_tf_config()
     if name == "auto":
-        name = ("multi_worker" if cluster_workers() > 1 else
+        name = ("multi_worker" if cluster.training_processes(config) > 1 else
                 "mirrored" if num_gpus > 1 else "one_device")
     if name == "multi_worker":
-        if cluster_workers() < 1:
-            raise ValueError("--strategy=multi_worker needs TF_CONFIG describing the cluster")
+        cluster.check_training_task(config)
         return tf.distribute.MultiWorkerMirroredStrategy()
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
     if name == "one_device":

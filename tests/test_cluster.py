@@ -1,0 +1,97 @@
+"""TF_CONFIG, read and checked without TensorFlow (tfnmt/training/cluster.py), and train.py's
+refusal of one that cannot place the process in a training cluster."""
+import json
+
+import pytest
+
+from tfnmt.training import cluster
+
+TWO_WORKERS = {"worker": ["host1:12345", "host2:12345"]}
+
+
+def test_tf_config_is_read_as_json():
+    assert cluster.read_tf_config({}) == {} and cluster.read_tf_config({"TF_CONFIG": " "}) == {}
+    config = {"cluster": TWO_WORKERS, "task": {"type": "worker", "index": 1}}
+    assert cluster.read_tf_config({"TF_CONFIG": json.dumps(config)}) == config
+    with pytest.raises(cluster.ClusterConfigError, match="TF_CONFIG is not JSON"):
+        cluster.read_tf_config({"TF_CONFIG": "{'cluster': {}}"})  # Python, not JSON
+    with pytest.raises(cluster.ClusterConfigError, match="must be a JSON object"):
+        cluster.read_tf_config({"TF_CONFIG": '["host1:12345"]'})
+
+
+def test_training_processes_count_the_chief_and_the_workers():
+    assert cluster.training_processes({}) == 0
+    assert cluster.training_processes({"cluster": TWO_WORKERS}) == 2
+    assert cluster.training_processes({"cluster": dict(TWO_WORKERS, chief=["c:1"],
+                                                       evaluator=["e:1"])}) == 3
+    assert cluster.training_processes({"cluster": {"worker": "host1:12345"}}) == 0
+
+
+@pytest.mark.parametrize("config", [
+    {"cluster": TWO_WORKERS, "task": {"type": "worker", "index": 0}},
+    {"cluster": TWO_WORKERS, "task": {"type": "worker", "index": "1"}},  # TF takes int("1")
+    {"cluster": dict(TWO_WORKERS, chief=["c:1"]), "task": {"type": "chief", "index": 0}},
+    {"cluster": {"worker": ["localhost:2222"]}, "task": {"type": "worker", "index": 0}},
+])
+def test_a_task_in_its_cluster_passes(config):
+    cluster.check_training_task(config)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({}, "--strategy=multi_worker needs TF_CONFIG describing the cluster and this process's "
+         "task in it, e.g."),
+    ({"task": {"type": "worker", "index": 0}}, 'TF_CONFIG needs a "cluster", e.g.'),
+    ({"cluster": {"worker": "host1:12345"}, "task": {"type": "worker", "index": 0}},
+     "TF_CONFIG's cluster job 'worker' must be a list of \"host:port\" addresses, got "
+     "'host1:12345'"),
+    ({"cluster": {"worker": ["host1:12345", 7]}, "task": {"type": "worker", "index": 0}},
+     "TF_CONFIG's cluster job 'worker' must be a list"),
+    ({"cluster": {"ps": ["p:1"]}, "task": {"type": "ps", "index": 0}},
+     "TF_CONFIG's \"cluster\" names no \"worker\" (or \"chief\") addresses"),
+    ({"cluster": dict(TWO_WORKERS, chief=["c:1", "c:2"]), "task": {"type": "chief", "index": 0}},
+     "more than one \"chief\""),
+    ({"cluster": TWO_WORKERS}, "TF_CONFIG needs this process's \"task\""),
+    ({"cluster": TWO_WORKERS, "task": {"type": "worker"}}, "TF_CONFIG needs this process's"),
+    ({"cluster": dict(TWO_WORKERS, ps=["p:1"]), "task": {"type": "ps", "index": 0}},
+     "TF_CONFIG's task type 'ps' is not one of the cluster's training jobs ('worker')"),
+    ({"cluster": TWO_WORKERS, "task": {"type": "chief", "index": 0}},
+     "task type 'chief' is not one of the cluster's training jobs ('worker')"),
+    ({"cluster": TWO_WORKERS, "task": {"type": "worker", "index": 2}},
+     "TF_CONFIG's task index 2 is not a position in its cluster's 'worker' list of 2 (0 to 1)"),
+    ({"cluster": TWO_WORKERS, "task": {"type": "worker", "index": -1}}, "task index -1 is not"),
+    ({"cluster": TWO_WORKERS, "task": {"type": "worker", "index": True}}, "task index True"),
+])
+def test_a_config_that_cannot_place_the_task_is_refused(config, message):
+    with pytest.raises(cluster.ClusterConfigError) as error:
+        cluster.check_training_task(config)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("strategy, tf_config, flags, message", [
+    ("multi_worker", None, [], "train.py: --strategy=multi_worker needs TF_CONFIG describing "
+                                "the cluster"),
+    ("multi_worker", "worker=host1:12345", [], "train.py: TF_CONFIG is not JSON"),
+    ("multi_worker", {"cluster": TWO_WORKERS}, [], "train.py: TF_CONFIG needs this process's "
+                                                   "\"task\""),
+    # auto with a cluster of several processes is a multi-worker run, decided before TensorFlow
+    # loads: its workers plan no time budget each (they must agree on the number of updates).
+    ("auto", {"cluster": TWO_WORKERS, "task": {"type": "worker", "index": 0}},
+     ["--train_minutes=5"], "train.py: --train_minutes plans on one machine; the workers of "
+                            "a cluster need --train_steps"),
+    ("auto", {"cluster": TWO_WORKERS, "task": {"type": "worker", "index": 5}}, [],
+     "train.py: TF_CONFIG's task index 5 is not a position"),
+])
+def test_train_py_refuses_a_cluster_it_cannot_join_before_tensorflow_loads(
+        strategy, tf_config, flags, message, tmp_path):
+    # Without these checks TensorFlow raised a traceback at the strategy's creation, or (auto)
+    # each worker planned its own number of updates.
+    from helpers import imported_modules, python
+
+    environment = {"PYTHONPROFILEIMPORTTIME": "1", "TF_CONFIG": "" if tf_config is None else
+                   tf_config if isinstance(tf_config, str) else json.dumps(tf_config)}
+    result = python("train.py", f"--model_dir={tmp_path / 'run'}", f"--strategy={strategy}",
+                    *flags, env=environment, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr[-2000:]
+    assert "tensorflow" not in imported_modules(result.stderr)
+    assert not (tmp_path / "run").exists()
