@@ -153,7 +153,13 @@ def test_train_py_with_two_weighted_corpora(two_corpora, small_corpus, tmp_path)
     assert "filtered out: " in result.stdout and "3 identical" in result.stdout
     refused = python(*flags, "--train_weights=3,1")
     assert refused.returncode == 1
-    assert "one positive weight per --train_files (1), got 2" in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "train.py: --train_weights=3,1: 2 weight(s) for 1 --train_files: one per corpus, in "
+        "their order")
+    for weights in ("3,-1", "3,0", "nan,1", "inf,1"):
+        refused = python(*flags, f"--train_files={specs[1]}", f"--train_weights={weights}")
+        assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1] == (
+            f"train.py: --train_weights={weights}: each weight must be a positive number")
 
 
 def test_a_corpus_the_filters_emptied_is_not_sampled_and_cannot_be_weighted():

@@ -21,6 +21,7 @@ vocabulary; the new data is tokenized with it), with a fresh optimizer unless --
     --train_files=med.de,med.en --dev_files=med-dev.de,med-dev.en --train_steps=400
   python train.py --flagfile=my.flags
 """
+import math
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -297,14 +298,17 @@ def check_paths():
                 except CorpusError as error:
                     raise app.UsageError(f"--{split}_files: {error}")
     if FLAGS.train_weights:
+        given, corpora = ",".join(FLAGS.train_weights), len(FLAGS.train_files or [])
         try:
             weights = [float(w) for w in FLAGS.train_weights]
         except ValueError:
-            raise app.UsageError(f"--train_weights={','.join(FLAGS.train_weights)}: numbers, "
-                                 "one per --train_files")
-        if len(weights) != len(FLAGS.train_files or []) or min(weights) <= 0:
-            raise app.UsageError(f"--train_weights: one positive weight per --train_files "
-                                 f"({len(FLAGS.train_files or [])}), got {len(weights)}")
+            raise app.UsageError(f"--train_weights={given}: numbers, one per --train_files")
+        if len(weights) != corpora:
+            raise app.UsageError(f"--train_weights={given}: {len(weights)} weight(s) for "
+                                 f"{corpora} --train_files: one per corpus, in their order")
+        if not all(0 < w < math.inf for w in weights):  # NaN fails too
+            raise app.UsageError(f"--train_weights={given}: each weight must be a positive "
+                                 "number")
     if FLAGS.vocab:
         check_vocab_given()
     if not FLAGS.model_dir:
