@@ -1,5 +1,6 @@
 """The training loop: distribution, accumulation, checkpoints, averaging, train.py itself."""
 import json
+import math
 import os
 import re
 import shlex
@@ -420,6 +421,37 @@ def test_fp16_skipped_updates_are_not_counted_as_steps(small_corpus, train_data,
         "loss has diverged (lower --lr_scale or use --mixed_precision=bf16|none)")
 
 
+def test_a_diverged_loss_stops_the_run_before_its_update_is_saved(small_corpus, train_data,
+                                                                 tmp_path):
+    # A learning rate of ~1e27 (finite, so allowed) blows the weights up at the first update:
+    # the loss of a later one is not finite. The run stops there in one line, saving nothing
+    # of it: a run going on would save NaN weights every --checkpoint_every updates and
+    # rotate the good checkpoints away.
+    model_dir = tmp_path / "run"
+    flags = train_flags(small_corpus, train_data, str(model_dir), train_steps=6,
+                        checkpoint_every=1, log_every=1, eval_every=0, average_last=0,
+                        warmup_steps=1, lr_scale=1e30, test_report="false")
+    result = python(*flags)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    diverged = re.fullmatch(
+        r"train.py: step (\d): loss (\S+), gradient norm (\S+): training has diverged; this "
+        r"update was not saved, and the checkpoints before it are kept \(newest: (\S+)\)\. "
+        r"Resume with --clip_norm \(e\.g\. 1\.0\), or train a new --model_dir with a lower "
+        r"--lr_scale", last)
+    assert diverged, last
+    step, loss, grad_norm, newest = diverged.groups()
+    assert not (math.isfinite(float(loss)) and math.isfinite(float(grad_norm)))
+    checkpoints = model_dir / "checkpoints"
+    assert newest == str(checkpoints / f"ckpt-{int(step) - 1}")
+    assert tf.train.latest_checkpoint(str(checkpoints)) == newest
+    reader = tf.train.load_checkpoint(newest)  # its weights finite, as saved
+    for name in reader.get_variable_to_shape_map():
+        value = reader.get_tensor(name)
+        if np.issubdtype(np.asarray(value).dtype, np.floating):
+            assert np.isfinite(value).all(), name
+
+
 def test_a_time_budget_plans_the_run_and_a_resumed_run_keeps_the_plan(small_corpus, train_data,
                                                                      tmp_path):
     # 24 seconds of training: the number of updates is planned from their pace. A run
@@ -627,7 +659,11 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
      "vocabulary"),
     ("--train_minutes=5 --train_steps=100", "give --train_steps or --train_minutes, not both"),
     ("--train_minutes=5 --strategy=multi_worker", "the workers of a cluster need --train_steps"),
-    ("--train_minutes=-1", "--train_minutes must be >= 0"),
+    ("--train_minutes=-1", "--train_minutes must be >= 0 and finite"),
+    # An infinite budget, learning rate or bucket width: a traceback, or NaN weights, before.
+    ("--train_minutes=inf", "--train_minutes must be >= 0 and finite"),
+    ("--lr_scale=inf", "--lr_scale must be positive and finite"),
+    ("--bucket_growth=inf", "--bucket_growth must be >= 1.0 and finite"),
     ("--alpha=short", "--alpha: give auto or a number >= 0"),
     ("--subword_alpha=-0.1", "--subword_alpha must be >= 0"),
     ("--subword_nbest=0", "--subword_nbest must be positive or -1"),

@@ -207,16 +207,17 @@ flags.register_validator("label_smoothing", lambda v: v is None or 0.0 <= v < 1.
 flags.register_validator("clip_norm", lambda v: v >= 0.0, "--clip_norm must be >= 0")
 flags.register_validator("dropout_from_epoch", lambda v: v is None or v >= 0.0,
                          "--dropout_from_epoch must be >= 0")
-flags.register_validator("train_minutes", lambda v: v is None or v >= 0.0,
-                         "--train_minutes must be >= 0")
+flags.register_validator("train_minutes", lambda v: v is None or 0.0 <= v < math.inf,
+                         "--train_minutes must be >= 0 and finite")
 flags.register_validator("filter_length_ratio", lambda v: v == 0.0 or v >= 1.0,
                          "--filter_length_ratio must be 0 (off) or >= 1")
-flags.register_validator("lr_scale", lambda v: v is None or v > 0,
-                         "--lr_scale must be positive")
+flags.register_validator("lr_scale", lambda v: v is None or 0.0 < v < math.inf,
+                         "--lr_scale must be positive and finite")
 flags.register_validator("subword_alpha", lambda v: v >= 0.0, "--subword_alpha must be >= 0")
 flags.register_validator("subword_nbest", lambda v: v == -1 or v > 0,
                          "--subword_nbest must be positive or -1")
-flags.register_validator("bucket_growth", lambda v: v >= 1.0, "--bucket_growth must be >= 1.0")
+flags.register_validator("bucket_growth", lambda v: 1.0 <= v < math.inf,
+                         "--bucket_growth must be >= 1.0 and finite")
 for _name in ("dropout", "attention_dropout", "ffn_dropout"):
     flags.register_validator(_name, lambda v: v is None or 0.0 <= v < 1.0,
                              f"--{_name} must be in [0, 1)")

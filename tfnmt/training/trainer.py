@@ -1,6 +1,7 @@
 """The training loop: a tf.function over `strategy.run`, with gradient accumulation, loss
 normalised by the global number of target tokens, and checkpoints that survive a kill."""
 import logging
+import math
 import time
 
 import numpy as np
@@ -94,8 +95,9 @@ class Trainer:
             the update it just applied and raises TrainingInterrupted.
 
         Raises:
-          TrainingError: fp16 loss scaling skipped more than MAX_SKIPPED_IN_A_ROW updates in a
-            row (the loss has diverged).
+          TrainingError: an applied update's loss or gradient norm is not finite (the loss has
+            diverged; that update is not saved), or fp16 loss scaling skipped more than
+            MAX_SKIPPED_IN_A_ROW updates in a row.
           TrainingInterrupted: `stop` received a signal.
         """
         step = int(self.optimizer.iterations.numpy())
@@ -118,6 +120,16 @@ class Trainer:
                         "--mixed_precision=bf16|none)")
                 continue
             step, streak = applied, 0
+            # A non-finite loss or gradient: the weights are (or will be) NaN. Stop before this
+            # update is saved, or the checkpoints kept would rotate the good ones away.
+            loss, grad_norm = float(outputs["loss"]), float(outputs["grad_norm"])
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                newest = keeper.manager.latest_checkpoint if keeper is not None else None
+                raise TrainingError(
+                    f"step {step}: loss {loss}, gradient norm {grad_norm}: training has "
+                    f"diverged; this update was not saved, and the checkpoints before it are "
+                    f"kept (newest: {newest or 'none'}). Resume with --clip_norm (e.g. 1.0), "
+                    "or train a new --model_dir with a lower --lr_scale")
             if after_update is not None:
                 after_update(step, outputs)
             planned = budget.plan(step) if budget is not None else None
