@@ -3,12 +3,14 @@ import pytest
 
 
 @pytest.mark.parametrize("program, flag, message", [
-    ("translate.py", "--alpha=-1.5", "--alpha must be >= 0"),
-    ("translate.py", "--alpha=nan", "--alpha must be >= 0"),
+    ("translate.py", "--alpha=-1.5", "--alpha must be >= 0 and finite"),
+    ("translate.py", "--alpha=nan", "--alpha must be >= 0 and finite"),
+    ("translate.py", "--alpha=inf", "--alpha must be >= 0 and finite"),
     ("evaluate.py", "--batch_size=0", "--batch_size must be positive"),
     ("evaluate.py", "--batch_size=-3", "--batch_size must be positive"),
     ("evaluate.py", "--beam_size=0", "--beam_size must be positive"),
-    ("evaluate.py", "--alpha=-0.5", "--alpha must be >= 0"),
+    ("evaluate.py", "--alpha=-0.5", "--alpha must be >= 0 and finite"),
+    ("export.py", "--alpha=inf", "--alpha must be >= 0 and finite"),
     ("export.py", "--version=-1", "--version must be >= 0"),
 ])
 def test_bad_decoding_flags_fail_fast(program, flag, message, tmp_path):

@@ -52,9 +52,9 @@ def test_parse_alpha(text, expected):
     assert length_penalty.parse_alpha(text) == expected
 
 
-@pytest.mark.parametrize("text", ["-0.5", "nan", "long", ""])
+@pytest.mark.parametrize("text", ["-0.5", "nan", "inf", "long", ""])
 def test_parse_alpha_refuses(text):
-    with pytest.raises(ValueError, match="give auto or a number >= 0"):
+    with pytest.raises(ValueError, match="give auto or a finite number >= 0"):
         length_penalty.parse_alpha(text)
 
 

@@ -1,6 +1,7 @@
 """What the entry points (train.py, export.py, translate.py, evaluate.py) share."""
 import _thread
 import gc
+import math
 import os
 import signal
 import sys
@@ -24,6 +25,13 @@ def define_beam_stop_flag(scope=""):
             "hypotheses have ended, as in CTranslate2) or bound (once none left can beat "
             "them; slower).")
     flags.DEFINE_enum("beam_stop", "finished", ["finished", "bound"], text[0].upper() + text[1:])
+
+
+def register_alpha_validator():
+    """--alpha (a float flag, None for the model_dir's own) must be finite and >= 0: an infinite
+    length penalty scores every hypothesis 0 (export.py, translate.py, evaluate.py)."""
+    flags.register_validator("alpha", lambda v: v is None or 0.0 <= v < math.inf,
+                             "--alpha must be >= 0 and finite")
 
 
 def check_model_path(model_dir, export):

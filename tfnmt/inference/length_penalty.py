@@ -13,6 +13,7 @@ evaluate.py take it as their `--alpha` for that model_dir unless one is given
     python train.py --alpha=0.6       # fixed
 """
 import json
+import math
 import os
 
 from tfnmt.paths import DECODING
@@ -25,10 +26,10 @@ ALPHA_GRID = (0.6, 0.9, 1.2, 1.5, 1.8, 2.1, 2.4)
 
 
 def parse_alpha(text):
-    """train.py's --alpha: "auto" -> None (choose on dev), else a float >= 0.
+    """train.py's --alpha: "auto" -> None (choose on dev), else a finite float >= 0.
 
     Raises:
-      ValueError: neither "auto" nor a number >= 0.
+      ValueError: neither "auto" nor a finite number >= 0.
     """
     if str(text).strip().lower() == "auto":
         return None
@@ -36,8 +37,8 @@ def parse_alpha(text):
         alpha = float(text)
     except ValueError:
         alpha = -1.0
-    if not alpha >= 0:  # also NaN
-        raise ValueError(f"--alpha={text}: give auto or a number >= 0")
+    if not 0.0 <= alpha < math.inf:  # also NaN
+        raise ValueError(f"--alpha={text}: give auto or a finite number >= 0")
     return alpha
 
 

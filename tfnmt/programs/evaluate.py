@@ -57,7 +57,7 @@ flags.DEFINE_enum("bleu_tokenize", bleu_tokenization.AUTO, bleu_tokenization.CHO
 flags.DEFINE_bool("json", False, "Print one JSON line instead of text.")
 flags.register_validator("batch_size", lambda v: v > 0, "--batch_size must be positive")
 flags.register_validator("beam_size", lambda v: v > 0, "--beam_size must be positive")
-flags.register_validator("alpha", lambda v: v is None or v >= 0, "--alpha must be >= 0")
+cli.register_alpha_validator()
 
 
 def _read_lines(path, flag):

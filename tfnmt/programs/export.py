@@ -70,7 +70,7 @@ flags.register_validator("version", lambda v: v is None or v >= 0, "--version mu
 flags.register_validator("beam_size", lambda v: v >= 1, "--beam_size must be >= 1")
 flags.register_validator("chunk_size", lambda v: v >= 1, "--chunk_size must be >= 1")
 flags.register_validator("max_decode_length", lambda v: v >= 0, "--max_decode_length must be >= 0")
-flags.register_validator("alpha", lambda v: v is None or v >= 0, "--alpha must be >= 0")
+cli.register_alpha_validator()
 flags.register_validator("parallel_searches", lambda v: v >= 1, "--parallel_searches must be >= 1")
 
 

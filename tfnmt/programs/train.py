@@ -201,7 +201,7 @@ for _name in POSITIVE:
 for _name in ("eval_every", "bleu_sentences", "average_last", "early_stopping"):
     flags.register_validator(_name, lambda v: v is None or v >= 0, f"--{_name} must be >= 0")
 flags.register_validator("alpha", lambda v: _valid_alpha(v),  # defined below
-                         "--alpha: give auto or a number >= 0")
+                         "--alpha: give auto or a finite number >= 0")
 flags.register_validator("label_smoothing", lambda v: v is None or 0.0 <= v < 1.0,
                          "--label_smoothing must be in [0, 1)")
 flags.register_validator("clip_norm", lambda v: v >= 0.0, "--clip_norm must be >= 0")

@@ -65,7 +65,7 @@ flags.DEFINE_string("plot_attention", None, "With --model_dir: write PNG attenti
 flags.register_validator("batch_size", lambda v: v > 0, "--batch_size must be positive")
 flags.register_validator("beam_size", lambda v: v > 0, "--beam_size must be positive")
 flags.register_validator("n_best", lambda v: v > 0, "--n_best must be positive")
-flags.register_validator("alpha", lambda v: v is None or v >= 0, "--alpha must be >= 0")
+cli.register_alpha_validator()
 flags.register_validator("sampling_topk", lambda v: v is None or v >= 0,
                          "--sampling_topk must be >= 0")
 flags.register_validator("sampling_temperature", lambda v: v > 0,
