@@ -2,6 +2,7 @@
 
     python -m tfnmt.copy_task          # trains a tiny model on CPU and decodes a few new inputs
 """
+import argparse
 import time
 
 import keras
@@ -87,4 +88,6 @@ def main():
 
 
 if __name__ == "__main__":
+    # No options: --help says what it does, and an unknown argument is refused, not ignored.
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     main()
