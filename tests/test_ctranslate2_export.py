@@ -163,6 +163,27 @@ def test_quantized_export_and_refusals(cli_export, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["int8"]  # failures leave nothing behind
 
 
+
+def test_an_export_written_meanwhile_by_another_is_kept(cli_export, tmp_path, monkeypatch):
+    # Two exports to one directory at once: the second to finish is refused in one line (it
+    # said "Directory not empty"), the first's files kept, nothing left behind.
+    from tfnmt.inference import ctranslate2_export
+
+    model, proto, _ = cli_export
+    other = tmp_path / "ct2"
+
+    def another_export_finishes_first(model_dir, source_proto):
+        other.mkdir()
+        (other / "model.bin").write_text("the other export's")
+
+    monkeypatch.setattr(ctranslate2_export, "_check", another_export_finishes_first)
+    with pytest.raises(FileExistsError, match="ct2 was written by another export while this "
+                                              "one was; give another --export_dir"):
+        export_ctranslate2(model, proto, str(other))
+    assert os.listdir(tmp_path) == ["ct2"] and os.listdir(other) == ["model.bin"]
+    assert (other / "model.bin").read_text() == "the other export's"
+
+
 def test_export_command_refuses_saved_model_options_for_ctranslate2(tiny_model_dir, tmp_path):
     result = subprocess.run([sys.executable, "export.py", f"--model_dir={tiny_model_dir}",
                              "--format=ctranslate2", "--beam_size=5",

@@ -211,6 +211,42 @@ def test_versions_are_new_directories_never_overwritten(module, exported, tmp_pa
         embeddings.assign(before)
 
 
+def test_an_export_whose_version_another_export_published_meanwhile_takes_the_next(
+        tmp_path, monkeypatch):
+    # Two exports into one export_dir at once both choose the next version; the one that
+    # publishes second used to fail ("Directory not empty"), its work lost. The writers are
+    # stubbed: while this export is written, "another" publishes the version it chose.
+    from tfnmt.inference import saved_model
+
+    export_dir = tmp_path / "export"
+    published, taken = [], [None]  # the version the other export publishes: the next one
+
+    def write(module, path):
+        os.makedirs(os.path.join(path, "variables"))
+        with open(os.path.join(path, "saved_model.pb"), "w") as f:
+            f.write(f"ours {len(published)}")
+        other = export_dir / str(taken[0] or saved_model.next_version(str(export_dir)))
+        other.mkdir()
+        (other / "saved_model.pb").write_text("the other export's")
+        published.append(other.name)
+
+    monkeypatch.setattr(saved_model, "write_saved_model", write)
+    monkeypatch.setattr(saved_model, "write_warmup_requests", lambda path: None)
+    monkeypatch.setattr(saved_model, "write_search_settings", lambda path, searches: None)
+    module = type("Module", (), {"parallel_searches": 2})()
+    path = export_saved_model(module, str(export_dir), check=False)
+    assert published == ["1"] and path == str(export_dir / "2")
+    assert (export_dir / "1" / "saved_model.pb").read_text() == "the other export's"
+    assert (export_dir / "2" / "saved_model.pb").read_text() == "ours 0"
+    # A version asked for is not renumbered: refused, the other's kept, nothing left behind.
+    taken[0] = 4
+    with pytest.raises(FileExistsError, match=r"/4 was published by another export while "
+                                              r"this one was written"):
+        export_saved_model(module, str(export_dir), version=4, check=False)
+    assert sorted(os.listdir(export_dir)) == ["1", "2", "4"]
+    assert (export_dir / "4" / "saved_model.pb").read_text() == "the other export's"
+
+
 def test_no_optimizer_slots_in_the_export(exported, module):
     variables = [v for v in tf.train.list_variables(os.path.join(exported, "variables",
                                                                  "variables"))

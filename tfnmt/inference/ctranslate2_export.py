@@ -33,6 +33,7 @@ length**length_penalty where tfnmt uses the GNMT penalty ((5 + length) / 6)**alp
 the best k extensions per step where tfnmt keeps 2k (so tfnmt can keep a finished hypothesis
 that CTranslate2 drops); beam outputs agree where neither matters.
 """
+import errno
 import os
 import shutil
 import tempfile
@@ -187,7 +188,7 @@ def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=T
     Returns:
       output_dir.
     Raises:
-      FileExistsError: output_dir exists.
+      FileExistsError: output_dir exists (also when another export wrote it meanwhile).
       CTranslate2ExportError: the model cannot be converted, or the check failed.
     """
     import ctranslate2.converters
@@ -213,7 +214,13 @@ def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=T
         write_protos(model_dir, protos)
         if check:
             _check(model_dir, protos.source)
-        os.rename(model_dir, output_dir)
+        try:  # a rename never replaces a directory with files in it
+            os.rename(model_dir, output_dir)
+        except OSError as error:
+            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            raise FileExistsError(f"{output_dir} was written by another export while this one "
+                                  "was; give another --export_dir or remove it") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return output_dir

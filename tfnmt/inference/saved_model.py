@@ -2,6 +2,7 @@
 `<export_dir>/<version>/`, written under a temporary name with its warmup requests, loaded with
 TensorFlow's C++ loader (as TF Serving loads it) and those requests run, then renamed into
 place."""
+import errno
 import logging
 import os
 import re
@@ -45,8 +46,10 @@ def export_saved_model(module, export_dir, version=None, check=True):
 
     Raises:
       ExportCheckError: the check failed (the temporary directory is removed).
-      FileExistsError: the version exists."""
-    version = next_version(export_dir) if version is None else int(version)
+      FileExistsError: the version exists (a given `version`, also when another export
+        published it while this one was written)."""
+    chosen = version is None
+    version = next_version(export_dir) if chosen else int(version)
     final = os.path.join(export_dir, str(version))
     if os.path.exists(final):
         raise FileExistsError(f"{final} exists; versions are never overwritten")
@@ -59,7 +62,19 @@ def export_saved_model(module, export_dir, version=None, check=True):
         write_search_settings(temporary, module.parallel_searches)
         if check:
             check_with_session_loader(temporary)
-        os.rename(temporary, final)
+        while True:
+            try:  # a rename never replaces a version with files in it
+                os.rename(temporary, final)
+                break
+            except OSError as error:
+                if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                if not chosen:
+                    raise FileExistsError(f"{final} was published by another export while this "
+                                          "one was written; versions are never overwritten")
+                # Another export took the number: this one is the next version.
+                version = next_version(export_dir)
+                final = os.path.join(export_dir, str(version))
     finally:
         if os.path.exists(temporary):
             shutil.rmtree(temporary)
