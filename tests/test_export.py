@@ -649,6 +649,37 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
     assert "holds no sentence pairs" in error and "Traceback" not in error
 
 
+def test_ctrl_c_tells_how_many_input_lines_the_output_file_holds(exported, small_corpus,
+                                                                  tmp_path):
+    # Stopped while it waits for more input, translate.py says how far its --output got, so
+    # that a long job can go on from the next line (windows are written whole).
+    import signal
+    import time
+
+    with open(small_corpus["dev"], encoding="utf-8") as f:
+        sources = [line.split("\t")[0] for line in f.read().splitlines()[:64]]
+    pipe, output = tmp_path / "in.de", tmp_path / "out.en"
+    os.mkfifo(pipe)
+    process = started("translate.py", f"--export={os.path.dirname(exported)}",
+                      "--batch_size=1", f"--input={pipe}", f"--output={output}")
+    try:
+        with open(pipe, "w", encoding="utf-8") as source:  # opens once translate.py reads it
+            source.write("".join(s + "\n" for s in sources))
+            source.flush()
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and process.poll() is None and not (
+                    output.exists() and output.read_text(encoding="utf-8").count("\n") == 64):
+                time.sleep(0.1)
+            process.send_signal(signal.SIGINT)  # as it waits for the next window's lines
+            _, errors = process.communicate(timeout=240)
+    finally:
+        process.kill()
+    assert process.returncode == 130, errors[-3000:]
+    assert errors.strip().splitlines()[-1] == (
+        f"translate.py: interrupted; {output} holds the output of the first 64 input lines")
+    assert len(output.read_text(encoding="utf-8").splitlines()) == 64
+
+
 def test_translate_py_writes_each_window_before_reading_the_next(exported, serving_fn,
                                                                    small_corpus, tmp_path):
     # A window is 64 batches: with --batch_size=1, 64 lines. Its translations come out while

@@ -166,8 +166,10 @@ def run(main, doc=None, training=False):
         except (app.UsageError, DamagedFileError, OutputError) as error:
             print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback
-            print(f"{os.path.basename(sys.argv[0])}: interrupted", file=sys.stderr)
+        except KeyboardInterrupt as interrupt:  # Ctrl-C: one line, not a traceback
+            # A program may say what its interrupted work left (`KeyboardInterrupt(text)`).
+            print(f"{os.path.basename(sys.argv[0])}: interrupted"
+                  + (f"; {interrupt}" if str(interrupt) else ""), file=sys.stderr)
             return 128 + signal.SIGINT
         finally:
             # The program's work is written and flushed by now. Python's collections while it

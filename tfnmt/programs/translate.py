@@ -213,12 +213,12 @@ def main(argv):
         for window_number, window in enumerate(text_lines.windows(lines, window_size)):
             output = translate_window(signatures, window, lines_read)
             writer.write(output)
+            first_line, lines_read = lines_read + 1, lines_read + len(window)
             sources = [line if isinstance(line, str) else line[0] for line in window]
             if message := loading.long_sources(
-                    signatures, sources, first_line=lines_read + 1,
+                    signatures, sources, first_line=first_line,
                     output="score" if FLAGS.score_targets else "translation"):
                 print(f"translate.py: {message}", file=sys.stderr)
-            lines_read += len(window)
             if not interactive and len(window) == window_size and lines_read != total:
                 print(progress(lines_read, total, time.monotonic() - start), file=sys.stderr)
             if FLAGS.plot_attention and window_number == 0:
@@ -229,6 +229,12 @@ def main(argv):
     except BrokenPipeError:  # the reader went away (`| head`): stop as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except KeyboardInterrupt:  # Ctrl-C: what the output file holds, to go on from there
+        if FLAGS.output == "-" or not writer.written:
+            raise
+        of_total = "" if total is None else f" of {total:,}"
+        raise KeyboardInterrupt(f"{FLAGS.output} holds the output of the first {lines_read:,}"
+                                f"{of_total} input lines") from None
     finally:
         writer.close()
 
