@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -654,7 +655,6 @@ def test_ctrl_c_tells_how_many_input_lines_the_output_file_holds(exported, small
     # Stopped while it waits for more input, translate.py says how far its --output got, so
     # that a long job can go on from the next line (windows are written whole).
     import signal
-    import time
 
     with open(small_corpus["dev"], encoding="utf-8") as f:
         sources = [line.split("\t")[0] for line in f.read().splitlines()[:64]]
@@ -662,20 +662,25 @@ def test_ctrl_c_tells_how_many_input_lines_the_output_file_holds(exported, small
     os.mkfifo(pipe)
     process = started("translate.py", f"--export={os.path.dirname(exported)}",
                       "--batch_size=1", f"--input={pipe}", f"--output={output}")
+    errors = []
+    reader = threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True)
+    reader.start()
     try:
         with open(pipe, "w", encoding="utf-8") as source:  # opens once translate.py reads it
             source.write("".join(s + "\n" for s in sources))
             source.flush()
+            # The progress line comes once the window is written and counted.
             deadline = time.monotonic() + 240
-            while time.monotonic() < deadline and process.poll() is None and not (
-                    output.exists() and output.read_text(encoding="utf-8").count("\n") == 64):
-                time.sleep(0.1)
+            while time.monotonic() < deadline and process.poll() is None and not any(
+                    line.startswith("translate.py: 64 lines (") for line in list(errors)):
+                time.sleep(0.05)
             process.send_signal(signal.SIGINT)  # as it waits for the next window's lines
-            _, errors = process.communicate(timeout=240)
+            process.wait(timeout=240)
     finally:
         process.kill()
-    assert process.returncode == 130, errors[-3000:]
-    assert errors.strip().splitlines()[-1] == (
+    reader.join(timeout=60)
+    assert process.returncode == 130, "".join(errors)[-3000:]
+    assert errors[-1].rstrip("\n") == (
         f"translate.py: interrupted; {output} holds the output of the first 64 input lines")
     assert len(output.read_text(encoding="utf-8").splitlines()) == 64
 
