@@ -423,7 +423,7 @@ def test_fp16_skipped_updates_are_not_counted_as_steps(small_corpus, train_data,
 
 def test_a_diverged_loss_stops_the_run_before_its_update_is_saved(small_corpus, train_data,
                                                                  tmp_path):
-    # A learning rate of ~1e27 (finite, so allowed) blows the weights up at the first update:
+    # A learning rate of ~1e29 (finite, so allowed) blows the weights up at the first update:
     # the loss of a later one is not finite. The run stops there in one line, saving nothing
     # of it: a run going on would save NaN weights every --checkpoint_every updates and
     # rotate the good checkpoints away.
