@@ -26,8 +26,7 @@ from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli, cpu_kernels  # noqa: E402
 from tfnmt.inference.decoding_threads import PARALLEL_SEARCHES  # noqa: E402
-from tfnmt.paths import (CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT, no_model_error,  # noqa: E402
-                         read_settings)
+from tfnmt.paths import CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory (settings.json, "
@@ -93,8 +92,7 @@ def main(argv):
                                      "decoding options when it translates")
     # Said before TensorFlow loads: a missing model, an export_dir that is a file, a version
     # (or a CTranslate2 directory) that exists.
-    if read_settings(FLAGS.model_dir) is None:
-        raise app.UsageError(no_model_error(FLAGS.model_dir))
+    cli.check_model_path(FLAGS.model_dir, export=None)
     export_dir = FLAGS.export_dir or default_export_dir()
     if os.path.exists(export_dir) and not os.path.isdir(export_dir):
         raise app.UsageError(f"--export_dir={export_dir} is a file, not a directory"

@@ -221,7 +221,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     def after_update(step, outputs):
         if dropout_start.started:  # nothing left to measure or start
             return
-        started = dropout_start.update(step, float(outputs["target_tokens"]))
+        started = dropout_start.update(step, outputs["target_tokens"])
         if t.get("dropout_from_step") is None and dropout_start.start_step is not None:
             t["dropout_from_step"] = dropout_start.start_step
             start, passed = dropout_start.start_step, dropout_start.epoch_step

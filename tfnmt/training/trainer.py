@@ -89,7 +89,7 @@ class Trainer:
             loop saves a checkpoint and stops there.
           budget: a `budget.TrainingBudget`: after each update it may plan a new last update,
             which replaces `train_steps` and is passed to `on_plan`.
-          after_update: called with the step and the update's outputs after each applied
+          after_update: called with the step and the update's outputs (floats) after each applied
             update, before the budget plans.
           stop: a `stop_signals.StopSignals`: once it has received a signal, the loop saves
             the update it just applied and raises TrainingInterrupted.
@@ -103,7 +103,9 @@ class Trainer:
         step = int(self.optimizer.iterations.numpy())
         streak = 0
         while step < train_steps:
-            outputs = self.train_step(iterator)
+            # Read once (the host waits for the update here anyway): the log, the hooks and
+            # the divergence check below take floats.
+            outputs = {k: float(v) for k, v in self.train_step(iterator).items()}
             if stats is not None:
                 stats.update(outputs)
             # Steps count applied updates: with fp16 loss scaling an overflowing update is
@@ -122,7 +124,7 @@ class Trainer:
             step, streak = applied, 0
             # A non-finite loss or gradient: the weights are (or will be) NaN. Stop before this
             # update is saved, or the checkpoints kept would rotate the good ones away.
-            loss, grad_norm = float(outputs["loss"]), float(outputs["grad_norm"])
+            loss, grad_norm = outputs["loss"], outputs["grad_norm"]
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 newest = keeper.manager.latest_checkpoint if keeper is not None else None
                 raise TrainingError(
