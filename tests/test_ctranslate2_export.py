@@ -163,7 +163,6 @@ def test_quantized_export_and_refusals(cli_export, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["int8"]  # failures leave nothing behind
 
 
-
 def test_an_export_written_meanwhile_by_another_is_kept(cli_export, tmp_path, monkeypatch):
     # Two exports to one directory at once: the second to finish is refused in one line (it
     # said "Directory not empty"), the first's files kept, nothing left behind.
