@@ -585,6 +585,7 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
         f"translate.py: line {len(lines)} ({len(pieces.encode(long))} subwords) is longer than "
         "the 63 subwords the model reads: its translation covers the first 63 (split long "
         "lines into sentences)")
+    assert "UTF-8" not in error
     # Paths that cannot work fail at once, in one line.
     for flag, message in ((f"--input={tmp_path}", "is a directory"),
                           (f"--output={tmp_path / 'missing' / 'out.en'}", "does not exist")):
@@ -597,13 +598,18 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
     assert error.strip().splitlines()[-1] == ("translate.py: /dev/full: No space left on device; "
                                               "0 lines were written in full before it")
     assert "Traceback" not in error
-    # From the checkpoint, file -> file, with attention plots of the first sentence.
+    # From the checkpoint, file -> file, with attention plots of the first sentence; a line in
+    # Latin-1 is translated as read with U+FFFD, and named.
     source = tmp_path / "in.de"
-    source.write_text("Er sprach zu ihnen.\nJa.\n", encoding="utf-8")
+    source.write_bytes("Er sprach zu ihnen.\n".encode() + "Grüße.\n".encode("latin-1"))
     plots = tmp_path / "plots"
-    run("translate.py", f"--model_dir={tiny_model_dir}", f"--input={source}",
-        f"--output={tmp_path / 'out.en'}", "--beam_size=2", f"--plot_attention={plots}")
+    _, error = run("translate.py", f"--model_dir={tiny_model_dir}", f"--input={source}",
+                   f"--output={tmp_path / 'out.en'}", "--beam_size=2",
+                   f"--plot_attention={plots}", stderr=True)
     assert len((tmp_path / "out.en").read_text(encoding="utf-8").splitlines()) == 2
+    assert (f"translate.py: {source}: line 2 is not valid UTF-8: each invalid byte was read "
+            "as U+FFFD (a file in another encoding? `iconv -f latin1 -t utf-8` converts "
+            "Latin-1)") in error.splitlines()
     names = sorted(os.listdir(plots))
     assert names == sorted(f"{kind}_layer_{i}.png" for kind in
                            ("encoder_self", "decoder_self", "decoder_cross") for i in (0, 1))

@@ -19,6 +19,14 @@ def whole_file_lines(data, errors):
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+def is_utf8(data):
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def test_read_lines_splits_at_newlines_only_and_drops_a_byte_order_mark(tmp_path):
     path = tmp_path / "in.txt"
     text = "\ufeffa\u2028b\r\nc\x0cd\x85e\r\n\r\n\ufefff\rg"
@@ -48,7 +56,14 @@ def test_lines_read_one_at_a_time_are_the_whole_files_lines(tmp_path):
         data = b"".join(pieces[i] for i in rng.integers(len(pieces), size=rng.integers(12)))
         path.write_bytes(data)
         expected = whole_file_lines(data, "replace")
-        assert text_lines.read_lines(str(path), errors="replace") == expected, data
+        invalid = []
+        assert list(text_lines.iter_lines(str(path), "replace", invalid)) == expected, data
+        # The lines that held invalid UTF-8: those of the file's lines (split at b"\n") that
+        # Python's strict decoding refuses.
+        body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+        chunks = body.split(b"\n")[:-1] if body.endswith(b"\n") else body.split(b"\n")
+        assert invalid == [i + 1 for i, chunk in enumerate(chunks if body else [])
+                           if not is_utf8(chunk)], data
         assert text_lines.count_lines(str(path)) == len(expected), data
         compressed.write_bytes(gzip.compress(data))  # .gz files read as train.py reads them
         assert text_lines.read_lines(str(compressed), errors="replace") == expected, data
@@ -62,6 +77,16 @@ def test_lines_read_one_at_a_time_are_the_whole_files_lines(tmp_path):
                                                                  error.reason), data
         else:
             assert text_lines.read_lines(str(path)) == expected, data
+
+
+def test_lines_of_invalid_utf8_are_named_in_one_message():
+    assert text_lines.invalid_utf8_message([]) is None
+    hint = ("not valid UTF-8: each invalid byte was read as U+FFFD (a file in another "
+            "encoding? `iconv -f latin1 -t utf-8` converts Latin-1)")
+    assert text_lines.invalid_utf8_message([1234]) == f"line 1,234 is {hint}"
+    assert text_lines.invalid_utf8_message([2, 5, 9]) == f"lines 2, 5 and 9 are {hint}"
+    assert text_lines.invalid_utf8_message(list(range(1, 15)), most_named=3) == (
+        f"lines 1, 2, 3 and 11 more are {hint}")
 
 
 def test_windows_take_from_their_source_only_what_they_give():

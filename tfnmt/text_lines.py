@@ -7,7 +7,7 @@ import zlib
 from absl import app
 
 
-def iter_lines(path, errors="strict"):
+def iter_lines(path, errors="strict", invalid=None):
     """A text file's lines as translate.py and evaluate.py read them, one at a time as they
     arrive: UTF-8 (a leading byte order mark, which Windows editors write, dropped), split at
     "\\n" only (a "\\r" before it dropped). Other line breaks (VT, FF, NEL, U+2028, a lone
@@ -20,6 +20,8 @@ def iter_lines(path, errors="strict"):
       errors: what invalid UTF-8 does: "strict" raises UnicodeDecodeError (its `start`: the
         byte's offset in the (uncompressed) file), "replace" makes each bad byte U+FFFD (as
         the exported graph does).
+      invalid: where errors is not "strict", a list to which the number (1 for the first) of
+        each line that held invalid UTF-8 is appended as the line is read.
 
     Yields:
       The lines, without their line breaks; none for an empty file.
@@ -38,10 +40,14 @@ def iter_lines(path, errors="strict"):
             if start == len(raw):  # a file of a byte order mark only: no line
                 return
             try:  # with its line break, which ends an invalid sequence as in the whole file
-                line = raw[start:].decode("utf-8", errors=errors)
+                line = raw[start:].decode("utf-8")
             except UnicodeDecodeError as error:
-                raise UnicodeDecodeError("utf-8", raw, offset + start + error.start,
-                                         offset + start + error.end, error.reason) from None
+                if errors == "strict":
+                    raise UnicodeDecodeError("utf-8", raw, offset + start + error.start,
+                                             offset + start + error.end, error.reason) from None
+                line = raw[start:].decode("utf-8", errors=errors)
+                if invalid is not None:
+                    invalid.append(number + 1)
             line = line[:-1] if line.endswith("\n") else line
             yield line[:-1] if line.endswith("\r") else line
             offset += len(raw)
@@ -50,6 +56,20 @@ def iter_lines(path, errors="strict"):
     finally:
         if f is not sys.stdin.buffer:
             f.close()
+
+
+def invalid_utf8_message(numbers, most_named=10):
+    """What to tell of the lines (their numbers, 1 for the first) whose invalid UTF-8 was read as
+    U+FFFD, or None where there are none."""
+    if not numbers:
+        return None
+    named = [f"{n:,}" for n in numbers[:most_named]]
+    if len(numbers) > most_named:
+        named.append(f"{len(numbers) - most_named:,} more")
+    listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+    subject = f"line {listed} is" if len(numbers) == 1 else f"lines {listed} are"
+    return (f"{subject} not valid UTF-8: each invalid byte was read as U+FFFD (a file in "
+            "another encoding? `iconv -f latin1 -t utf-8` converts Latin-1)")
 
 
 def read_lines(path, errors="strict"):
@@ -113,10 +133,10 @@ def count_lines(path):
     return sum(1 for _ in iter_lines(path, errors="replace"))
 
 
-def paired_lines(lines, path, flag):
+def paired_lines(lines, path, flag, invalid=None):
     """(line, line of `path`) pairs; a UsageError where one file ends before the other (checked
-    before any work where both are files)."""
-    other, count = iter_lines(path, errors="replace"), 0
+    before any work where both are files). `invalid`: as iter_lines', for `path`."""
+    other, count = iter_lines(path, errors="replace", invalid=invalid), 0
     for line in lines:
         paired = next(other, None)
         if paired is None:

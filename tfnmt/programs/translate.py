@@ -200,9 +200,14 @@ def main(argv):
         if flag in paired and signature not in signatures:
             raise app.UsageError(f"{FLAGS.export} has no {signature} signature (export it "
                                  "again)")
-    lines = text_lines.iter_lines(FLAGS.input, errors="replace")
+    # Each file's lines that held invalid UTF-8 (read as U+FFFD, as a served export reads them).
+    input_name = "standard input" if FLAGS.input == "-" else FLAGS.input
+    invalid = {input_name: []}
+    lines = text_lines.iter_lines(FLAGS.input, errors="replace", invalid=invalid[input_name])
     for flag, path in paired.items():
-        lines = text_lines.paired_lines(lines, path, flag)
+        name = f"--{flag} {path}"
+        invalid[name] = []
+        lines = text_lines.paired_lines(lines, path, flag, invalid=invalid[name])
     # A terminal's lines are translated as they are typed.
     interactive = FLAGS.input == "-" and sys.stdin.isatty()
     if interactive:
@@ -214,6 +219,10 @@ def main(argv):
             output = translate_window(signatures, window, lines_read)
             writer.write(output)
             first_line, lines_read = lines_read + 1, lines_read + len(window)
+            for name, numbers in invalid.items():  # those of this window, read by now
+                if message := text_lines.invalid_utf8_message(numbers):
+                    print(f"translate.py: {name}: {message}", file=sys.stderr)
+                numbers.clear()
             sources = [line if isinstance(line, str) else line[0] for line in window]
             if message := loading.long_sources(
                     signatures, sources, first_line=first_line,
