@@ -607,8 +607,8 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
                    f"--output={tmp_path / 'out.en'}", "--beam_size=2",
                    f"--plot_attention={plots}", stderr=True)
     assert len((tmp_path / "out.en").read_text(encoding="utf-8").splitlines()) == 2
-    assert (f"translate.py: {source}: line 2 is not valid UTF-8: each invalid byte was read "
-            "as U+FFFD (a file in another encoding? `iconv -f latin1 -t utf-8` converts "
+    assert (f"translate.py: {source}: line 2 is not valid UTF-8: U+FFFD stands for the "
+            "invalid bytes (a file in another encoding? `iconv -f latin1 -t utf-8` converts "
             "Latin-1)") in error.splitlines()
     names = sorted(os.listdir(plots))
     assert names == sorted(f"{kind}_layer_{i}.png" for kind in

@@ -81,7 +81,7 @@ def test_lines_read_one_at_a_time_are_the_whole_files_lines(tmp_path):
 
 def test_lines_of_invalid_utf8_are_named_in_one_message():
     assert text_lines.invalid_utf8_message([]) is None
-    hint = ("not valid UTF-8: each invalid byte was read as U+FFFD (a file in another "
+    hint = ("not valid UTF-8: U+FFFD stands for the invalid bytes (a file in another "
             "encoding? `iconv -f latin1 -t utf-8` converts Latin-1)")
     assert text_lines.invalid_utf8_message([1234]) == f"line 1,234 is {hint}"
     assert text_lines.invalid_utf8_message([2, 5, 9]) == f"lines 2, 5 and 9 are {hint}"

@@ -68,7 +68,7 @@ def invalid_utf8_message(numbers, most_named=10):
         named.append(f"{len(numbers) - most_named:,} more")
     listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
     subject = f"line {listed} is" if len(numbers) == 1 else f"lines {listed} are"
-    return (f"{subject} not valid UTF-8: each invalid byte was read as U+FFFD (a file in "
+    return (f"{subject} not valid UTF-8: U+FFFD stands for the invalid bytes (a file in "
             "another encoding? `iconv -f latin1 -t utf-8` converts Latin-1)")
 
 
