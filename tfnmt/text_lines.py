@@ -58,16 +58,22 @@ def iter_lines(path, errors="strict", invalid=None):
             f.close()
 
 
+def listed(names, most_named=10):
+    """Names as a message lists them: "a", "a and b", "a, b and c"; past `most_named` the rest
+    counted ("a, b and 3 more")."""
+    named = list(names[:most_named])
+    if len(names) > most_named:
+        named.append(f"{len(names) - most_named:,} more")
+    return named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+
+
 def invalid_utf8_message(numbers, most_named=10):
     """What to tell of the lines (their numbers, 1 for the first) whose invalid UTF-8 was read as
     U+FFFD, or None where there are none."""
     if not numbers:
         return None
-    named = [f"{n:,}" for n in numbers[:most_named]]
-    if len(numbers) > most_named:
-        named.append(f"{len(numbers) - most_named:,} more")
-    listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
-    subject = f"line {listed} is" if len(numbers) == 1 else f"lines {listed} are"
+    listed_lines = listed([f"{n:,}" for n in numbers], most_named)
+    subject = f"line {listed_lines} is" if len(numbers) == 1 else f"lines {listed_lines} are"
     return (f"{subject} not valid UTF-8: U+FFFD stands for the invalid bytes (a file in "
             "another encoding? `iconv -f latin1 -t utf-8` converts Latin-1)")
 

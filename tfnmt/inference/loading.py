@@ -2,6 +2,7 @@
 built on the spot) or from an export (its signatures), behind the same functions."""
 import tensorflow as tf
 
+from tfnmt import text_lines
 from tfnmt.inference.decoding_threads import (PARALLEL_SEARCHES, export_searches,
                                               use_decoding_threads)
 from tfnmt.inference.serving import TranslationModule
@@ -157,10 +158,7 @@ def long_sources(signatures, sentences, first_line=1, most_named=10, unit="line"
     long = [(first_line + i, int(n)) for i, n in enumerate(subwords) if n > max_subwords]
     if not long:
         return None
-    named = [f"{number} ({n:,} subwords)" for number, n in long[:most_named]]
-    if len(long) > most_named:
-        named.append(f"{len(long) - most_named:,} more")
-    listed = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+    listed = text_lines.listed([f"{number} ({n:,} subwords)" for number, n in long], most_named)
     advice = " (split long lines into sentences)" if unit == "line" else ""
     if len(long) == 1:
         return (f"{unit} {listed} is longer than the {max_subwords:,} subwords the model reads: "
