@@ -18,8 +18,8 @@ def iter_lines(path, errors="strict", invalid=None):
       path: the file (gzip-compressed where it ends in .gz, as train.py reads corpora), or "-"
         for standard input.
       errors: what invalid UTF-8 does: "strict" raises UnicodeDecodeError (its `start`: the
-        byte's offset in the (uncompressed) file), "replace" makes each bad byte U+FFFD (as
-        the exported graph does).
+        byte's offset in the (uncompressed) file), "replace" reads each invalid sequence
+        (one byte or a truncated character) as U+FFFD (as the exported graph does).
       invalid: where errors is not "strict", a list to which the number (1 for the first) of
         each line that held invalid UTF-8 is appended as the line is read.
 
