@@ -54,6 +54,19 @@ def test_keeps_the_best_weights_and_counts_evaluations_without_gain(tmp_path, me
     assert resumed.should_stop
 
 
+@pytest.mark.parametrize("unmeasured", [None, float("nan")])
+def test_an_unmeasured_first_evaluation_counts_without_gain(tmp_path, unmeasured):
+    # None: no dev pair within max_length; NaN: a diverged model. Neither is the best, not even
+    # as the first evaluation, and the state is written although no checkpoint is yet.
+    directory = tmp_path / "best"
+    best = BestCheckpoint(str(directory), small_model(), "loss", patience=2)
+    assert not best.update(1, {"loss": unmeasured})
+    assert checkpoint_prefixes(str(directory)) == []
+    assert json.load(open(directory / "best.json"))["evaluations_without_improvement"] == 1
+    assert best.update(2, {"loss": 3.0}) and not best.should_stop
+    assert json.load(open(directory / "best.json"))["checkpoint"] == "ckpt-2"
+
+
 def test_interrupted_and_changed_metric_states(tmp_path, caplog):
     model = small_model()
     directory = str(tmp_path / "best")
@@ -127,3 +140,41 @@ def test_train_py_stops_early_and_exports_the_best(small_corpus, train_data, tmp
     on = python(*flags, "--early_stopping=0", "--train_steps=8", "--eval_every=100")
     assert on.returncode == 0, on.stderr[-3000:]
     assert "step      8/8 | loss" in on.stdout
+
+
+def test_a_dev_split_longer_than_max_length_has_no_dev_loss_to_choose_by(small_corpus,
+                                                                         tmp_path):
+    # Every dev pair has 25 words or more a side, so max_length=20 (subwords) leaves out all of
+    # them, but not every training pair. Choosing the best checkpoint by the dev loss is refused
+    # before the run starts (no settings.json: the model_dir takes other flags); by BLEU the run
+    # trains, translates the dev sources (cut to the model's length) and reports no dev loss.
+    with open(small_corpus["dev"], encoding="utf-8") as f:
+        long_pairs = [line for line in f
+                      if all(len(side.split()) >= 25 for side in line.split("\t")[:2])]
+    assert len(long_pairs) >= 20
+    dev = tmp_path / "long_dev.tsv"
+    dev.write_text("".join(long_pairs), encoding="utf-8")
+    model_dir = tmp_path / "run"
+    flags = train_flags(small_corpus, None, str(model_dir), dev_files=str(dev), max_length=20,
+                        train_steps=4, eval_every=2, checkpoint_every=2, average_last=0,
+                        bleu_sentences=4, test_report="false")
+    refused = python(*flags, "--best_metric=loss", timeout=120)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"train.py: --best_metric=loss: max_length=20 leaves out all {len(long_pairs)} dev pairs "
+        "(more than 20 subwords on a side, EOS or BOS included), so no evaluation measures it: "
+        "raise --max_length to keep them, or choose --best_metric=bleu")
+    assert not (model_dir / "settings.json").exists()
+    result = python(*flags, "--best_metric=bleu")
+    assert result.returncode == 0, result.stderr[-3000:]
+    evaluations = [line for line in result.stdout.splitlines() if line.startswith("eval step")]
+    assert len(evaluations) == 2 and all(
+        "dev loss n/a (no dev pair within max_length) | sacreBLEU " in line
+        for line in evaluations), result.stdout
+    report = json.load(open(model_dir / "report.json"))
+    assert [report["dev_greedy"][k] for k in ("loss", "perplexity", "accuracy")] == [None] * 3
+    # The best checkpoint is still chosen, by BLEU: an evaluation of the highest (logged) score.
+    scores = [float(line.split("sacreBLEU ")[1].split()[0]) for line in evaluations]
+    state = json.load(open(model_dir / "best" / "best.json"))
+    assert state["metric"] == "bleu" and round(state["value"], 2) == max(scores)
+    assert scores[state["step"] // 2 - 1] == max(scores)

@@ -1,9 +1,14 @@
 import json
 
+import numpy as np
 import pytest
 import sacrebleu
 
-from tfnmt.inference.evaluation import corpus_scores
+from tfnmt.data import records
+from tfnmt.data.pipeline import make_dataset
+from tfnmt.inference.evaluation import corpus_scores, evaluate_loss
+from tfnmt.model.presets import get_preset
+from tfnmt.model.transformer import Transformer
 
 
 def test_corpus_scores_are_sacrebleus():
@@ -178,3 +183,38 @@ def test_report_samples_are_readable_and_spread():
     assert len(picked) == 3 and picked == sorted(set(picked))
     assert all(6 <= len(pairs[i][0].split()) <= 20 for i in picked)
     assert pick_samples(pairs[:2]) == [0, 1] and pick_samples([]) == []
+
+
+def test_dev_loss_is_the_mean_over_every_real_target_token_and_none_without_one(small_prepared):
+    # float64 numpy from the model's logits, batch by batch: the smoothed target puts 1 - eps on
+    # the label and eps / (V - 2) on every other token but padding (id 0); perplexity is exp of
+    # the unsmoothed cross-entropy; accuracy counts argmax hits. All per real target token.
+    model = Transformer(vocab_size=600, **get_preset("tiny", dropout=0.0))
+    dev = make_dataset(small_prepared, "dev", 512, 64, shuffle=False)
+    eps, totals = 0.1, np.zeros(4)
+    for batch in dev:
+        logits = model((batch["source"], batch["target_in"]), training=False).numpy()
+        log_p = logits.astype(np.float64)
+        log_p -= np.log(np.exp(log_p - log_p.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            + log_p.max(-1, keepdims=True)
+        labels = batch["target_out"].numpy()
+        real = labels != 0
+        q = np.full(log_p.shape, eps / (log_p.shape[-1] - 2))
+        q[..., 0] = 0.0
+        np.put_along_axis(q, labels[..., None], 1.0 - eps, axis=-1)
+        nll = -np.take_along_axis(log_p, labels[..., None], axis=-1)[..., 0]
+        totals += [(-(q * log_p).sum(-1) * real).sum(), (nll * real).sum(),
+                   ((logits.argmax(-1) == labels) & real).sum(), real.sum()]
+    smoothed, nll, correct, tokens = totals
+    assert sum(1 for _ in dev) > 1  # sums over several batches
+    metrics = evaluate_loss(model, dev, label_smoothing=eps)
+    assert metrics["loss"] == pytest.approx(smoothed / tokens, rel=1e-4)
+    assert metrics["perplexity"] == pytest.approx(np.exp(nll / tokens), rel=1e-3)
+    assert abs(metrics["accuracy"] - correct / tokens) <= 2 / tokens  # argmax ties may flip
+    # A max_length shorter than every dev pair leaves no token: no value, rather than a loss of
+    # 0 and a perplexity of 1 that would pass for perfect (and win --best_metric=loss).
+    histogram = records.load_manifest(small_prepared)["splits"]["dev"]["length_histogram"]
+    shortest = min(int(length) for length, count in histogram.items() if count)
+    nothing = make_dataset(small_prepared, "dev", 512, shortest - 1, shuffle=False)
+    assert evaluate_loss(model, nothing) == {"loss": None, "perplexity": None,
+                                             "accuracy": None}

@@ -99,13 +99,15 @@ def evaluate_loss(model, dataset, label_smoothing=0.1, sums=None):
 
     Returns:
       {"loss": smoothed loss per real target token, "perplexity": exp of the unsmoothed
-      cross-entropy per token, "accuracy": argmax accuracy per token}."""
+      cross-entropy per token, "accuracy": argmax accuracy per token}; each None when the
+      dataset holds no target token (every pair longer than its max_length)."""
     sums = sums or loss_sums_function(model, label_smoothing)
     totals = np.zeros(4)
     for batch in dataset:
         totals += sums(batch).numpy()
     smoothed, nll, correct, tokens = totals
-    tokens = max(tokens, 1.0)
+    if not tokens:
+        return {"loss": None, "perplexity": None, "accuracy": None}
     return {"loss": smoothed / tokens, "perplexity": math.exp(min(nll / tokens, 50.0)),
             "accuracy": correct / tokens}
 

@@ -91,10 +91,12 @@ class BestCheckpoint:
         """
         if step == self.state["step"]:  # the same weights evaluated again (the final evaluation)
             return False
-        value = float(metrics[self.metric])
+        value = metrics[self.metric]  # None: not measured (no dev pair within max_length)
+        value = None if value is None else float(value)
         if not self.improves(value):
             self.state["evaluations_without_improvement"] += 1
-            if self.write:
+            if self.write:  # the first evaluation may not count (a NaN)
+                os.makedirs(self.directory, exist_ok=True)
                 write_json(os.path.join(self.directory, BEST_STATE), self.state)
             return False
         name = f"ckpt-{step}"

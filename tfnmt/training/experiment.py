@@ -132,8 +132,9 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     log(f"data: {_describe_data(manifest, settings['data'])}, "
         f"vocabulary {sizes}, {strategy.num_replicas_in_sync} replica(s), "
         f"precision {precision}" + (" (auto)" if t["mixed_precision"] == "auto" else ""))
-    if too_long := _too_long(manifest, max_length, _longer_pairs_advice(settings,
-                                                                         checkpoint_dir)):
+    advice = _longer_pairs_advice(settings, checkpoint_dir)
+    _check_dev_loss_measurable(manifest, max_length, t.get("best_metric", "bleu"), advice)
+    if too_long := _too_long(manifest, max_length, advice):
         log(too_long)
     if precision == "fp16" and not tf.config.list_physical_devices("GPU"):
         log("fp16 is a GPU precision: CPUs train it slower than float32 (bench/README.md, "
@@ -407,6 +408,20 @@ def _longer_pairs_advice(settings, checkpoint_dir):
     return "raise --max_length to keep them"
 
 
+def _check_dev_loss_measurable(manifest, max_length, best_metric, advice):
+    """Raises SettingsError when the best checkpoint is chosen by a teacher-forced dev metric
+    (loss, perplexity, accuracy) and --max_length leaves out every dev pair: no evaluation
+    could measure it, so none would be kept as the best."""
+    dev = manifest["splits"].get("dev")
+    if best_metric in ("bleu", "chrf") or not dev or not dev["examples"]:
+        return
+    if pipeline.dropped_by_length(manifest, "dev", max_length) == dev["examples"]:
+        raise SettingsError(f"--best_metric={best_metric}: max_length={max_length} leaves out "
+                            f"all {dev['examples']:,d} dev pairs (more than {max_length} "
+                            f"subwords on a side, EOS or BOS included), so no evaluation "
+                            f"measures it: {advice}, or choose --best_metric=bleu")
+
+
 def _too_long(manifest, max_length, advice):
     """The log line about the pairs --max_length leaves out of training and of the dev loss
     (and `advice`), or None when it keeps them all."""
@@ -457,6 +472,9 @@ def _wait_for_data(data_dir, wanted, files, timeout):
 
 def _format_metrics(step, metrics, weights=None):
     what = f" ({weights})" if weights else ""
-    return (f"eval step {step}{what}: dev loss {metrics['loss']:.3f} | ppl "
-            f"{metrics['perplexity']:.2f} | acc {metrics['accuracy']:.3f} | sacreBLEU "
-            f"{metrics['bleu']:.2f} | chrF {metrics['chrf']:.2f}")
+    teacher_forced = "dev loss n/a (no dev pair within max_length)" \
+        if metrics["loss"] is None else (f"dev loss {metrics['loss']:.3f} | ppl "
+                                         f"{metrics['perplexity']:.2f} | acc "
+                                         f"{metrics['accuracy']:.3f}")
+    return (f"eval step {step}{what}: {teacher_forced} | sacreBLEU {metrics['bleu']:.2f} | "
+            f"chrF {metrics['chrf']:.2f}")

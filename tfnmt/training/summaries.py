@@ -40,10 +40,12 @@ def write_scalars(values, step):
     """Writes scalars under their tags with their descriptions (inside a summary writer).
 
     Args:
-      values: {name in SCALARS: number}.
+      values: {name in SCALARS: number, or None for one not measured (left out)}.
       step: the summary step.
     """
     for name, value in values.items():
+        if value is None:
+            continue
         tag, description = SCALARS[name]
         tf.summary.scalar(tag, value, step=step, description=description)
 
