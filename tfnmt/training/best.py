@@ -95,7 +95,7 @@ class BestCheckpoint:
         value = None if value is None else float(value)
         if not self.improves(value):
             self.state["evaluations_without_improvement"] += 1
-            if self.write:  # the first evaluation may not count (a NaN)
+            if self.write:  # best/ is not there yet if no evaluation counted so far
                 os.makedirs(self.directory, exist_ok=True)
                 write_json(os.path.join(self.directory, BEST_STATE), self.state)
             return False

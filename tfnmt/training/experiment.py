@@ -418,7 +418,7 @@ def _check_dev_loss_measurable(manifest, max_length, best_metric, advice):
     if pipeline.dropped_by_length(manifest, "dev", max_length) == dev["examples"]:
         raise SettingsError(f"--best_metric={best_metric}: max_length={max_length} leaves out "
                             f"all {dev['examples']:,d} dev pairs (more than {max_length} "
-                            f"subwords on a side, EOS or BOS included), so no evaluation "
+                            "subwords on a side, EOS or BOS included), so no evaluation "
                             f"measures it: {advice}, or choose --best_metric=bleu")
 
 
