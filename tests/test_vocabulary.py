@@ -184,3 +184,70 @@ def test_train_py_tokenizes_with_the_given_models(separate_prepared, small_corpu
         pairs = [line.rstrip("\n").split("\t")[:2] for line in f]
     expected = [(source_sp.encode(s), target_sp.encode(t)) for s, t in pairs]
     assert list(split_ids(os.path.join(model_dir, "data"), "dev")) == expected
+
+
+def piece_counts(model_path, texts):
+    processor = sentencepiece.SentencePieceProcessor(model_file=model_path)
+    return sum(len(processor.encode(text)) for text in texts)
+
+
+def test_side_models_given_the_other_way_round_are_told_apart(separate_prepared, small_corpus):
+    # The small corpus is German -> English, and its two models were learned on one side each:
+    # each language takes far fewer pieces with its own model. One model for both sides, or
+    # the models in their order, are not taken for swapped.
+    source, target = (os.path.join(separate_prepared, name) for name in SIDE_FILES)
+    with open(small_corpus["train"], encoding="utf-8") as f:
+        pairs = [tuple(line.rstrip("\n").split("\t")[:2]) for line in f][:300]
+    german, english = [s for s, _ in pairs], [t for _, t in pairs]
+    assert vocabulary.swapped_side_models(source, target, pairs) is None
+    evidence = vocabulary.swapped_side_models(target, source, pairs)
+    assert evidence == {"source": (piece_counts(target, german), piece_counts(source, german)),
+                        "target": (piece_counts(source, english), piece_counts(target, english))}
+    assert all(other <= 0.75 * own for own, other in evidence.values())
+    reversed_pairs = [(t, s) for s, t in pairs]  # English -> German wants them the other way
+    assert vocabulary.swapped_side_models(source, target, reversed_pairs) is not None
+    assert vocabulary.swapped_side_models(target, source, reversed_pairs) is None
+    assert vocabulary.swapped_side_models(source, source, pairs) is None
+    assert vocabulary.swapped_side_models(target, source, []) is None
+
+
+def test_train_py_refuses_side_models_given_the_other_way_round(separate_prepared, small_corpus,
+                                                                tmp_path):
+    # With --reverse the English side is the source: its model comes first. The given order is
+    # refused in one line before TensorFlow loads, with the pieces of the first 1,000 pairs
+    # (counted with the sentencepiece package) and the order to give.
+    from absl import app
+    from absl.testing import flagsaver
+
+    from helpers import imported_modules, python
+    from tfnmt.programs import train
+
+    german_model, english_model = (os.path.join(separate_prepared, name) for name in SIDE_FILES)
+    flags = [f"--model_dir={tmp_path / 'run'}", f"--train_files={small_corpus['train']}",
+             f"--dev_files={small_corpus['dev']}", "--reverse",
+             f"--vocab={german_model},{english_model}"]
+    result = python("train.py", *flags, timeout=60, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    with open(small_corpus["train"], encoding="utf-8") as f:
+        pairs = [line.rstrip("\n").split("\t")[:2] for line in f][:1000]
+    english, german = [t for _, t in pairs], [s for s, _ in pairs]
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"train.py: --vocab={german_model},{english_model}: the models look given the other way "
+        "round: the source side's comes first (with --reverse the source is the second side of "
+        f"--train_files), and the first 1,000 training sources take "
+        f"{piece_counts(german_model, english):,d} pieces with {german_model} but "
+        f"{piece_counts(english_model, english):,d} with {english_model}, the targets "
+        f"{piece_counts(english_model, german):,d} with {english_model} but "
+        f"{piece_counts(german_model, german):,d} with {german_model}: give "
+        f"--vocab={english_model},{german_model}")
+    assert "tensorflow" not in imported_modules(result.stderr)
+    assert not (tmp_path / "run").exists()
+    # A run under way (a checkpoint in its model_dir) keeps the models it trains with.
+    with flagsaver.flagsaver():
+        train.FLAGS.unparse_flags()
+        train.FLAGS(["train.py", *flags])
+        with pytest.raises(app.UsageError, match="look given the other way round"):
+            train.check_vocab_order()
+        (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+        (tmp_path / "run" / "checkpoints" / "ckpt-8.index").touch()
+        train.check_vocab_order()

@@ -68,8 +68,9 @@ flags.DEFINE_bool("separate_vocabularies", False, "One SentencePiece model per s
                   "shared vocabulary and embedding, as the paper).")
 flags.DEFINE_enum("vocab_type", "unigram", ["unigram", "bpe"], "SentencePiece model type.")
 flags.DEFINE_list("vocab", None, "Tokenize with this SentencePiece model instead of learning one "
-                  "(source.model,target.model: one per side); it must reserve ids 0-3 for "
-                  "PAD, UNK, BOS, EOS as tfnmt's do. Default: learned on the training data.")
+                  "(source.model,target.model: one per side, the source's first, which with "
+                  "--reverse is the second side's); it must reserve ids 0-3 for PAD, UNK, BOS, "
+                  "EOS as tfnmt's do. Default: learned on the training data.")
 flags.DEFINE_integer("max_length", 256, "Longest pair kept, in subwords (incl. BOS/EOS); "
                      "longer training and dev pairs are left out (counted in the log).")
 # Model.
@@ -350,6 +351,40 @@ def check_vocab_given():
             check_given_model(path)
         except ValueError as error:
             raise app.UsageError(f"--vocab: {error}")
+    if len(FLAGS.vocab) == 2 and FLAGS.dataset == "files" and FLAGS.train_files:
+        check_vocab_order()
+
+
+def check_vocab_order(sample=1000):
+    """One line (app.UsageError) for two --vocab models that look given the other way round
+    (`vocabulary.swapped_side_models`), judged on the first training corpus' first `sample`
+    pairs, before a run starts learning with them (a run under way keeps its models)."""
+    import itertools
+
+    from tfnmt.data.corpus import CorpusError, read_corpus
+    from tfnmt.data.vocabulary import swapped_side_models
+    from tfnmt.paths import CHECKPOINTS, checkpoint_prefixes
+
+    if FLAGS.model_dir and checkpoint_prefixes(os.path.join(FLAGS.model_dir, CHECKPOINTS)):
+        return
+    try:
+        pairs = list(itertools.islice(read_corpus("files", "train", FLAGS.train_files[0],
+                                                  log_skipped=False, reverse=FLAGS.reverse),
+                                      sample))
+    except CorpusError:
+        return  # preparing the data names the bad line
+    source, target = FLAGS.vocab
+    counts = swapped_side_models(source, target, pairs)
+    if counts:
+        (source_own, source_other), (target_own, target_other) = counts["source"], \
+            counts["target"]
+        raise app.UsageError(
+            f"--vocab={source},{target}: the models look given the other way round: the "
+            "source side's comes first" + (" (with --reverse the source is the second side of "
+                                           "--train_files)" if FLAGS.reverse else "") +
+            f", and the first {len(pairs):,d} training sources take {source_own:,d} pieces with "
+            f"{source} but {source_other:,d} with {target}, the targets {target_own:,d} with "
+            f"{target} but {target_other:,d} with {source}: give --vocab={target},{source}")
 
 
 def starting_settings():
