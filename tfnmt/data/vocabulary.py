@@ -140,7 +140,8 @@ def swapped_side_models(source_model, target_model, pairs):
     """Whether a source and a target SentencePiece model look given the other way round: each
     side of `pairs` tokenizes into at most SWAPPED_SHARE of its pieces with the other side's
     model. (On the embedded corpus, models learned on German alone and on English alone take
-    1.7-2.6x the pieces on the other language; two models learned on both, 1.05x.)
+    1.7-2.6x the pieces on the other language; one learned on both against one learned on a
+    side's language alone, 1.05x on that side.)
 
     Args:
       source_model, target_model: SentencePiece model files, as given.
