@@ -375,16 +375,18 @@ def check_vocab_order(sample=1000):
         return  # preparing the data names the bad line
     source, target = FLAGS.vocab
     counts = swapped_side_models(source, target, pairs)
-    if counts:
-        (source_own, source_other), (target_own, target_other) = counts["source"], \
-            counts["target"]
-        raise app.UsageError(
-            f"--vocab={source},{target}: the models look given the other way round: the "
-            "source side's comes first" + (" (with --reverse the source is the second side of "
-                                           "--train_files)" if FLAGS.reverse else "") +
-            f", and the first {len(pairs):,d} training sources take {source_own:,d} pieces with "
-            f"{source} but {source_other:,d} with {target}, the targets {target_own:,d} with "
-            f"{target} but {target_other:,d} with {source}: give --vocab={target},{source}")
+    if not counts:
+        return
+    (source_own, source_other), (target_own, target_other) = (counts["source"],
+                                                              counts["target"])
+    reverse = " (with --reverse the source is the second side of --train_files)" \
+        if FLAGS.reverse else ""
+    raise app.UsageError(
+        f"--vocab={source},{target}: the models look given the other way round: the source "
+        f"side's comes first{reverse}, and the first {len(pairs):,d} training sources take "
+        f"{source_own:,d} pieces with {source} but {source_other:,d} with {target}, the targets "
+        f"{target_own:,d} with {target} but {target_other:,d} with {source}: give "
+        f"--vocab={target},{source}")
 
 
 def starting_settings():

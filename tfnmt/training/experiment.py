@@ -472,9 +472,10 @@ def _wait_for_data(data_dir, wanted, files, timeout):
 
 def _format_metrics(step, metrics, weights=None):
     what = f" ({weights})" if weights else ""
-    teacher_forced = "dev loss n/a (no dev pair within max_length)" \
-        if metrics["loss"] is None else (f"dev loss {metrics['loss']:.3f} | ppl "
-                                         f"{metrics['perplexity']:.2f} | acc "
-                                         f"{metrics['accuracy']:.3f}")
+    if metrics["loss"] is None:
+        teacher_forced = "dev loss n/a (no dev pair within max_length)"
+    else:
+        teacher_forced = (f"dev loss {metrics['loss']:.3f} | ppl {metrics['perplexity']:.2f} | "
+                          f"acc {metrics['accuracy']:.3f}")
     return (f"eval step {step}{what}: {teacher_forced} | sacreBLEU {metrics['bleu']:.2f} | "
             f"chrF {metrics['chrf']:.2f}")
