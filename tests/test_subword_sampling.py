@@ -1,4 +1,6 @@
 """Subword regularization in the input pipeline, against the `sentencepiece` package."""
+import os
+
 import numpy as np
 import pytest
 import sentencepiece as spm
@@ -71,3 +73,65 @@ def test_bad_sampling_settings_are_refused(small_prepared, alpha, nbest):
     vocabulary, _ = processors(small_prepared)
     with pytest.raises(ValueError):
         pipeline.SubwordSampler(vocabulary, alpha=alpha, nbest=nbest)
+
+
+def english_model(small_corpus, directory, model_type, vocab_size):
+    """A SentencePiece model of `model_type` learned by the sentencepiece package on the small
+    corpus' English side, with tfnmt's reserved ids."""
+    with open(small_corpus["train"], encoding="utf-8") as f:
+        english = [line.rstrip("\n").split("\t")[1] for line in f]
+    prefix = os.path.join(directory, model_type)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(english), model_prefix=prefix,
+                                   model_type=model_type, vocab_size=vocab_size, pad_id=0,
+                                   unk_id=1, bos_id=2, eos_id=3, hard_vocab_limit=False,
+                                   minloglevel=2)
+    return prefix + ".model"
+
+
+def test_vocabularies_sampling_cannot_train_with_are_refused(small_corpus, tmp_path):
+    from tfnmt.data.vocabulary import Vocabulary
+    from tfnmt.training.experiment import SettingsError, _subword_sampler
+
+    bpe, char = (english_model(small_corpus, tmp_path, kind, size)
+                 for kind, size in (("bpe", 500), ("char", 100)))
+    text = "The house of the people is not far from here."
+    # sentencepiece's own sampling: a BPE model at alpha 1 drops every merge, down to single
+    # characters (at 0.5 some merges stay); a char model has no segmentations to sample.
+    bpe_sp, char_sp = (spm.SentencePieceProcessor(model_file=path) for path in (bpe, char))
+    dropped = bpe_sp.encode(text, out_type=str, enable_sampling=True, alpha=1.0, nbest_size=-1)
+    assert all(len(piece.replace("\u2581", "")) <= 1 for piece in dropped)
+    assert len(bpe_sp.encode(text, out_type=str)) < len(text.split()) * 2 < len(dropped)
+    with pytest.raises(RuntimeError, match="SampleEncode is not available"):
+        char_sp.encode(text, enable_sampling=True, alpha=0.1, nbest_size=-1)
+
+    with pytest.raises(ValueError, match="^the vocabulary's SentencePiece model: a BPE model "
+                       "drops each merge with this probability"):
+        pipeline.SubwordSampler(Vocabulary(bpe, bpe), alpha=1.0)
+    pipeline.SubwordSampler(Vocabulary(bpe, bpe), alpha=0.5)
+    with pytest.raises(SettingsError, match="^--subword_alpha=0.1: the target side's "
+                       "SentencePiece model: a char model has one segmentation"):
+        _subword_sampler(Vocabulary(bpe, char), {"subword_alpha": 0.1})
+    assert _subword_sampler(Vocabulary(bpe, char), {"subword_alpha": 0.0}) is None
+
+
+def test_train_py_refuses_sampling_the_flags_cannot_train_with(small_corpus, tmp_path):
+    # Refused in one line before TensorFlow loads and before the model_dir holds anything: a BPE
+    # vocabulary to learn with a merge-dropout rate of 1, or a given char model.
+    from helpers import imported_modules, python
+
+    char = english_model(small_corpus, tmp_path, "char", 100)
+    data = [f"--train_files={small_corpus['train']}", f"--dev_files={small_corpus['dev']}"]
+    for flags, line in (
+            (["--vocab_type=bpe", "--subword_alpha=1"], "--subword_alpha=1: --vocab_type=bpe: a "
+             "BPE model drops each merge with this probability (BPE-dropout), so 1 or more drops "
+             "every merge and trains on single characters: give a rate below 1 (the "
+             "BPE-dropout paper's is 0.1)"),
+            ([f"--vocab={char}", "--subword_alpha=0.1"], f"--subword_alpha=0.1: --vocab's {char}: "
+             "a char model has one segmentation of a text, so none to sample: use a unigram or "
+             "BPE model, or drop --subword_alpha")):
+        result = python("train.py", f"--model_dir={tmp_path / 'run'}", *data, *flags,
+                        timeout=60, env={"PYTHONPROFILEIMPORTTIME": "1"})
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines()[-1] == f"train.py: {line}"
+        assert "tensorflow" not in imported_modules(result.stderr)
+        assert list((tmp_path / "run").iterdir()) == []  # no settings.json: other flags may run

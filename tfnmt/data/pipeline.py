@@ -14,6 +14,7 @@ import tensorflow as tf
 from tfnmt.data import records
 from tfnmt.data.corpus import CorpusError
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.data.vocabulary import model_type, subword_sampling_error
 
 
 class BatchingError(ValueError):
@@ -197,6 +198,12 @@ class SubwordSampler:
             raise ValueError(f"subword sampling needs alpha > 0, got {alpha}")
         if nbest == 0 or nbest < -1:
             raise ValueError(f"nbest must be positive or -1 (all), got {nbest}")
+        sides = {"source": vocabulary.source, "target": vocabulary.target}
+        for side, tokenizer in sides.items():
+            error = subword_sampling_error(model_type(tokenizer.model_proto), alpha)
+            if error:
+                whose = "the vocabulary's" if vocabulary.shared else f"the {side} side's"
+                raise ValueError(f"{whose} SentencePiece model: {error}")
         self.alpha, self.nbest = float(alpha), int(nbest)
         self.vocabulary = vocabulary
 

@@ -131,6 +131,31 @@ def check_given_model(path):
                          f"{flags}")
 
 
+def model_type(model_proto):
+    """A serialized SentencePiece model's type: "unigram", "bpe", "word" or "char"."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto.FromString(model_proto)
+    return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
+        model.trainer_spec.model_type).lower()
+
+
+def subword_sampling_error(kind, alpha):
+    """Why subword sampling (`pipeline.SubwordSampler`) with `alpha` cannot train well on a
+    SentencePiece model of type `kind` (`model_type`), in a few words; None where it can. A
+    word or char model has one segmentation of a text to sample (sentencepiece refuses); a BPE
+    model drops each merge with probability alpha, so alpha >= 1 drops every merge and trains
+    on characters that no translation is segmented into."""
+    if kind in ("word", "char"):
+        return (f"a {kind} model has one segmentation of a text, so none to sample: "
+                "use a unigram or BPE model, or drop --subword_alpha")
+    if kind == "bpe" and alpha >= 1:
+        return ("a BPE model drops each merge with this probability (BPE-dropout), so 1 or "
+                "more drops every merge and trains on single characters: give a rate below 1 "
+                "(the BPE-dropout paper's is 0.1)")
+    return None
+
+
 # Each side of a sample taking at most this share of its pieces with the other side's model
 # marks two --vocab models given the other way round (`swapped_side_models`).
 SWAPPED_SHARE = 0.75

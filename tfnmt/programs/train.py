@@ -137,7 +137,8 @@ flags.DEFINE_float("bucket_growth", 1.1, "Length buckets: each this much wider t
                    "batch shapes; bench/README.md compares them).")
 flags.DEFINE_float("subword_alpha", 0.0, "Subword regularization: each read of a training pair "
                    "samples a new SentencePiece segmentation of both sides with this smoothing "
-                   "(unigram; BPE: merge-dropout rate). Default 0: the best segmentation.")
+                   "(unigram; BPE: merge-dropout rate, below 1). Default 0: the best "
+                   "segmentation.")
 flags.DEFINE_integer("subword_nbest", 64, "With --subword_alpha: sample among this many best "
                      "segmentations (-1: all). Default 64.")
 flags.DEFINE_bool("jit_compile", False, "XLA-compile each replica's forward and backward passes "
@@ -389,6 +390,30 @@ def check_vocab_order(sample=1000):
         f"--vocab={target},{source}")
 
 
+def check_subword_sampling(settings):
+    """One line (app.UsageError) for a --subword_alpha that cannot sample from the vocabulary
+    (`vocabulary.subword_sampling_error`), where --vocab or --vocab_type tell its type before
+    TensorFlow loads; the run checks the vocabulary it loads again."""
+    from tfnmt.data.vocabulary import model_type, subword_sampling_error
+
+    alpha, d = settings["train"].get("subword_alpha"), settings["data"]
+    if not alpha:
+        return
+    if FLAGS.vocab:
+        types = {}
+        for path in FLAGS.vocab:
+            with open(path, "rb") as f:
+                types[f"--vocab's {path}"] = model_type(f.read())
+    else:
+        flag = f"--vocab_type={d.get('vocab_type')}"
+        where = flag if FLAGS["vocab_type"].present else f"the run's vocabulary ({flag})"
+        types = {where: d["vocab_type"]} if d.get("vocab_type") else {}
+    for where, kind in types.items():
+        error = subword_sampling_error(kind, alpha)
+        if error:
+            raise app.UsageError(f"--subword_alpha={alpha:g}: {where}: {error}")
+
+
 def starting_settings():
     """The requested settings and explicit flags; with --init_from, those of the source model.
     Raises SettingsError for an --init_from that cannot start this model_dir."""
@@ -512,6 +537,7 @@ def main(argv):
         raise app.UsageError(f"--early_stopping={t['early_stopping']} counts dev evaluations "
                              f"during the run, and --eval_every is 0{default}: give "
                              "--eval_every")
+    check_subword_sampling(settings)
     if FLAGS["subword_nbest"].present and not t.get("subword_alpha"):  # it would change nothing
         raise app.UsageError("--subword_nbest is for subword sampling, which --subword_alpha "
                              "turns on (it is 0 for this run): give --subword_alpha, or drop "

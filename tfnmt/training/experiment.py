@@ -127,6 +127,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     pipeline.bucket_batch_sizes([max_length + 1], t["batch_tokens"])  # refuses before any work
     manifest, vocab = _prepare_data(settings, is_chief, data_dir)
     pipeline.check_pairs_fit(manifest, "train", max_length)  # before settings.json is written
+    sampler = _subword_sampler(vocab, t)  # so is this: it may refuse the vocabulary's type
     sizes = f"{vocab.source.vocab_size:,d}" if vocab.shared else \
         f"{vocab.source.vocab_size:,d} source, {vocab.target.vocab_size:,d} target"
     log(f"data: {_describe_data(manifest, settings['data'])}, "
@@ -166,9 +167,6 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         write_json(os.path.join(model_dir, SETTINGS), settings)
         write_hparams(model_dir, settings)
     first_step = int(optimizer.iterations.numpy())
-
-    sampler = pipeline.SubwordSampler(vocab, t["subword_alpha"], t.get("subword_nbest", 64)) \
-        if t.get("subword_alpha") else None
 
     def dataset_fn(context):
         # A resumed run reshuffles with a new seed rather than replaying the first batches.
@@ -406,6 +404,17 @@ def _longer_pairs_advice(settings, checkpoint_dir):
         return "this run's model reads no more; a new --model_dir with a larger --max_length " \
             "keeps them"
     return "raise --max_length to keep them"
+
+
+def _subword_sampler(vocab, t):
+    """The run's `pipeline.SubwordSampler` (None without --subword_alpha); SettingsError where
+    its vocabulary cannot be sampled from with that alpha."""
+    if not t.get("subword_alpha"):
+        return None
+    try:
+        return pipeline.SubwordSampler(vocab, t["subword_alpha"], t.get("subword_nbest", 64))
+    except ValueError as error:
+        raise SettingsError(f"--subword_alpha={t['subword_alpha']:g}: {error}") from None
 
 
 def _check_dev_loss_measurable(manifest, max_length, best_metric, advice):
