@@ -18,6 +18,14 @@ def python(script, *args, env=None, timeout=300, cwd=ROOT):
                           env=environment, timeout=timeout, capture_output=True, text=True)
 
 
+def piece_counts(model_path, texts):
+    """How many pieces the sentencepiece package splits `texts` into with this model."""
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=model_path)
+    return sum(len(processor.encode(text)) for text in texts)
+
+
 def imported_modules(stderr):
     """The modules a process run with PYTHONPROFILEIMPORTTIME=1 imported, from its stderr (where
     Python lists each one)."""

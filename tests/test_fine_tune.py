@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from helpers import built_once, python, train_flags
+from helpers import built_once, piece_counts, python, train_flags
 from tfnmt.checkpoints import load_model
 from tfnmt.data import records
 from tfnmt.data.pipeline import make_dataset
@@ -249,3 +249,58 @@ def test_a_model_with_separate_vocabularies_passes_both_on(separate_prepared, sm
                 assert a.read() == b.read()
     assert settings["model"] == {"vocab_size": None, "source_vocab_size": 500,
                                  "target_vocab_size": 500}
+
+
+def test_fine_tuning_pairs_read_the_other_way_round_are_refused(separate_prepared, small_corpus,
+                                                                tmp_path):
+    # The source's two models were learned on German (source) and English (target). Fine-tuning
+    # it on pairs read the other way round would tokenize each side with the other language's
+    # model: refused with the pieces of the first 1,000 pairs (counted with the sentencepiece
+    # package) and the flag that reads them its way, before a run starts; not once one has.
+    from absl import app
+    from absl.testing import flagsaver
+
+    from tfnmt.programs import train
+
+    source_dir = tmp_path / "source"
+    os.makedirs(source_dir)
+    for name in SIDE_FILES:
+        shutil.copyfile(os.path.join(separate_prepared, name), source_dir / name)
+    german_model, english_model = (str(source_dir / name) for name in SIDE_FILES)
+    with open(small_corpus["train"], encoding="utf-8") as f:
+        pairs = [line.rstrip("\n").split("\t")[:2] for line in f][:1000]
+    german, english = [s for s, _ in pairs], [t for _, t in pairs]
+    swapped = tmp_path / "en-de.tsv"
+    swapped.write_text("".join(f"{t}\t{s}\n" for s, t in pairs), encoding="utf-8")
+    evidence = (f"the first 1,000 training sources take {piece_counts(german_model, english):,d}"
+                f" pieces with {german_model} but {piece_counts(english_model, english):,d} "
+                f"with {english_model}, the targets {piece_counts(english_model, german):,d} with "
+                f"{english_model} but {piece_counts(german_model, german):,d} with {german_model}")
+    refusal = (f"--init_from={source_dir}: the training pairs look read the other way round "
+               f"for its source and target vocabularies: {evidence}: ")
+    model_dir = tmp_path / "tuned"
+    for train_file, flags, reverse, advice in (
+            (small_corpus["train"], [], False, None),
+            (str(swapped), [], True, None),
+            (small_corpus["train"], ["--reverse"], True, "drop --reverse"),
+            (small_corpus["train"], [], True, "give --noreverse"),
+            (str(swapped), [], False, "give --reverse (or --train_files and --dev_files with "
+             "their sides the other way round)")):
+        settings = {"init_from": {"model_dir": str(source_dir)},
+                    "data": {"separate_vocabularies": True, "reverse": reverse}}
+        with flagsaver.flagsaver():
+            train.FLAGS.unparse_flags()
+            train.FLAGS(["train.py", f"--model_dir={model_dir}", "--dataset=files",
+                         f"--train_files={train_file}", f"--init_from={source_dir}", *flags])
+            if advice is None:
+                train.check_fine_tuning_direction(settings)
+                continue
+            with pytest.raises(app.UsageError) as refused:
+                train.check_fine_tuning_direction(settings)
+            assert str(refused.value) == refusal + advice
+            os.makedirs(model_dir / "checkpoints", exist_ok=True)
+            (model_dir / "checkpoints" / "ckpt-8.index").touch()  # a fine-tuning under way
+            train.check_fine_tuning_direction(settings)
+            shutil.rmtree(model_dir)
+            shared = dict(settings, data={"separate_vocabularies": False, "reverse": reverse})
+            train.check_fine_tuning_direction(shared)  # one model: no side to have swapped

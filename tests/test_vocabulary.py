@@ -9,6 +9,7 @@ import pytest
 import sentencepiece
 import tensorflow as tf
 
+from helpers import piece_counts
 from tfnmt.data import records, vocabulary
 from tfnmt.data.tokenizer import file_fingerprint
 from tfnmt.paths import VOCAB
@@ -184,11 +185,6 @@ def test_train_py_tokenizes_with_the_given_models(separate_prepared, small_corpu
         pairs = [line.rstrip("\n").split("\t")[:2] for line in f]
     expected = [(source_sp.encode(s), target_sp.encode(t)) for s, t in pairs]
     assert list(split_ids(os.path.join(model_dir, "data"), "dev")) == expected
-
-
-def piece_counts(model_path, texts):
-    processor = sentencepiece.SentencePieceProcessor(model_file=model_path)
-    return sum(len(processor.encode(text)) for text in texts)
 
 
 def test_side_models_given_the_other_way_round_are_told_apart(separate_prepared, small_corpus):

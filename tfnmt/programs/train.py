@@ -360,6 +360,44 @@ def check_vocab_order(sample=1000):
     """One line (app.UsageError) for two --vocab models that look given the other way round
     (`vocabulary.swapped_side_models`), judged on the first training corpus' first `sample`
     pairs, before a run starts learning with them (a run under way keeps its models)."""
+    source, target = FLAGS.vocab
+    evidence = swapped_sides_evidence(source, target, FLAGS.reverse, sample)
+    if evidence:
+        reverse = " (with --reverse the source is the second side of --train_files)" \
+            if FLAGS.reverse else ""
+        raise app.UsageError(f"--vocab={source},{target}: the models look given the other way "
+                             f"round: the source side's comes first{reverse}, and {evidence}: "
+                             f"give --vocab={target},{source}")
+
+
+def check_fine_tuning_direction(settings, sample=1000):
+    """One line (app.UsageError) for an --init_from model with separate vocabularies whose
+    training pairs look read the other way round (each side tokenized by the other side's
+    model, `vocabulary.swapped_side_models`), before a fine-tuning starts."""
+    from tfnmt.data import vocabulary
+
+    d = settings["data"]
+    if not (settings.get("init_from") and d.get("separate_vocabularies")
+            and FLAGS.dataset == "files"):
+        return
+    source, target = vocabulary.paths(settings["init_from"]["model_dir"], separate=True)
+    evidence = swapped_sides_evidence(source, target, d["reverse"], sample)
+    if evidence:
+        if not d["reverse"]:
+            give = ("give --reverse (or --train_files and --dev_files with their sides the other "
+                    "way round)")
+        else:
+            give = "drop --reverse" if FLAGS["reverse"].present else "give --noreverse"
+        raise app.UsageError(f"--init_from={FLAGS.init_from}: the training pairs look read the "
+                             f"other way round for its source and target vocabularies: "
+                             f"{evidence}: {give}")
+
+
+def swapped_sides_evidence(source, target, reverse, sample):
+    """Where SentencePiece models `source` and `target` look given the other way round for the
+    first training corpus' first `sample` pairs (read with `reverse`), the piece counts that
+    show it, as words; else None (also before a run's first checkpoint: a run under way keeps
+    its models)."""
     import itertools
 
     from tfnmt.data.corpus import CorpusError, read_corpus
@@ -367,27 +405,21 @@ def check_vocab_order(sample=1000):
     from tfnmt.paths import CHECKPOINTS, checkpoint_prefixes
 
     if FLAGS.model_dir and checkpoint_prefixes(os.path.join(FLAGS.model_dir, CHECKPOINTS)):
-        return
+        return None
     try:
         pairs = list(itertools.islice(read_corpus("files", "train", FLAGS.train_files[0],
-                                                  log_skipped=False, reverse=FLAGS.reverse),
+                                                  log_skipped=False, reverse=reverse),
                                       sample))
     except CorpusError:
-        return  # preparing the data names the bad line
-    source, target = FLAGS.vocab
+        return None  # preparing the data names the bad line
     counts = swapped_side_models(source, target, pairs)
     if not counts:
-        return
+        return None
     (source_own, source_other), (target_own, target_other) = (counts["source"],
                                                               counts["target"])
-    reverse = " (with --reverse the source is the second side of --train_files)" \
-        if FLAGS.reverse else ""
-    raise app.UsageError(
-        f"--vocab={source},{target}: the models look given the other way round: the source "
-        f"side's comes first{reverse}, and the first {len(pairs):,d} training sources take "
-        f"{source_own:,d} pieces with {source} but {source_other:,d} with {target}, the targets "
-        f"{target_own:,d} with {target} but {target_other:,d} with {source}: give "
-        f"--vocab={target},{source}")
+    return (f"the first {len(pairs):,d} training sources take {source_own:,d} pieces with "
+            f"{source} but {source_other:,d} with {target}, the targets {target_own:,d} with "
+            f"{target} but {target_other:,d} with {source}")
 
 
 def check_subword_sampling(settings):
@@ -538,6 +570,7 @@ def main(argv):
                              f"during the run, and --eval_every is 0{default}: give "
                              "--eval_every")
     check_subword_sampling(settings)
+    check_fine_tuning_direction(settings)
     if FLAGS["subword_nbest"].present and not t.get("subword_alpha"):  # it would change nothing
         raise app.UsageError("--subword_nbest is for subword sampling, which --subword_alpha "
                              "turns on (it is 0 for this run): give --subword_alpha, or drop "
