@@ -249,3 +249,32 @@ def test_an_export_given_as_model_dir_is_named_as_one(tmp_path):
             latest_export(str(path))
         assert str(error.value) == \
             f"{path} holds no SavedModel and no numbered version of one; {hint}"
+
+
+@pytest.mark.parametrize("settings, what", [
+    ({"data": {}}, " holds no model settings: restore it as train.py wrote it, or use another "
+     "--model_dir"),
+    ({"model": []}, ": its 'model' is a JSON list, not the object of settings train.py writes: "
+     "restore it, or use another --model_dir"),
+    ({"model": {"vocab_size": 600}, "train": 5}, ": its 'train' is a JSON int, not the object"),
+    ({"model": dict(TINY, num_heads=3)}, " holds model settings that build no model (d_model"),
+    ({"model": dict(TINY, colour=1)}, " holds model settings that build no model ("),
+])
+def test_settings_that_describe_no_model_are_refused_in_one_line(tiny_model_dir, tmp_path,
+                                                                 settings, what):
+    # Edited by hand: every program (load_model: translate, evaluate, export; train.py's
+    # resolve_settings) names the file instead of failing in Transformer's arguments.
+    from tfnmt.paths import DamagedFileError
+    from tfnmt.training.settings import resolve_settings
+
+    model_dir, _ = model_dir_with_checkpoints(tiny_model_dir, tmp_path, [1])
+    path = os.path.join(model_dir, "settings.json")
+    with open(path, "w") as f:
+        json.dump(settings, f)
+    with pytest.raises(DamagedFileError) as error:
+        load_model(model_dir)
+    assert str(error.value).startswith(path + what)
+    if "colour" in settings.get("model", {}):
+        with pytest.raises(DamagedFileError, match=r"settings.json holds model settings no "
+                           r"Transformer takes \(colour\): restore it"):
+            resolve_settings({"model": {}, "data": {}, "train": {}}, set(), model_dir)

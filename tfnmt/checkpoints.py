@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from tfnmt.data import vocabulary
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import (AVERAGED, BEST, BEST_STATE, CHECKPOINTS, checkpoint_prefixes,
-                         no_model_error, read_settings)
+from tfnmt.paths import (AVERAGED, BEST, BEST_STATE, CHECKPOINTS, SETTINGS, DamagedFileError,
+                         checkpoint_prefixes, no_model_error, read_settings)
 
 
 class ModelDirError(ValueError):
@@ -240,6 +240,7 @@ def load_model(model_dir, which="auto"):
 
     Raises:
       ModelDirError: no settings, vocabulary or readable checkpoint.
+      DamagedFileError: settings.json that does not describe a model.
     """
     settings = read_settings(model_dir)
     if settings is None:
@@ -249,7 +250,13 @@ def load_model(model_dir, which="auto"):
             model_dir, (settings.get("data") or {}).get("separate_vocabularies", False)))
     except OSError as error:
         raise ModelDirError(f"{model_dir} has no vocabulary ({error})") from None
-    model = Transformer(**settings["model"], dtype="float32")
+    try:
+        model = Transformer(**settings["model"], dtype="float32")
+    except (KeyError, TypeError, ValueError) as error:  # edited by hand, or cut short
+        what = "holds no model settings" if isinstance(error, KeyError) else \
+            f"holds model settings that build no model ({error})"
+        raise DamagedFileError(f"{os.path.join(model_dir, SETTINGS)} {what}: restore it as "
+                               "train.py wrote it, or use another --model_dir") from None
     model.build()
     failures = []
     for path in candidate_checkpoints(model_dir, which):

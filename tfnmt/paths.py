@@ -136,4 +136,10 @@ def read_settings(model_dir):
         raise DamagedFileError(f"{path} holds a JSON {type(settings).__name__}, not the object "
                                "of settings train.py writes: restore it, or use another "
                                "--model_dir")
+    for section in ("model", "data", "train"):
+        if not isinstance(settings.get(section, {}), dict):
+            raise DamagedFileError(f"{path}: its {section!r} is a JSON "
+                                   f"{type(settings[section]).__name__}, not the object of "
+                                   "settings train.py writes: restore it, or use another "
+                                   "--model_dir")
     return settings

@@ -5,7 +5,8 @@ import os
 
 from tfnmt.data.corpus import train_specs
 from tfnmt.model.presets import MODEL_DEFAULTS
-from tfnmt.paths import CHECKPOINTS, SETTINGS, checkpoint_prefixes, read_settings
+from tfnmt.paths import (CHECKPOINTS, SETTINGS, DamagedFileError, checkpoint_prefixes,
+                         read_settings)
 
 # Settings a run in an existing model_dir must share with it: every model and training setting
 # but those meant to change on resume, and the data that defines the vocabulary.
@@ -131,6 +132,11 @@ def resolve_settings(requested, explicit, model_dir):
                                 "which model they hold. Restore the file or use a new "
                                 "--model_dir.")
         return requested
+    unknown = sorted(set(saved.get("model") or {}) - set(model_defaults()))
+    if unknown:  # edited by hand, or written by another version of tfnmt
+        raise DamagedFileError(f"{os.path.join(model_dir, SETTINGS)} holds model settings no "
+                               f"Transformer takes ({', '.join(unknown)}): restore it as "
+                               "train.py wrote it, or use another --model_dir")
     resolved = json.loads(json.dumps(requested))
     conflicts = []
     for section in ("model", "data", "train"):
