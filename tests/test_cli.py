@@ -12,6 +12,7 @@ import pytest
     ("evaluate.py", "--alpha=-0.5", "--alpha must be >= 0 and finite"),
     ("export.py", "--alpha=inf", "--alpha must be >= 0 and finite"),
     ("export.py", "--version=-1", "--version must be >= 0"),
+    ("translate.py", "--seed=99999999999999999999", "--seed must fit in 64 bits"),
 ])
 def test_bad_decoding_flags_fail_fast(program, flag, message, tmp_path):
     # Refused in one line before any model is read: unchecked, a negative batch size would

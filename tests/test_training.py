@@ -666,6 +666,8 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--bucket_growth=inf", "--bucket_growth must be >= 1.0 and finite"),
     ("--alpha=short", "--alpha: give auto or a finite number >= 0"),
     ("--alpha=inf", "--alpha: give auto or a finite number >= 0"),
+    ("--seed=-1", "--seed must be in [0, 2**32)"),  # Keras' seeding: a traceback, before
+    ("--seed=4294967296", "--seed must be in [0, 2**32)"),
     ("--subword_alpha=-0.1", "--subword_alpha must be >= 0"),
     ("--subword_nbest=0", "--subword_nbest must be positive or -1"),
     ("--subword_nbest=8", "--subword_nbest is for subword sampling, which --subword_alpha turns "

@@ -207,6 +207,8 @@ flags.register_validator("alpha", lambda v: _valid_alpha(v),  # defined below
 flags.register_validator("label_smoothing", lambda v: v is None or 0.0 <= v < 1.0,
                          "--label_smoothing must be in [0, 1)")
 flags.register_validator("clip_norm", lambda v: v >= 0.0, "--clip_norm must be >= 0")
+flags.register_validator("seed", lambda v: 0 <= v < 2**32,  # what Keras' seeding takes
+                         "--seed must be in [0, 2**32)")
 flags.register_validator("dropout_from_epoch", lambda v: v is None or v >= 0.0,
                          "--dropout_from_epoch must be >= 0")
 flags.register_validator("train_minutes", lambda v: v is None or 0.0 <= v < math.inf,

@@ -65,6 +65,8 @@ flags.DEFINE_string("plot_attention", None, "With --model_dir: write PNG attenti
 flags.register_validator("batch_size", lambda v: v > 0, "--batch_size must be positive")
 flags.register_validator("beam_size", lambda v: v > 0, "--beam_size must be positive")
 flags.register_validator("n_best", lambda v: v > 0, "--n_best must be positive")
+flags.register_validator("seed", lambda v: -2**63 <= v < 2**63,  # a stateless draw's int64
+                         "--seed must fit in 64 bits")
 cli.register_alpha_validator()
 flags.register_validator("sampling_topk", lambda v: v is None or v >= 0,
                          "--sampling_topk must be >= 0")
