@@ -172,3 +172,48 @@ def test_a_corpus_the_filters_emptied_is_not_sampled_and_cannot_be_weighted():
                        r"left after the filters, so it cannot be sampled at weight 1: drop it "
                        r"and its --train_weights entry$"):
         pipeline.corpus_weights(manifest, [3, 1])
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_dev_and_test_pairs_the_training_corpora_hold_are_counted(two_corpora, tmp_path,
+                                                                  reverse):
+    # A dev split of 30 training pairs of the first corpus (one with spaces around it), 10 of
+    # the second, a repeat and 21 new pairs; a test split of new pairs only. Counted against a
+    # brute-force scan of the raw corpora, and read the same either way round.
+    from tfnmt.training.experiment import _held_out_warnings
+
+    data_dir, _, (general, template), files = two_corpora
+    new = [(f"Neu {n}.", f"New {n}.") for n in range(21)]
+    dev = general[100:130] + template[:10] + [general[100]] + new
+    dev[0] = (f"  {dev[0][0]} ", dev[0][1])
+    test = [(f"Anders {n}.", f"Other {n}.") for n in range(40)]
+    files = dict(files, dev=write_tsv(tmp_path / "dev.tsv", dev),
+                 test=write_tsv(tmp_path / "test.tsv", test))
+    spm = os.path.join(data_dir, "spm.model")
+    manifest = records.prepare(str(tmp_path / "data"), dataset="files", files=files,
+                               vocab_paths=(spm, spm), train_shards=1, reverse=reverse)
+    training = {(s.strip(), t.strip()) for s, t in general + template}
+    in_train = sum(any((s.strip(), t.strip()) == pair for pair in training) for s, t in dev)
+    assert in_train == 41
+    assert manifest["splits"]["train"]["held_out"] == {
+        "dev": {"pairs": len(dev), "in_train": in_train}, "test": {"pairs": 40, "in_train": 0}}
+    assert _held_out_warnings(manifest) == [
+        f"warning: 41 of the {len(dev)} dev pairs are training pairs too (the same source and "
+        "target): dev scores (the best checkpoint, the length penalty) reward remembering them; "
+        "keep them out of the training data"]
+
+
+def test_a_few_held_out_pairs_in_the_training_data_are_not_warned_about():
+    # Below 5% of a split: short common sentences many corpora share.
+    from tfnmt.training.experiment import _held_out_warnings
+
+    def manifest(dev_in_train, test_in_train):
+        return {"splits": {"train": {"held_out": {
+            "dev": {"pairs": 200, "in_train": dev_in_train},
+            "test": {"pairs": 1000, "in_train": test_in_train}}}}}
+
+    assert _held_out_warnings(manifest(9, 49)) == []
+    assert [line.split(":")[1] for line in _held_out_warnings(manifest(10, 50))] == [
+        " 10 of the 200 dev pairs are training pairs too (the same source and target)",
+        " 50 of the 1,000 test pairs are training pairs too (the same source and target)"]
+    assert _held_out_warnings({"splits": {"train": {}}}) == []  # prepared without the counts

@@ -70,3 +70,37 @@ class PairFilter:
                 self.dropped["length_ratio"] += 1
                 return False
         return True
+
+
+class HeldOutOverlap:
+    """Counts the dev and test pairs that the training data holds too (the same source and
+    target, after stripping): a held-out split taken from the training corpus, or the same file
+    given for both, scores what the model remembers, not how it translates.
+
+    Args:
+      held_out: {split: its (source, target) pairs}.
+
+    Example:
+      overlap = HeldOutOverlap({"dev": dev_pairs})
+      for pair in overlap.passing(train_pairs):
+          ...
+      overlap.counts()  # {"dev": {"pairs": 200, "in_train": 200}}
+    """
+
+    def __init__(self, held_out):
+        self.held_out = {split: list(pairs) for split, pairs in held_out.items()}
+        self._wanted = set().union(*self.held_out.values())
+        self._found = set()
+
+    def passing(self, pairs):
+        """Yields `pairs` unchanged, noting each held-out pair among them."""
+        for pair in pairs:
+            if pair in self._wanted:
+                self._found.add(pair)
+            yield pair
+
+    def counts(self):
+        """{split: {"pairs": its pairs, "in_train": how many of them the pairs passed hold}}."""
+        return {split: {"pairs": len(pairs),
+                        "in_train": sum(pair in self._found for pair in pairs)}
+                for split, pairs in self.held_out.items()}

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tfnmt.data import corpus, data_dir_lock, vocabulary
 from tfnmt.data.corpus import input_fingerprint, sha256_file
-from tfnmt.data.filters import PairFilter
+from tfnmt.data.filters import HeldOutOverlap, PairFilter
 from tfnmt.data.tokenizer import normalization_for, train_sentencepiece
 from tfnmt.data.vocabulary import Vocabulary
 
@@ -113,18 +113,21 @@ def _write_train(vocab, dataset, files, tfds_data_dir, out_dir, num_shards, filt
                  reverse):
     """The train split: one set of shards per corpus (several `files["train"]` specs), the
     filters applied across all of them; -> its manifest entry, with "corpora" (each one's
-    files, shards and pair count) when there are several, and "filtered" (the counts)."""
+    files, shards and pair count) when there are several, "filtered" (the counts) and
+    "held_out" (how many dev and test pairs it holds too: `filters.HeldOutOverlap`)."""
     pair_filter = PairFilter(**(filters or {}))
+    overlap = HeldOutOverlap(_held_out_pairs(dataset, files, tfds_data_dir, reverse))
     specs = corpus.train_specs(files) if dataset == "files" else [None]
     if len(specs) == 1:
-        entry = _write_split(vocab, _split_pairs(dataset, "train", files, tfds_data_dir,
-                                                 reverse=reverse),
-                             out_dir, "train", num_shards, pair_filter)
+        pairs = _split_pairs(dataset, "train", files, tfds_data_dir, reverse=reverse)
+        entry = _write_split(vocab, overlap.passing(pairs), out_dir, "train", num_shards,
+                             pair_filter)
     else:
-        parts = [_write_split(vocab, corpus.read_corpus(dataset, "train", spec,
-                                                        reverse=reverse),
-                              out_dir, f"train.{index}", num_shards, pair_filter)
-                 for index, spec in enumerate(specs)]
+        parts = []
+        for index, spec in enumerate(specs):
+            pairs = corpus.read_corpus(dataset, "train", spec, reverse=reverse)
+            parts.append(_write_split(vocab, overlap.passing(pairs), out_dir, f"train.{index}",
+                                      num_shards, pair_filter))
         histogram = collections.Counter()
         for part in parts:
             histogram.update({int(k): v for k, v in part["length_histogram"].items()})
@@ -138,7 +141,22 @@ def _write_train(vocab, dataset, files, tfds_data_dir, out_dir, num_shards, filt
                               "length_histogram": p["length_histogram"]}
                              for spec, p in zip(specs, parts)]}
     entry["filtered"] = dict(pair_filter.dropped)
+    entry["held_out"] = overlap.counts()
     return entry
+
+
+def _held_out_pairs(dataset, files, tfds_data_dir, reverse):
+    """{split: pairs} of the dev and test splits there are, as their records hold them."""
+    held_out = {}
+    for split in ("dev", "test"):
+        if dataset == "files" and not (files or {}).get(split):
+            continue
+        try:
+            held_out[split] = list(_split_pairs(dataset, split, files, tfds_data_dir,
+                                                log_skipped=False, reverse=reverse))
+        except corpus.CorpusError:
+            continue  # writing the split names its bad line
+    return held_out
 
 
 def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vocab_size=8000,

@@ -133,6 +133,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     log(f"data: {_describe_data(manifest, settings['data'])}, "
         f"vocabulary {sizes}, {strategy.num_replicas_in_sync} replica(s), "
         f"precision {precision}" + (" (auto)" if t["mixed_precision"] == "auto" else ""))
+    for line in _held_out_warnings(manifest):
+        log(line)
     advice = _longer_pairs_advice(settings, checkpoint_dir)
     _check_dev_loss_measurable(manifest, max_length, t.get("best_metric", "bleu"), advice)
     if too_long := _too_long(manifest, max_length, advice):
@@ -393,6 +395,25 @@ def _describe_data(manifest, data):
         line += "; filtered out: " + ", ".join(f"{v:,d} {k.replace('_', ' ')}"
                                                for k, v in dropped.items())
     return line
+
+
+# A dev or test split this much of which the training data holds too is warned about: a few
+# short common sentences ("Thank you.") are in both of many corpora.
+HELD_OUT_IN_TRAIN_SHARE = 0.05
+HELD_OUT_MEASURES = {"dev": "dev scores (the best checkpoint, the length penalty) reward "
+                            "remembering them",
+                     "test": "the test report overstates how the model translates new text"}
+
+
+def _held_out_warnings(manifest):
+    """Lines warning of dev and test splits whose pairs the training data holds too."""
+    lines = []
+    for split, count in (manifest["splits"]["train"].get("held_out") or {}).items():
+        if count["pairs"] and count["in_train"] >= HELD_OUT_IN_TRAIN_SHARE * count["pairs"]:
+            lines.append(f"warning: {count['in_train']:,d} of the {count['pairs']:,d} {split} "
+                         "pairs are training pairs too (the same source and target): "
+                         f"{HELD_OUT_MEASURES[split]}; keep them out of the training data")
+    return lines
 
 
 def _longer_pairs_advice(settings, checkpoint_dir):
