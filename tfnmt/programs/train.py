@@ -395,6 +395,46 @@ def check_fine_tuning_direction(settings, sample=1000):
                              f"{evidence}: {give}")
 
 
+def check_held_out_order(settings, sample=1000):
+    """One line (app.UsageError) for --dev_files or --test_files whose pairs look given the
+    other way round from the training pairs (`side_order.swapped_sides`, on the first `sample`
+    pairs of each and of the first training corpus)."""
+    import itertools
+
+    from tfnmt.data.corpus import CorpusError, read_corpus, train_specs
+    from tfnmt.data.side_order import swapped_sides
+
+    d = settings["data"]
+    if d.get("dataset") != "files":
+        return
+    files = d.get("files") or {}
+
+    def first_pairs(split, spec):
+        return list(itertools.islice(read_corpus("files", split, spec, log_skipped=False,
+                                                 reverse=d.get("reverse", False)), sample))
+
+    try:
+        train = first_pairs("train", train_specs(files)[0])
+    except CorpusError:
+        return  # preparing the data names the bad line
+    for split in ("dev", "test"):
+        if not files.get(split):
+            continue
+        try:
+            evidence = swapped_sides(train, first_pairs(split, files[split]))
+        except CorpusError:
+            continue
+        if evidence:
+            spec = files[split]
+            give = f"give --{split}_files={','.join(reversed(spec.split(',')))}" \
+                if "," in spec else "swap the columns of its TSV"
+            raise app.UsageError(
+                f"--{split}_files={spec}: its pairs look given the other way round from the "
+                "training pairs: their sources read like the training targets and their "
+                "targets like the training sources (by how often each two adjacent "
+                f"characters occur in the first {sample:,d} pairs of each): {give}")
+
+
 def swapped_sides_evidence(source, target, reverse, sample):
     """Where SentencePiece models `source` and `target` look given the other way round for the
     first training corpus' first `sample` pairs (read with `reverse`), the piece counts that
@@ -573,6 +613,7 @@ def main(argv):
                              "--eval_every")
     check_subword_sampling(settings)
     check_fine_tuning_direction(settings)
+    check_held_out_order(settings)
     if FLAGS["subword_nbest"].present and not t.get("subword_alpha"):  # it would change nothing
         raise app.UsageError("--subword_nbest is for subword sampling, which --subword_alpha "
                              "turns on (it is 0 for this run): give --subword_alpha, or drop "

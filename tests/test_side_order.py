@@ -1,0 +1,85 @@
+"""Dev and test corpora given the other way round from the training corpus (side_order.py and
+train.py's refusal), judged against numpy counts of adjacent characters."""
+import numpy as np
+import pytest
+
+from helpers import imported_modules, python
+from tfnmt.data import side_order
+
+
+def read_tsv(path, count=1000):
+    with open(path, encoding="utf-8") as f:
+        return [tuple(line.rstrip("\n").split("\t")[:2]) for line in f][:count]
+
+
+def write_tsv(path, pairs):
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    return str(path)
+
+
+def mean_log_probabilities(train_pairs, pairs):
+    """(as given, swapped): nats per character pair, add-one smoothed, counted with numpy."""
+    def pairs_of(texts):
+        return [f" {t.lower()} "[i:i + 2] for t in texts for i in range(len(t) + 1)]
+
+    train_sides = [pairs_of(side) for side in zip(*train_pairs)]
+    sides = [pairs_of(side) for side in zip(*pairs)]
+    table = sorted(set().union(*train_sides, *sides))
+    index = {pair: i for i, pair in enumerate(table)}
+
+    def counts(seq):
+        return np.bincount([index[p] for p in seq], minlength=len(table)).astype(np.float64)
+
+    log_p = [np.log(counts(side) + 1) - np.log(len(side) + len(table)) for side in train_sides]
+    source, target = (counts(side) for side in sides)
+
+    def mean(c, log_probabilities):
+        return float(c @ log_probabilities / c.sum())
+
+    return ((mean(source, log_p[0]) + mean(target, log_p[1])) / 2,
+            (mean(source, log_p[1]) + mean(target, log_p[0])) / 2)
+
+
+def test_a_split_given_the_other_way_round_is_told_apart(small_corpus):
+    train, dev = read_tsv(small_corpus["train"]), read_tsv(small_corpus["dev"])
+    swapped = [(t, s) for s, t in dev]
+    assert side_order.swapped_sides(train, dev) is None
+    evidence = side_order.swapped_sides(train, swapped)
+    as_given, other_way = mean_log_probabilities(train, swapped)
+    assert evidence == {"as_given": pytest.approx(as_given, abs=1e-9),
+                        "swapped": pytest.approx(other_way, abs=1e-9)}
+    assert other_way - as_given > 3 * side_order.SWAPPED_MARGIN
+    # One language on both sides, and samples too short to judge: not taken for swapped.
+    english = [(t, t) for _, t in train]
+    assert side_order.swapped_sides(english, [(t, t) for _, t in dev]) is None
+    assert side_order.swapped_sides(train, swapped[:1]) is None
+    assert side_order.swapped_sides(train, []) is None
+
+
+def test_train_py_refuses_dev_and_test_files_given_the_other_way_round(small_corpus, tmp_path):
+    # In one line before TensorFlow loads, naming the order to give (or, for a TSV, the columns
+    # to swap); --reverse reads every split the other way round alike.
+    dev = read_tsv(small_corpus["dev"])
+    (tmp_path / "dev.de").write_text("".join(s + "\n" for s, _ in dev), encoding="utf-8")
+    (tmp_path / "dev.en").write_text("".join(t + "\n" for _, t in dev), encoding="utf-8")
+    de, en = tmp_path / "dev.de", tmp_path / "dev.en"
+    swapped_tsv = write_tsv(tmp_path / "dev.en-de.tsv", [(t, s) for s, t in dev])
+    explained = ("its pairs look given the other way round from the training pairs: their "
+                 "sources read like the training targets and their targets like the training "
+                 "sources (by how often each two adjacent characters occur in the first 1,000 "
+                 "pairs of each): ")
+    for flags, refusal in (
+            ([f"--dev_files={en},{de}"], f"--dev_files={en},{de}: {explained}give "
+             f"--dev_files={de},{en}"),
+            ([f"--dev_files={swapped_tsv}"], f"--dev_files={swapped_tsv}: {explained}swap the "
+             "columns of its TSV"),
+            ([f"--dev_files={small_corpus['dev']}", f"--test_files={en},{de}", "--reverse"],
+             f"--test_files={en},{de}: {explained}give --test_files={de},{en}")):
+        model_dir = tmp_path / "run"
+        result = python("train.py", f"--model_dir={model_dir}",
+                        f"--train_files={small_corpus['train']}", *flags, timeout=60,
+                        env={"PYTHONPROFILEIMPORTTIME": "1"})
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines()[-1] == f"train.py: {refusal}"
+        assert "tensorflow" not in imported_modules(result.stderr)
+        assert list(model_dir.iterdir()) == []
