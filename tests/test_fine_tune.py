@@ -260,7 +260,7 @@ def test_fine_tuning_pairs_read_the_other_way_round_are_refused(separate_prepare
     from absl import app
     from absl.testing import flagsaver
 
-    from tfnmt.programs import train
+    from tfnmt.programs import train, train_data_checks
 
     source_dir = tmp_path / "source"
     os.makedirs(source_dir)
@@ -293,14 +293,15 @@ def test_fine_tuning_pairs_read_the_other_way_round_are_refused(separate_prepare
             train.FLAGS(["train.py", f"--model_dir={model_dir}", "--dataset=files",
                          f"--train_files={train_file}", f"--init_from={source_dir}", *flags])
             if advice is None:
-                train.check_fine_tuning_direction(settings)
+                train_data_checks.check_fine_tuning_direction(settings)
                 continue
             with pytest.raises(app.UsageError) as refused:
-                train.check_fine_tuning_direction(settings)
+                train_data_checks.check_fine_tuning_direction(settings)
             assert str(refused.value) == refusal + advice
             os.makedirs(model_dir / "checkpoints", exist_ok=True)
             (model_dir / "checkpoints" / "ckpt-8.index").touch()  # a fine-tuning under way
-            train.check_fine_tuning_direction(settings)
+            train_data_checks.check_fine_tuning_direction(settings)
             shutil.rmtree(model_dir)
             shared = dict(settings, data={"separate_vocabularies": False, "reverse": reverse})
-            train.check_fine_tuning_direction(shared)  # one model: no side to have swapped
+            # One model for both sides: no side to have swapped.
+            train_data_checks.check_fine_tuning_direction(shared)

@@ -216,7 +216,7 @@ def test_train_py_refuses_side_models_given_the_other_way_round(separate_prepare
     from absl.testing import flagsaver
 
     from helpers import imported_modules, python
-    from tfnmt.programs import train
+    from tfnmt.programs import train, train_data_checks
 
     german_model, english_model = (os.path.join(separate_prepared, name) for name in SIDE_FILES)
     flags = [f"--model_dir={tmp_path / 'run'}", f"--train_files={small_corpus['train']}",
@@ -243,7 +243,7 @@ def test_train_py_refuses_side_models_given_the_other_way_round(separate_prepare
         train.FLAGS.unparse_flags()
         train.FLAGS(["train.py", *flags])
         with pytest.raises(app.UsageError, match="look given the other way round"):
-            train.check_vocab_order()
+            train_data_checks.check_vocab_order()
         (tmp_path / "run" / "checkpoints").mkdir(parents=True)
         (tmp_path / "run" / "checkpoints" / "ckpt-8.index").touch()
-        train.check_vocab_order()
+        train_data_checks.check_vocab_order()

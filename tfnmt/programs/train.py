@@ -35,6 +35,7 @@ from tfnmt.inference import bleu_tokenization  # noqa: E402
 from tfnmt.inference.length_penalty import ALPHA_GRID  # noqa: E402
 from tfnmt.model.presets import PRESETS  # noqa: E402
 from tfnmt.paths import DEFAULT_MODEL_DIR, REPORT  # noqa: E402
+from tfnmt.programs import train_data_checks as data_checks  # noqa: E402
 
 FLAGS = flags.FLAGS
 # Where and what.
@@ -315,7 +316,7 @@ def check_paths():
             raise app.UsageError(f"--train_weights={given}: each weight must be a positive "
                                  "number")
     if FLAGS.vocab:
-        check_vocab_given()
+        data_checks.check_vocab_given()
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir must name a directory")
     for flag in ("model_dir", "data_dir"):
@@ -327,165 +328,6 @@ def check_paths():
                 os.makedirs(path, exist_ok=True)
         except OSError as error:
             raise app.UsageError(f"--{flag}={path}: cannot create it ({error.strerror})")
-
-
-def check_vocab_given():
-    """One line (app.UsageError) for a --vocab that cannot be used, or flags it leaves unused."""
-    if len(FLAGS.vocab) > 2:
-        raise app.UsageError("--vocab: one SentencePiece model (shared by both sides) or two "
-                             f"(source,target), got {len(FLAGS.vocab)}")
-    if FLAGS.init_from:
-        raise app.UsageError("--vocab: a fine-tuned model keeps its source's vocabulary "
-                             "(--init_from): drop --vocab")
-    for name in ("vocab_size", "vocab_type"):
-        if FLAGS[name].present:
-            raise app.UsageError(f"--{name} is for a vocabulary learned on the training data, "
-                                 f"and --vocab gives one: drop --{name}")
-    if len(FLAGS.vocab) == 1 and FLAGS.separate_vocabularies:
-        raise app.UsageError("--separate_vocabularies needs two --vocab models "
-                             "(source.model,target.model)")
-    if len(FLAGS.vocab) == 2 and FLAGS.share_embeddings:
-        raise app.UsageError("--share_embeddings needs one shared vocabulary, and --vocab gives "
-                             "two: drop --share_embeddings")
-    from tfnmt.data.vocabulary import check_given_model
-
-    for path in FLAGS.vocab:
-        try:
-            check_given_model(path)
-        except ValueError as error:
-            raise app.UsageError(f"--vocab: {error}")
-    if len(FLAGS.vocab) == 2 and FLAGS.dataset == "files" and FLAGS.train_files:
-        check_vocab_order()
-
-
-def check_vocab_order(sample=1000):
-    """One line (app.UsageError) for two --vocab models that look given the other way round
-    (`vocabulary.swapped_side_models`), judged on the first training corpus' first `sample`
-    pairs, before a run starts learning with them (a run under way keeps its models)."""
-    source, target = FLAGS.vocab
-    evidence = swapped_sides_evidence(source, target, FLAGS.reverse, sample)
-    if evidence:
-        reverse = " (with --reverse the source is the second side of --train_files)" \
-            if FLAGS.reverse else ""
-        raise app.UsageError(f"--vocab={source},{target}: the models look given the other way "
-                             f"round: the source side's comes first{reverse}, and {evidence}: "
-                             f"give --vocab={target},{source}")
-
-
-def check_fine_tuning_direction(settings, sample=1000):
-    """One line (app.UsageError) for an --init_from model with separate vocabularies whose
-    training pairs look read the other way round (each side tokenized by the other side's
-    model, `vocabulary.swapped_side_models`), before a fine-tuning starts."""
-    from tfnmt.data import vocabulary
-
-    d = settings["data"]
-    if not (settings.get("init_from") and d.get("separate_vocabularies")
-            and FLAGS.dataset == "files"):
-        return
-    source, target = vocabulary.paths(settings["init_from"]["model_dir"], separate=True)
-    evidence = swapped_sides_evidence(source, target, d["reverse"], sample)
-    if evidence:
-        if not d["reverse"]:
-            give = ("give --reverse (or --train_files and --dev_files with their sides the other "
-                    "way round)")
-        else:
-            give = "drop --reverse" if FLAGS["reverse"].present else "give --noreverse"
-        raise app.UsageError(f"--init_from={FLAGS.init_from}: the training pairs look read the "
-                             f"other way round for its source and target vocabularies: "
-                             f"{evidence}: {give}")
-
-
-def check_held_out_order(settings, sample=1000):
-    """One line (app.UsageError) for --dev_files or --test_files whose pairs look given the
-    other way round from the training pairs (`side_order.swapped_sides`, on the first `sample`
-    pairs of each and of the first training corpus)."""
-    import itertools
-
-    from tfnmt.data.corpus import CorpusError, read_corpus, train_specs
-    from tfnmt.data.side_order import swapped_sides
-
-    d = settings["data"]
-    if d.get("dataset") != "files":
-        return
-    files = d.get("files") or {}
-
-    def first_pairs(split, spec):
-        return list(itertools.islice(read_corpus("files", split, spec, log_skipped=False,
-                                                 reverse=d.get("reverse", False)), sample))
-
-    try:
-        train = first_pairs("train", train_specs(files)[0])
-    except CorpusError:
-        return  # preparing the data names the bad line
-    for split in ("dev", "test"):
-        if not files.get(split):
-            continue
-        try:
-            evidence = swapped_sides(train, first_pairs(split, files[split]))
-        except CorpusError:
-            continue
-        if evidence:
-            spec = files[split]
-            give = f"give --{split}_files={','.join(reversed(spec.split(',')))}" \
-                if "," in spec else "swap the columns of its TSV"
-            raise app.UsageError(
-                f"--{split}_files={spec}: its pairs look given the other way round from the "
-                "training pairs: their sources read like the training targets and their "
-                "targets like the training sources (by how often each two adjacent "
-                f"characters occur in the first {sample:,d} pairs of each): {give}")
-
-
-def swapped_sides_evidence(source, target, reverse, sample):
-    """Where SentencePiece models `source` and `target` look given the other way round for the
-    first training corpus' first `sample` pairs (read with `reverse`), the piece counts that
-    show it, as words; else None (also before a run's first checkpoint: a run under way keeps
-    its models)."""
-    import itertools
-
-    from tfnmt.data.corpus import CorpusError, read_corpus
-    from tfnmt.data.vocabulary import swapped_side_models
-    from tfnmt.paths import CHECKPOINTS, checkpoint_prefixes
-
-    if FLAGS.model_dir and checkpoint_prefixes(os.path.join(FLAGS.model_dir, CHECKPOINTS)):
-        return None
-    try:
-        pairs = list(itertools.islice(read_corpus("files", "train", FLAGS.train_files[0],
-                                                  log_skipped=False, reverse=reverse),
-                                      sample))
-    except CorpusError:
-        return None  # preparing the data names the bad line
-    counts = swapped_side_models(source, target, pairs)
-    if not counts:
-        return None
-    (source_own, source_other), (target_own, target_other) = (counts["source"],
-                                                              counts["target"])
-    return (f"the first {len(pairs):,d} training sources take {source_own:,d} pieces with "
-            f"{source} but {source_other:,d} with {target}, the targets {target_own:,d} with "
-            f"{target} but {target_other:,d} with {source}")
-
-
-def check_subword_sampling(settings):
-    """One line (app.UsageError) for a --subword_alpha that cannot sample from the vocabulary
-    (`vocabulary.subword_sampling_error`), where --vocab or --vocab_type tell its type before
-    TensorFlow loads; the run checks the vocabulary it loads again."""
-    from tfnmt.data.vocabulary import model_type, subword_sampling_error
-
-    alpha, d = settings["train"].get("subword_alpha"), settings["data"]
-    if not alpha:
-        return
-    if FLAGS.vocab:
-        types = {}
-        for path in FLAGS.vocab:
-            with open(path, "rb") as f:
-                types[f"--vocab's {path}"] = model_type(f.read())
-    else:
-        flag = f"--vocab_type={d.get('vocab_type')}"
-        where = flag if FLAGS["vocab_type"].present else f"the run's vocabulary ({flag})"
-        types = {where: d["vocab_type"]} if d.get("vocab_type") else {}
-    for where, kind in types.items():
-        error = subword_sampling_error(kind, alpha)
-        if error:
-            raise app.UsageError(f"--subword_alpha={alpha:g}: {where}: {error}")
 
 
 def starting_settings():
@@ -611,9 +453,9 @@ def main(argv):
         raise app.UsageError(f"--early_stopping={t['early_stopping']} counts dev evaluations "
                              f"during the run, and --eval_every is 0{default}: give "
                              "--eval_every")
-    check_subword_sampling(settings)
-    check_fine_tuning_direction(settings)
-    check_held_out_order(settings)
+    data_checks.check_subword_sampling(settings)
+    data_checks.check_fine_tuning_direction(settings)
+    data_checks.check_held_out_order(settings)
     if FLAGS["subword_nbest"].present and not t.get("subword_alpha"):  # it would change nothing
         raise app.UsageError("--subword_nbest is for subword sampling, which --subword_alpha "
                              "turns on (it is 0 for this run): give --subword_alpha, or drop "

@@ -1,0 +1,159 @@
+"""train.py's checks of the data it is given, each refusing in one line (app.UsageError)
+before the run starts: --vocab models, their order and the training pairs' direction against
+them, subword sampling against the vocabulary's type, and dev and test files given the other
+way round. They read a sample of the text with plain Python, before TensorFlow loads."""
+import itertools
+import os
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+
+def first_pairs(split, spec, reverse, sample):
+    """The first `sample` pairs of a files corpus (`corpus.read_corpus`), or None where it does
+    not read: preparing the data names the bad line."""
+    from tfnmt.data.corpus import CorpusError, read_corpus
+
+    try:
+        return list(itertools.islice(read_corpus("files", split, spec, log_skipped=False,
+                                                 reverse=reverse), sample))
+    except CorpusError:
+        return None
+
+
+def check_vocab_given():
+    """One line (app.UsageError) for a --vocab that cannot be used, or flags it leaves unused."""
+    if len(FLAGS.vocab) > 2:
+        raise app.UsageError("--vocab: one SentencePiece model (shared by both sides) or two "
+                             f"(source,target), got {len(FLAGS.vocab)}")
+    if FLAGS.init_from:
+        raise app.UsageError("--vocab: a fine-tuned model keeps its source's vocabulary "
+                             "(--init_from): drop --vocab")
+    for name in ("vocab_size", "vocab_type"):
+        if FLAGS[name].present:
+            raise app.UsageError(f"--{name} is for a vocabulary learned on the training data, "
+                                 f"and --vocab gives one: drop --{name}")
+    if len(FLAGS.vocab) == 1 and FLAGS.separate_vocabularies:
+        raise app.UsageError("--separate_vocabularies needs two --vocab models "
+                             "(source.model,target.model)")
+    if len(FLAGS.vocab) == 2 and FLAGS.share_embeddings:
+        raise app.UsageError("--share_embeddings needs one shared vocabulary, and --vocab gives "
+                             "two: drop --share_embeddings")
+    from tfnmt.data.vocabulary import check_given_model
+
+    for path in FLAGS.vocab:
+        try:
+            check_given_model(path)
+        except ValueError as error:
+            raise app.UsageError(f"--vocab: {error}")
+    if len(FLAGS.vocab) == 2 and FLAGS.dataset == "files" and FLAGS.train_files:
+        check_vocab_order()
+
+
+def check_vocab_order(sample=1000):
+    """One line (app.UsageError) for two --vocab models that look given the other way round
+    (`vocabulary.swapped_side_models`), judged on the first training corpus' first `sample`
+    pairs, before a run starts learning with them (a run under way keeps its models)."""
+    source, target = FLAGS.vocab
+    evidence = swapped_models_evidence(source, target, FLAGS.reverse, sample)
+    if evidence:
+        reverse = " (with --reverse the source is the second side of --train_files)" \
+            if FLAGS.reverse else ""
+        raise app.UsageError(f"--vocab={source},{target}: the models look given the other way "
+                             f"round: the source side's comes first{reverse}, and {evidence}: "
+                             f"give --vocab={target},{source}")
+
+
+def check_fine_tuning_direction(settings, sample=1000):
+    """One line (app.UsageError) for an --init_from model with separate vocabularies whose
+    training pairs look read the other way round (each side tokenized by the other side's
+    model, `vocabulary.swapped_side_models`), before a fine-tuning starts."""
+    from tfnmt.data import vocabulary
+
+    d = settings["data"]
+    if not (settings.get("init_from") and d.get("separate_vocabularies")
+            and FLAGS.dataset == "files"):
+        return
+    source, target = vocabulary.paths(settings["init_from"]["model_dir"], separate=True)
+    evidence = swapped_models_evidence(source, target, d["reverse"], sample)
+    if evidence:
+        if not d["reverse"]:
+            give = ("give --reverse (or --train_files and --dev_files with their sides the other "
+                    "way round)")
+        else:
+            give = "drop --reverse" if FLAGS["reverse"].present else "give --noreverse"
+        raise app.UsageError(f"--init_from={FLAGS.init_from}: the training pairs look read the "
+                             f"other way round for its source and target vocabularies: "
+                             f"{evidence}: {give}")
+
+
+def check_held_out_order(settings, sample=1000):
+    """One line (app.UsageError) for --dev_files or --test_files whose pairs look given the
+    other way round from the training pairs (`side_order.swapped_sides`, on the first `sample`
+    pairs of each and of the first training corpus)."""
+    from tfnmt.data.corpus import train_specs
+    from tfnmt.data.side_order import swapped_sides
+
+    d = settings["data"]
+    if d.get("dataset") != "files":
+        return
+    files, reverse = d.get("files") or {}, d.get("reverse", False)
+    train = first_pairs("train", train_specs(files)[0], reverse, sample)
+    for split in ("dev", "test"):
+        pairs = first_pairs(split, files[split], reverse, sample) if files.get(split) else None
+        evidence = swapped_sides(train, pairs) if train and pairs else None
+        if evidence:
+            spec = files[split]
+            give = f"give --{split}_files={','.join(reversed(spec.split(',')))}" \
+                if "," in spec else "swap the columns of its TSV"
+            raise app.UsageError(
+                f"--{split}_files={spec}: its pairs look given the other way round from the "
+                "training pairs: their sources read like the training targets and their "
+                "targets like the training sources (by how often each two adjacent "
+                f"characters occur in the first {sample:,d} pairs of each): {give}")
+
+
+def swapped_models_evidence(source, target, reverse, sample):
+    """Where SentencePiece models `source` and `target` look given the other way round for the
+    first training corpus' first `sample` pairs (read with `reverse`), the piece counts that
+    show it, as words; else None (also before a run's first checkpoint: a run under way keeps
+    its models)."""
+    from tfnmt.data.vocabulary import swapped_side_models
+    from tfnmt.paths import CHECKPOINTS, checkpoint_prefixes
+
+    if FLAGS.model_dir and checkpoint_prefixes(os.path.join(FLAGS.model_dir, CHECKPOINTS)):
+        return None
+    pairs = first_pairs("train", FLAGS.train_files[0], reverse, sample)
+    counts = swapped_side_models(source, target, pairs) if pairs else None
+    if not counts:
+        return None
+    (source_own, source_other), (target_own, target_other) = (counts["source"],
+                                                              counts["target"])
+    return (f"the first {len(pairs):,d} training sources take {source_own:,d} pieces with "
+            f"{source} but {source_other:,d} with {target}, the targets {target_own:,d} with "
+            f"{target} but {target_other:,d} with {source}")
+
+
+def check_subword_sampling(settings):
+    """One line (app.UsageError) for a --subword_alpha that cannot sample from the vocabulary
+    (`vocabulary.subword_sampling_error`), where --vocab or --vocab_type tell its type before
+    TensorFlow loads; the run checks the vocabulary it loads again."""
+    from tfnmt.data.vocabulary import model_type, subword_sampling_error
+
+    alpha, d = settings["train"].get("subword_alpha"), settings["data"]
+    if not alpha:
+        return
+    if FLAGS.vocab:
+        types = {}
+        for path in FLAGS.vocab:
+            with open(path, "rb") as f:
+                types[f"--vocab's {path}"] = model_type(f.read())
+    else:
+        flag = f"--vocab_type={d.get('vocab_type')}"
+        where = flag if FLAGS["vocab_type"].present else f"the run's vocabulary ({flag})"
+        types = {where: d["vocab_type"]} if d.get("vocab_type") else {}
+    for where, kind in types.items():
+        error = subword_sampling_error(kind, alpha)
+        if error:
+            raise app.UsageError(f"--subword_alpha={alpha:g}: {where}: {error}")
