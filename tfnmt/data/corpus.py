@@ -13,6 +13,7 @@ import os
 import socket
 import zlib
 
+from tfnmt.data.alignment import AlignmentWatch
 from tfnmt.paths import EMBEDDED_DIR
 
 EMBEDDED = "embedded"
@@ -120,16 +121,33 @@ def read_aligned(source_path, target_path):
       (source, target) strings.
 
     Raises:
-      CorpusError: the files end at different lines, or a line is not UTF-8.
+      CorpusError: the files end at different lines, their lines look out of step
+        (`alignment.AlignmentWatch`), or a line is not UTF-8.
     """
     lines = itertools.zip_longest(_raw_lines(source_path), _raw_lines(target_path))
+    watch = AlignmentWatch()
     for number, (src, tgt) in enumerate(lines, 1):
         if src is None or tgt is None:
             shorter = source_path if src is None else target_path
             raise CorpusError(f"{shorter}: ends at line {number - 1}, but "
                               f"{target_path if src is None else source_path} goes on: "
                               "the files are not line-aligned")
-        yield _decode(src, source_path, number), _decode(tgt, target_path, number)
+        source, target = _decode(src, source_path, number), _decode(tgt, target_path, number)
+        if found := watch.add(number, source, target):
+            raise CorpusError(_out_of_step(source_path, target_path, found))
+        yield source, target
+    if found := watch.finish():
+        raise CorpusError(_out_of_step(source_path, target_path, found))
+
+
+def _out_of_step(source_path, target_path, found):
+    lines = abs(found["shift"])
+    where = f"{lines} line{'s' if lines > 1 else ''} {'before' if found['shift'] < 0 else 'after'}"
+    return (f"{source_path},{target_path}: the lines look out of step in lines "
+            f"{found['first']:,d}-{found['last']:,d}: the lengths of the source lines there "
+            f"follow those of the target lines {where} them (correlation {found['shifted']:.2f})"
+            f" rather than their own (correlation {found['given']:.2f}), so a line is missing "
+            f"from one file or extra in the other somewhere before line {found['last']:,d}")
 
 
 def read_files(paths):

@@ -1,0 +1,77 @@
+"""Two line-aligned files out of step (alignment.py, corpus.read_aligned), judged against
+Pearson correlations summed by hand in float64."""
+import math
+
+import pytest
+
+from tfnmt.data import alignment
+from tfnmt.data.corpus import CorpusError, read_aligned
+
+
+def pearson(xs, ys):
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    cov = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    return cov / math.sqrt(sum((x - mx) ** 2 for x in xs) * sum((y - my) ** 2 for y in ys))
+
+
+@pytest.fixture(scope="module")
+def sides(small_corpus):
+    with open(small_corpus["train"], encoding="utf-8") as f:
+        pairs = [line.rstrip("\n").split("\t")[:2] for line in f]
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+def test_a_window_out_of_step_is_found_with_its_shift(sides):
+    source, target = (side[:1000] for side in sides)
+    assert alignment.out_of_step([len(s) for s in source], [len(t) for t in target]) is None
+    # The target one line ahead (a line of it lost): source line i goes with target line i - 1.
+    ahead = target[1:] + ["The end."]
+    found = alignment.out_of_step([len(s) for s in source], [len(t) for t in ahead])
+    logs = [math.log1p(len(s)) for s in source], [math.log1p(len(t)) for t in ahead]
+    assert found == {"shift": -1, "given": pytest.approx(pearson(*logs), abs=1e-9),
+                     "shifted": pytest.approx(pearson(logs[0][1:], logs[1][:-1]), abs=1e-9)}
+    assert found["shifted"] > 0.8 > 0.3 > found["given"]
+
+
+def test_lengths_that_go_together_anyway_are_not_taken_for_out_of_step():
+    # One short template (lengths set by a number's digits), the same pairs sorted by length,
+    # and one length throughout: neighbours look alike, but not better than the pairs as given.
+    template = [(f"Zimmer {n} ist frei.", f"Room {n} is free.") for n in range(1000)]
+    by_length = sorted(template, key=lambda pair: len(pair[0]))
+    for pairs in (template, by_length, [("Ja.", "Yes.")] * 1000):
+        lengths = [len(s) for s, _ in pairs], [len(t) for _, t in pairs]
+        assert alignment.out_of_step(*lengths) is None
+
+
+@pytest.mark.parametrize("case, shift", [("target line lost", -1), ("source line added", -1),
+                                         ("target line added", 1)])
+def test_read_aligned_stops_where_the_files_go_out_of_step(sides, tmp_path, case, shift):
+    source, target = list(sides[0]), list(sides[1])
+    if case == "target line lost":
+        target = target[:1500] + target[1501:] + ["The end."]
+    elif case == "source line added":
+        source = source[:1500] + ["Ein Satz mehr."] + source[1500:-1]
+    else:
+        target = target[:1500] + ["One sentence more."] + target[1500:-1]
+    src, tgt = write_lines(tmp_path / "a.de", source), write_lines(tmp_path / "a.en", target)
+    read = []
+    with pytest.raises(CorpusError) as error:
+        for pair in read_aligned(src, tgt):
+            read.append(pair)
+    # Lines 1,001-2,000 hold the slip half way: the window after it is the first out of step.
+    assert len(read) == 2999
+    message = str(error.value)
+    assert message.startswith(f"{src},{tgt}: the lines look out of step in lines 2,001-3,000: "
+                              "the lengths of the source lines there follow those of the target "
+                              f"lines 1 line {'before' if shift < 0 else 'after'} them")
+    assert message.endswith("so a line is missing from one file or extra in the other "
+                            "somewhere before line 3,000")
+    # In step, the same files read through.
+    assert len(list(read_aligned(write_lines(tmp_path / "b.de", sides[0]),
+                                 write_lines(tmp_path / "b.en", sides[1])))) == 3000
