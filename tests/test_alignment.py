@@ -75,3 +75,24 @@ def test_read_aligned_stops_where_the_files_go_out_of_step(sides, tmp_path, case
     # In step, the same files read through.
     assert len(list(read_aligned(write_lines(tmp_path / "b.de", sides[0]),
                                  write_lines(tmp_path / "b.en", sides[1])))) == 3000
+
+
+def test_evaluate_py_refuses_hypotheses_out_of_step_with_their_references(sides, tmp_path):
+    # A translation file that lost a line (and so had one added at its end to keep the count):
+    # refused in one line before TensorFlow loads, instead of scoring every later line against
+    # its neighbour's reference.
+    from helpers import imported_modules, python
+
+    references = write_lines(tmp_path / "ref.en", sides[1])
+    hypotheses = write_lines(tmp_path / "hyp.en", sides[1][:1500] + sides[1][1501:] + ["End."])
+    result = python("evaluate.py", f"--hypotheses={hypotheses}", f"--reference={references}",
+                    timeout=60, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("evaluate.py: --hypotheses and --reference: the lines look out of "
+                           "step in lines 2,001-3,000: the lengths of the --hypotheses lines "
+                           "there follow those of the --reference lines 1 line after them")
+    assert "tensorflow" not in imported_modules(result.stderr)
+    scored = python("evaluate.py", f"--hypotheses={references}", f"--reference={references}",
+                    "--json", timeout=120)
+    assert scored.returncode == 0 and '"bleu": 100.0' in scored.stdout

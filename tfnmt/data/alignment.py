@@ -86,3 +86,25 @@ class AlignmentWatch:
         if found is None or math.isnan(found["given"]):
             return None
         return dict(found, first=first, last=last)
+
+
+def first_out_of_step(pairs):
+    """The first window of `pairs` ((first, second) strings, all of them) that looks out of
+    step (`AlignmentWatch`), or None."""
+    watch = AlignmentWatch()
+    for number, (first, second) in enumerate(pairs, 1):
+        if found := watch.add(number, first, second):
+            return found
+    return watch.finish()
+
+
+def describe(found, sides=("source", "target")):
+    """A window found out of step, in words; `sides` name the two files' lines."""
+    lines = abs(found["shift"])
+    where = f"{lines} line{'s' if lines > 1 else ''} {'before' if found['shift'] < 0 else 'after'}"
+    return (f"the lines look out of step in lines {found['first']:,d}-{found['last']:,d}: the "
+            f"lengths of the {sides[0]} lines there follow those of the {sides[1]} lines "
+            f"{where} them (correlation {found['shifted']:.2f}) rather than their own "
+            f"(correlation {found['given']:.2f}), so a line is missing from one file or extra "
+            f"in the other somewhere before line {found['last']:,d}")
+

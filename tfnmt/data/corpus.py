@@ -13,7 +13,7 @@ import os
 import socket
 import zlib
 
-from tfnmt.data.alignment import AlignmentWatch
+from tfnmt.data.alignment import AlignmentWatch, describe
 from tfnmt.paths import EMBEDDED_DIR
 
 EMBEDDED = "embedded"
@@ -141,13 +141,7 @@ def read_aligned(source_path, target_path):
 
 
 def _out_of_step(source_path, target_path, found):
-    lines = abs(found["shift"])
-    where = f"{lines} line{'s' if lines > 1 else ''} {'before' if found['shift'] < 0 else 'after'}"
-    return (f"{source_path},{target_path}: the lines look out of step in lines "
-            f"{found['first']:,d}-{found['last']:,d}: the lengths of the source lines there "
-            f"follow those of the target lines {where} them (correlation {found['shifted']:.2f})"
-            f" rather than their own (correlation {found['given']:.2f}), so a line is missing "
-            f"from one file or extra in the other somewhere before line {found['last']:,d}")
+    return f"{source_path},{target_path}: {describe(found)}"
 
 
 def read_files(paths):

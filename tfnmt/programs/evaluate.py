@@ -144,6 +144,11 @@ def _aligned(lines, references, flags_named):
                              "they must be line-aligned")
     if not references:
         raise app.UsageError(f"{flags_named} are empty: nothing to score")
+    from tfnmt.data.alignment import describe, first_out_of_step
+
+    if found := first_out_of_step(zip(lines, references)):
+        sides = tuple(flag.split("=")[0] for flag in flags_named.split(" and "))
+        raise app.UsageError(f"{flags_named}: {describe(found, sides)}")
 
 
 def _read_references(lines, flag):
