@@ -96,3 +96,19 @@ def test_evaluate_py_refuses_hypotheses_out_of_step_with_their_references(sides,
     scored = python("evaluate.py", f"--hypotheses={references}", f"--reference={references}",
                     "--json", timeout=120)
     assert scored.returncode == 0 and '"bleu": 100.0' in scored.stdout
+
+
+def test_translate_py_refuses_translations_to_score_out_of_step(sides, tmp_path):
+    from helpers import imported_modules, python
+
+    sources = write_lines(tmp_path / "in.de", sides[0])
+    targets = write_lines(tmp_path / "out.en", ["Start."] + sides[1][:-1])  # one line added
+    result = python("translate.py", f"--model_dir={tmp_path / 'run'}", f"--input={sources}",
+                    f"--score_targets={targets}", timeout=60,
+                    env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "translate.py: --input and --score_targets: the lines look out of step in lines 1-1,000: "
+        "the lengths of the --input lines there follow those of the --score_targets lines 1 line "
+        "after them")
+    assert "tensorflow" not in imported_modules(result.stderr)

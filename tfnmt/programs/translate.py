@@ -186,6 +186,8 @@ def main(argv):
                 (count := text_lines.count_lines(path)) != total:
             raise app.UsageError(f"--{flag} has {count} line{'s' if count != 1 else ''} for "
                                  f"{total} input line{'s' if total != 1 else ''}")
+    if "score_targets" in paired and total is not None and os.path.isfile(FLAGS.score_targets):
+        check_in_step(FLAGS.input, FLAGS.score_targets)
     cli.check_model_path(FLAGS.model_dir, FLAGS.export)
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
@@ -248,6 +250,19 @@ def main(argv):
                                 f"{of_total} input lines") from None
     finally:
         writer.close()
+
+
+def check_in_step(input_path, targets_path):
+    """One line (app.UsageError) where the translations to score go out of step with their
+    input lines (`alignment.first_out_of_step`): each would be scored against another's
+    source."""
+    from tfnmt.data.alignment import describe, first_out_of_step
+
+    pairs = zip(text_lines.iter_lines(input_path, errors="replace"),
+                text_lines.iter_lines(targets_path, errors="replace"))
+    if found := first_out_of_step(pairs):
+        raise app.UsageError(f"--input and --score_targets: "
+                             f"{describe(found, ('--input', '--score_targets'))}")
 
 
 def progress(lines_read, total, seconds):
