@@ -124,6 +124,7 @@ def resolve_settings(requested, explicit, model_dir):
         saved file does not record counts as changed), a new --train_minutes is given for a run
         that has checkpoints, or model_dir holds checkpoints without a settings file (nothing
         could tell whether they fit). Raised before any work.
+      DamagedFileError: the saved model settings name a setting no Transformer takes.
     """
     saved = read_settings(model_dir)
     if saved is None:
