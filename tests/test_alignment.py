@@ -64,14 +64,18 @@ def test_read_aligned_stops_where_the_files_go_out_of_step(sides, tmp_path, case
     with pytest.raises(CorpusError) as error:
         for pair in read_aligned(src, tgt):
             read.append(pair)
-    # Lines 1,001-2,000 hold the slip half way: the window after it is the first out of step.
+    # Lines 1,001-2,000 hold the slip half way: the window after it is the first out of step,
+    # and the slip is placed over both (at line 1,501).
     assert len(read) == 2999
     message = str(error.value)
-    assert message.startswith(f"{src},{tgt}: the lines look out of step in lines 2,001-3,000: "
-                              "the lengths of the source lines there follow those of the target "
-                              f"lines 1 line {'before' if shift < 0 else 'after'} them")
-    assert message.endswith("so a line is missing from one file or extra in the other "
-                            "somewhere before line 3,000")
+    at = int(message.split("at about line ")[1].split(":")[0].replace(",", ""))
+    assert abs(at - 1501) <= 10
+    assert message == (
+        f"{src},{tgt}: the lines go out of step at about line {at:,d}: a line is missing from "
+        "one file or extra in the other there (in lines 2,001-3,000, the lengths of the source "
+        f"lines follow those of the target lines 1 line {'before' if shift < 0 else 'after'} "
+        f"them, correlation {message.split('correlation ')[1].split(',')[0]}, rather than their "
+        f"own, {message.split('rather than their own, ')[1]}")
     # In step, the same files read through.
     assert len(list(read_aligned(write_lines(tmp_path / "b.de", sides[0]),
                                  write_lines(tmp_path / "b.en", sides[1])))) == 3000
@@ -89,9 +93,11 @@ def test_evaluate_py_refuses_hypotheses_out_of_step_with_their_references(sides,
                     timeout=60, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("evaluate.py: --hypotheses and --reference: the lines look out of "
-                           "step in lines 2,001-3,000: the lengths of the --hypotheses lines "
-                           "there follow those of the --reference lines 1 line after them")
+    assert last.startswith("evaluate.py: --hypotheses and --reference: the lines go out of "
+                           "step at about line 1,501: a line is missing from one file or extra "
+                           "in the other there (in lines 2,001-3,000, the lengths of the "
+                           "--hypotheses lines follow those of the --reference lines 1 line "
+                           "after them")
     assert "tensorflow" not in imported_modules(result.stderr)
     scored = python("evaluate.py", f"--hypotheses={references}", f"--reference={references}",
                     "--json", timeout=120)
@@ -108,7 +114,29 @@ def test_translate_py_refuses_translations_to_score_out_of_step(sides, tmp_path)
                     env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].startswith(
-        "translate.py: --input and --score_targets: the lines look out of step in lines 1-1,000: "
-        "the lengths of the --input lines there follow those of the --score_targets lines 1 line "
-        "after them")
+        "translate.py: --input and --score_targets: the lines go out of step at about line 1: a "
+        "line is missing from one file or extra in the other there (in lines 1-1,000, the "
+        "lengths of the --input lines follow those of the --score_targets lines 1 line after "
+        "them")
     assert "tensorflow" not in imported_modules(result.stderr)
+
+
+def test_the_slip_is_placed_where_the_least_squares_split_puts_it(sides):
+    # Against every split point tried by hand in float64, and near the slip itself.
+    source, target = sides[0][:600], sides[1][:234] + sides[1][235:601]  # target line lost
+    lengths = [len(s) for s in source], [len(t) for t in target]
+    z = []
+    for side in lengths:
+        logs = [math.log1p(n) for n in side]
+        mean = sum(logs) / len(logs)
+        deviation = math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
+        z.append([(x - mean) / deviation for x in logs])
+    lines = range(1, 600)  # shift -1: source line i against target line i - 1 from the split
+
+    def cost(split):
+        return (sum((z[0][i] - z[1][i]) ** 2 for i in lines if i < split)
+                + sum((z[0][i] - z[1][i - 1]) ** 2 for i in lines if i >= split))
+
+    best = min(range(1, 601), key=cost)
+    assert alignment.change_point(*lengths, -1) == best
+    assert abs(best - 234) <= 10
