@@ -107,9 +107,9 @@ class AlignmentWatch:
         # The slip lies in this window or in the second half of the one before (which was
         # judged in step): placed over both.
         sources, targets = previous[0] + self._previous[0], previous[1] + self._previous[1]
-        at = previous[2] + change_point(sources, targets, found["shift"]) if previous[0] \
-            else first + change_point(self._previous[0], self._previous[1], found["shift"])
-        return dict(found, first=first, last=last, at=at)
+        start = previous[2] if previous[0] else first
+        return dict(found, first=first, last=last,
+                    at=start + change_point(sources, targets, found["shift"]))
 
 
 def first_out_of_step(pairs):
