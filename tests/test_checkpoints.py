@@ -1,11 +1,15 @@
+import gc
 import json
 import logging
+import logging.handlers
 import os
+import re
 import shutil
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from sentencepiece import sentencepiece_model_pb2
 
 from tfnmt.checkpoints import (ModelDirError, candidate_checkpoints, checkpoint_prefixes,
                                load_model)
@@ -162,6 +166,69 @@ def test_models_load_from_the_newest_checkpoint_that_reads_back(tiny_model_dir, 
     os.remove(os.path.join(checkpoints, "ckpt-1.index"))
     with pytest.raises(ModelDirError, match="no checkpoint of .* reads back"):
         load_model(model_dir)
+
+
+def training_dir(path, tiny_model_dir, other_vocabulary=False, **changes):
+    """A model_dir as train.py leaves it, with one checkpoint of a freshly initialised model
+    (and a vocabulary of the same size, with other piece scores, where asked); returns its
+    weights."""
+    os.makedirs(path)
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(open(os.path.join(tiny_model_dir, "spm.model"), "rb").read())
+    if other_vocabulary:
+        for piece in proto.pieces[4:]:
+            piece.score = -piece.score
+    (path / "spm.model").write_bytes(proto.SerializeToString())
+    model_settings = dict(TINY, max_length=64, **changes)
+    (path / "settings.json").write_text(json.dumps({"model": model_settings}))
+    model = Transformer(**model_settings)
+    model.build()
+    optimizer = paper_adam(64, 10)
+    optimizer.build(model.trainable_variables)
+    CheckpointKeeper(str(path / "checkpoints"), model, optimizer).save(1)
+    return [v.numpy() for v in model.trainable_variables]
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(tiny_model_dir, tmp_path):
+    # --checkpoint=<another run's checkpoint>: with the same architecture and vocabulary (here
+    # only the dropout differs) its weights are used; with another vocabulary of the same size,
+    # or other layers, the weights would load and translate wrongly without a word; weights of
+    # other shapes say so in one line, not under TensorFlow's warning per unread value.
+    ours = training_dir(tmp_path / "ours", tiny_model_dir)
+    same = training_dir(tmp_path / "same", tiny_model_dir, dropout=0.3)
+    model, _, path = load_model(str(tmp_path / "ours"), str(tmp_path / "same" / "checkpoints"))
+    assert path == str(tmp_path / "same" / "checkpoints" / "ckpt-1")
+    for loaded, theirs, own in zip(model.trainable_variables, same, ours):
+        np.testing.assert_array_equal(loaded.numpy(), theirs)
+    assert not np.array_equal(same[0], ours[0])
+    training_dir(tmp_path / "vocab", tiny_model_dir, other_vocabulary=True)
+    training_dir(tmp_path / "layers", tiny_model_dir, position="learned")
+    for other, why in (("vocab", r"vocabulary is not .*ours's"),
+                       ("layers", r"model is not .*ours's \(position learned there, "
+                                  r"sinusoidal here\)")):
+        with pytest.raises(ModelDirError, match=f"is a checkpoint of .*{other}, whose {why}: "
+                           f"give --model_dir=.*{other} to use it"):
+            load_model(str(tmp_path / "ours"), str(tmp_path / other / "checkpoints" / "ckpt-1"))
+    training_dir(tmp_path / "wider", tiny_model_dir, d_model=32, d_ff=64)
+    shutil.copytree(tmp_path / "wider" / "checkpoints", tmp_path / "copied")  # no settings
+    tensorflow_warnings = logging.handlers.BufferingHandler(10000)
+    tf.get_logger().addHandler(tensorflow_warnings)
+    try:
+        with pytest.raises(ModelDirError) as error:
+            load_model(str(tmp_path / "ours"), str(tmp_path / "copied" / "ckpt-1"))
+        gc.collect()
+    finally:
+        tf.get_logger().removeHandler(tensorflow_warnings)
+    assert re.search(r"reads back \(ckpt-1: another model's weights: source_embedding/embeddings "
+                     r"is \(30, 32\) there, \(30, 64\) in the model .*ours/settings.json "
+                     r"describes\)$", str(error.value))
+    assert not [r for r in tensorflow_warnings.buffer if "unrestored" in r.getMessage()]
+    # A loose copy of a checkpoint that lacks a weight this model has (learned positions).
+    shutil.copytree(tmp_path / "ours" / "checkpoints", tmp_path / "sinusoidal")
+    with pytest.raises(ModelDirError, match=r"reads back \(ckpt-1: another model's weights: none "
+                       r"for positions/position_embeddings, which the model .*layers/"
+                       r"settings.json describes has\)$"):
+        load_model(str(tmp_path / "layers"), str(tmp_path / "sinusoidal" / "ckpt-1"))
 
 
 def test_auto_passes_over_an_average_older_than_the_run(tmp_path):

@@ -1,6 +1,7 @@
 """Loading a trained model from a model_dir: its settings, vocabulary and the newest checkpoint
 that reads back; finding, indexing and cleaning up a model_dir's checkpoint files; a lock that
 keeps a checkpoint directory to one writer."""
+import contextlib
 import fcntl
 import json
 import logging
@@ -223,6 +224,88 @@ def candidate_checkpoints(model_dir, which="auto"):
     return paths
 
 
+def _check_same_model(path, model_dir, model, protos):
+    """Refuses a checkpoint of another training directory whose settings.json shows another
+    vocabulary or architecture: same-shaped weights would load and translate with the wrong
+    subwords, or through other layers, without a word.
+
+    Raises:
+      ModelDirError: it is another model's.
+    """
+    parent = os.path.dirname(os.path.abspath(path))
+    owner = os.path.dirname(parent)
+    if os.path.basename(parent) not in (CHECKPOINTS, BEST, AVERAGED) or \
+            os.path.samefile(owner, model_dir):
+        return
+    try:
+        theirs = read_settings(owner)
+        their_config = Transformer(**theirs["model"]).get_config()
+        their_protos = vocabulary.read_protos(*vocabulary.paths(
+            owner, theirs.get("data", {}).get("separate_vocabularies", False)))
+    except (DamagedFileError, OSError, KeyError, TypeError, ValueError):
+        return  # not a training directory: nothing to compare with
+    if their_protos != protos:
+        difference = f"vocabulary is not {model_dir}'s"
+    else:
+        our_config = model.get_config()
+        ignored = {"name", "trainable", "dtype"}
+        if our_config["position"] == their_config["position"] == "sinusoidal":
+            ignored.add("max_length")  # a cap on input length, not weights
+        keys = sorted(k for k in set(our_config) | set(their_config)
+                      if k not in ignored and "dropout" not in k and
+                      our_config.get(k) != their_config.get(k))
+        if not keys:
+            return
+        difference = f"model is not {model_dir}'s (" + ", ".join(
+            f"{k} {their_config.get(k)} there, {our_config.get(k)} here" for k in keys) + ")"
+    raise ModelDirError(f"{path} is a checkpoint of {owner}, whose {difference}: give "
+                        f"--model_dir={owner} to use it")
+
+
+_SHAPE_MISMATCH = re.compile(r"Received incompatible tensor with shape (\(.*?\)) when attempting "
+                             r"to restore variable with shape (\(.*?\)) and name (\S+?)(:0)?\.?$")
+
+
+def _read_weights(model, path, model_dir):
+    """Restores `model`'s weights from the checkpoint `path`; returns None, or why they did not
+    read back in a few words (TensorFlow's first line, or for another model's weights the
+    variable and both shapes, or the variables it lacks)."""
+    try:
+        tf.train.Checkpoint(model=model).read(path).expect_partial() \
+            .assert_existing_objects_matched()
+        return None
+    except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as error:
+        message = str(error).strip()
+    line = message.splitlines()[0] if message else "unreadable"
+    mismatch = _SHAPE_MISMATCH.search(line)
+    if mismatch:
+        held, wanted, name = mismatch.group(1, 2, 3)
+        name = name.split("/", 1)[-1]  # without the model's own name (transformer_N/)
+        return (f"another model's weights: {name} is {held} there, {wanted} in the model "
+                f"{os.path.join(model_dir, SETTINGS)} describes")
+    unbound = re.findall(r"<Variable path=[^/\s]+/([^,\s]+),", message)
+    if unbound:  # variables of this model that the checkpoint does not hold
+        return (f"another model's weights: none for {', '.join(unbound[:3])}"
+                f"{' …' if len(unbound) > 3 else ''}, which the model "
+                f"{os.path.join(model_dir, SETTINGS)} describes has")
+    return line[:300]
+
+
+@contextlib.contextmanager
+def _failed_read_warnings_silenced():
+    """A read that fails part-way leaves TensorFlow's restore state with unread values, and
+    freeing it logs a warning per value (over a hundred lines for a small model) above the one
+    line that says what is wrong: the read and the end of its exception (which holds that
+    state) go in this block, with TensorFlow's warnings off."""
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def load_model(model_dir, which="auto"):
     """Loads a trained model from a model_dir.
 
@@ -260,11 +343,11 @@ def load_model(model_dir, which="auto"):
     model.build()
     failures = []
     for path in candidate_checkpoints(model_dir, which):
-        try:
-            tf.train.Checkpoint(model=model).read(path).expect_partial() \
-                .assert_existing_objects_matched()
-        except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as error:
-            failures.append(f"{os.path.basename(path)}: {str(error).splitlines()[0][:120]}")
+        _check_same_model(path, model_dir, model, protos)
+        with _failed_read_warnings_silenced():
+            failure = _read_weights(model, path, model_dir)
+        if failure:
+            failures.append(f"{os.path.basename(path)}: {failure}")
             continue
         if failures:
             logging.warning("using %s: newer checkpoints do not read back (%s)", path,
