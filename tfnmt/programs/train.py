@@ -23,6 +23,7 @@ vocabulary; the new data is tokenized with it), with a fresh optimizer unless --
 """
 import math
 import os
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -328,6 +329,14 @@ def check_paths():
                 os.makedirs(path, exist_ok=True)
         except OSError as error:
             raise app.UsageError(f"--{flag}={path}: cannot create it ({error.strerror})")
+    try:  # a run writes there from its first step (a resumed one: the lock of its checkpoints)
+        descriptor, probe = tempfile.mkstemp(dir=FLAGS.model_dir, prefix=".write-test-")
+        os.close(descriptor)
+        os.remove(probe)
+    except OSError as error:
+        raise app.UsageError(f"--model_dir={FLAGS.model_dir}: cannot write in it "
+                             f"({error.strerror}): train.py keeps its settings, checkpoints "
+                             "and summaries there")
 
 
 def starting_settings():
