@@ -238,15 +238,22 @@ def test_bad_paths_fail_in_one_line_before_any_work(fault, expected, small_corpu
     assert not os.path.exists(tmp_path / "run")
 
 
-def test_a_model_dir_it_cannot_write_in_fails_in_one_line(small_corpus, tmp_path):
-    # A directory no one can create files in (sysfs; for root too): a new run, and a resumed one
-    # on a read-only mount, ended in a traceback from the lock of its checkpoints.
-    flags = train_flags(small_corpus, None, "/sys")
-    result = python(*flags, timeout=60)
+def test_directories_it_cannot_write_in_fail_in_one_line(small_corpus, tmp_path):
+    # A directory no one can create files in (sysfs; for root too) as the model_dir, or as a
+    # data_dir that must be prepared (a prepared one is read where it cannot be written): a new
+    # run, and a resumed one on a read-only mount, ended in a traceback from the lock of its
+    # checkpoints, or from SentencePiece's trainer.
+    cannot = r"\((Permission denied|Read-only file system)\)"
+    result = python(*train_flags(small_corpus, None, "/sys"), timeout=60)
     assert result.returncode == 1
-    assert re.fullmatch(r"train\.py: --model_dir=/sys: cannot write in it \((Permission denied|"
-                        r"Read-only file system)\): train\.py keeps its settings, checkpoints and "
-                        r"summaries there", result.stderr.strip()), result.stderr[-2000:]
+    assert re.fullmatch(rf"train\.py: --model_dir=/sys: cannot write in it {cannot}: train\.py "
+                        r"keeps its settings, checkpoints and summaries there",
+                        result.stderr.strip()), result.stderr[-2000:]
+    result = python(*train_flags(small_corpus, "/sys", str(tmp_path / "run")), timeout=120)
+    assert result.returncode == 1
+    assert re.fullmatch(rf"train\.py: /sys: the data must be prepared there, and no file can be "
+                        rf"written in it {cannot}: give a --data_dir that can be written in",
+                        last_line(result)), result.stderr[-2000:]
 
 
 def test_export_to_a_file_or_over_an_existing_export_fails_in_one_line(tiny_model_dir, tmp_path):

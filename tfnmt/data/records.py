@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import tempfile
 
 import tensorflow as tf
 
@@ -206,6 +207,7 @@ def prepare(out_dir, dataset=corpus.EMBEDDED, files=None, tfds_data_dir=None, vo
         manifest = _up_to_date(out_dir, settings, claim, make_split, files)
         if manifest is not None:
             return manifest
+        _check_writable(out_dir)
         if not vocab_paths and model_vocab and all(os.path.exists(p) for p in model_vocab):
             logging.warning("%s: tokenizing with the model's vocabulary %s", out_dir,
                             " and ".join(sorted(set(model_vocab))))
@@ -326,6 +328,19 @@ def _prepared_files(manifest):
     if corpora:
         files["train"] = [entry["files"] for entry in corpora]
     return files
+
+
+def _check_writable(out_dir):
+    """Raises PreparedDataError where files cannot be created in `out_dir` (a read-only mount:
+    prepared data is read from one, but none can be prepared there)."""
+    try:
+        descriptor, probe = tempfile.mkstemp(dir=out_dir, prefix=".write-test-")
+        os.close(descriptor)
+        os.remove(probe)
+    except OSError as error:
+        raise PreparedDataError(f"{out_dir}: the data must be prepared there, and no file can "
+                                f"be written in it ({error.strerror}): give a --data_dir "
+                                "that can be written in") from None
 
 
 def prepared_for(manifest, settings, files):
