@@ -1,4 +1,6 @@
 """The entry points' command lines: what they refuse before any work."""
+import re
+
 import pytest
 
 
@@ -34,6 +36,16 @@ def test_translate_lines_refuses_a_batch_size_below_one():
             translate_lines(lambda batch: None, ["a"], batch_size)
 
 
+def test_cannot_write_in_creates_a_file_to_know(tmp_path):
+    from tfnmt.paths import cannot_write_in
+
+    assert cannot_write_in(str(tmp_path)) is None
+    assert cannot_write_in(str(tmp_path / "to" / "be" / "made")) is None  # judged by tmp_path
+    assert not list(tmp_path.iterdir())  # the probe is removed, nothing made
+    for path in ("/sys", "/sys/to/be/made"):  # no one creates files in sysfs, root neither
+        assert cannot_write_in(path) in ("Permission denied", "Read-only file system")
+
+
 def test_evaluate_py_refuses_an_output_it_could_not_write_before_translating(tmp_path):
     # --output is written after the translations (minutes for a test set): a path that cannot
     # be written is refused first, in one line.
@@ -51,6 +63,14 @@ def test_evaluate_py_refuses_an_output_it_could_not_write_before_translating(tmp
                         f"--output={output}", timeout=60)
         assert result.returncode == 1
         assert result.stderr.strip().splitlines()[-1] == f"evaluate.py: --output {output}: {reason}"
+    # A directory no file can be created in, root's too (sysfs), which os.access passed as root.
+    result = python("evaluate.py", f"--model_dir={tmp_path / 'no_model'}",
+                    f"--source={tmp_path / 'src.de'}", f"--reference={tmp_path / 'ref.en'}",
+                    "--output=/sys/out.en", timeout=60)
+    assert result.returncode == 1
+    assert re.fullmatch(r"evaluate\.py: --output /sys/out\.en: directory /sys is not writable "
+                        r"\((Permission denied|Read-only file system)\)",
+                        result.stderr.strip().splitlines()[-1]), result.stderr[-2000:]
     assert (tmp_path / "ref.en").read_text() == "This is a house.\n"
     result = python("evaluate.py", f"--hypotheses={tmp_path / 'src.de'}",
                     f"--reference={tmp_path / 'ref.en'}", f"--output={tmp_path / 'out.en'}",

@@ -257,7 +257,9 @@ def test_directories_it_cannot_write_in_fail_in_one_line(small_corpus, tmp_path)
 
 
 def test_export_to_a_file_or_over_an_existing_export_fails_in_one_line(tiny_model_dir, tmp_path):
-    # Refused before TensorFlow loads (and the model with it); nothing is written.
+    # Refused before TensorFlow loads (and the model with it); nothing is written. An export_dir
+    # that cannot be written in was found only after building the model (30 s for the main
+    # job's).
     (tmp_path / "file").write_text("not a directory")
     (tmp_path / "export" / "3").mkdir(parents=True)
     linked = tmp_path / "linked"  # the model, with a file where its exports would go
@@ -278,6 +280,14 @@ def test_export_to_a_file_or_over_an_existing_export_fails_in_one_line(tiny_mode
                         env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=120)
         assert result.returncode == 1
         assert last_line(result) == f"export.py: {message}"
+        assert "tensorflow" not in imported_modules(result.stderr)
+    for export_format in ("saved_model", "ctranslate2"):  # no file can be made in sysfs
+        result = python("export.py", f"--model_dir={tiny_model_dir}", "--export_dir=/sys/exp",
+                        f"--format={export_format}", env={"PYTHONPROFILEIMPORTTIME": "1"},
+                        timeout=120)
+        assert result.returncode == 1
+        assert re.fullmatch(r"export\.py: /sys/exp: cannot write in it \((Permission denied|"
+                            r"Read-only file system)\)", last_line(result)), last_line(result)
         assert "tensorflow" not in imported_modules(result.stderr)
     assert (tmp_path / "file").read_text() == (linked / "export").read_text() == "not a directory"
     assert [p.name for p in (tmp_path / "export").iterdir()] == ["3"]

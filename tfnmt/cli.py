@@ -65,8 +65,8 @@ def check_output_path(path, inputs=None):
         raise app.UsageError(f"--output {path}: is a directory, not a file")
     if not os.path.isdir(directory):
         raise app.UsageError(f"--output {path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK):
-        raise app.UsageError(f"--output {path}: directory {directory} is not writable")
+    if reason := paths.cannot_write_in(directory):
+        raise app.UsageError(f"--output {path}: directory {directory} is not writable ({reason})")
     pairs = inputs.items() if isinstance(inputs, dict) else (inputs or ())
     for flag, input_path in pairs:
         if input_path not in (None, "-") and os.path.exists(path) and \

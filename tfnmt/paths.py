@@ -1,10 +1,11 @@
 """Names of the files in a model_dir, and where the embedded corpus lives, in one place (every
 entry point and module reads them from here); reading a model_dir's settings.json and listing
-its checkpoints, finding an export's newest version (without TensorFlow, so that the entry points
-check their flags and paths before loading it)."""
+its checkpoints, finding an export's newest version, whether a directory can be written in
+(without TensorFlow, so that the entry points check their flags and paths before loading it)."""
 import json
 import os
 import re
+import tempfile
 
 # The embedded German-English corpus, shipped inside the package: {train,dev,test}.tsv.gz.
 EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "de-en")
@@ -20,6 +21,23 @@ EXPORT = "export"             # export.py's default export_dir: numbered SavedMo
 CTRANSLATE2 = "ctranslate2"  # export.py --format=ctranslate2 (+ "-<quantization>")
 REPORT = "report.json"        # the final evaluation of the main job's end-of-run report
 DECODING = "decoding.json"    # the length penalty chosen on dev at the end of training
+
+
+def cannot_write_in(directory):
+    """Why no file can be created in `directory` (e.g. "Read-only file system"), or None where
+    one can: found by creating one, since `os.access` answers yes to root on a read-only mount
+    or in /proc. A missing directory is judged by its nearest existing parent (where it would be
+    created)."""
+    directory = os.path.abspath(directory)
+    while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
+        directory = os.path.dirname(directory)
+    try:
+        descriptor, probe = tempfile.mkstemp(dir=directory, prefix=".write-test-")
+    except OSError as error:
+        return error.strerror or str(error)
+    os.close(descriptor)
+    os.remove(probe)
+    return None
 
 
 def checkpoint_prefixes(directory, name="ckpt"):

@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 
 import tensorflow as tf
 
@@ -28,6 +27,7 @@ from tfnmt.data.corpus import input_fingerprint, sha256_file
 from tfnmt.data.filters import HeldOutOverlap, PairFilter
 from tfnmt.data.tokenizer import normalization_for, train_sentencepiece
 from tfnmt.data.vocabulary import Vocabulary
+from tfnmt.paths import cannot_write_in
 
 MANIFEST = "manifest.json"
 # What `shard_file` names, and its `.tmp` while written: the files this module may remove.
@@ -333,14 +333,10 @@ def _prepared_files(manifest):
 def _check_writable(out_dir):
     """Raises PreparedDataError where files cannot be created in `out_dir` (a read-only mount:
     prepared data is read from one, but none can be prepared there)."""
-    try:
-        descriptor, probe = tempfile.mkstemp(dir=out_dir, prefix=".write-test-")
-        os.close(descriptor)
-        os.remove(probe)
-    except OSError as error:
+    if reason := cannot_write_in(out_dir):
         raise PreparedDataError(f"{out_dir}: the data must be prepared there, and no file can "
-                                f"be written in it ({error.strerror}): give a --data_dir "
-                                "that can be written in") from None
+                                f"be written in it ({reason}): give a --data_dir that can be "
+                                "written in")
 
 
 def prepared_for(manifest, settings, files):

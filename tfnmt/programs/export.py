@@ -26,7 +26,7 @@ from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli, cpu_kernels  # noqa: E402
 from tfnmt.inference.decoding_threads import PARALLEL_SEARCHES  # noqa: E402
-from tfnmt.paths import CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT  # noqa: E402
+from tfnmt.paths import CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT, cannot_write_in  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory (settings.json, "
@@ -90,8 +90,8 @@ def main(argv):
             if FLAGS[name].present:
                 raise app.UsageError(f"--{name} is for SavedModel exports; CTranslate2 takes its "
                                      "decoding options when it translates")
-    # Said before TensorFlow loads: a missing model, an export_dir that is a file, a version
-    # (or a CTranslate2 directory) that exists.
+    # Said before TensorFlow loads: a missing model, an export_dir that is a file or cannot be
+    # written in, a version (or a CTranslate2 directory) that exists.
     cli.check_model_path(FLAGS.model_dir, export=None)
     export_dir = FLAGS.export_dir or default_export_dir()
     if os.path.exists(export_dir) and not os.path.isdir(export_dir):
@@ -104,6 +104,9 @@ def main(argv):
     if FLAGS.format == "ctranslate2" and os.path.exists(export_dir):
         raise app.UsageError(f"{os.path.abspath(export_dir)} exists; give another --export_dir "
                              "or remove it")
+    if reason := cannot_write_in(export_dir):
+        raise app.UsageError(f"{export_dir}: cannot write in it ({reason})"
+                             + ("" if FLAGS.export_dir else ": give --export_dir"))
     import tensorflow as tf
 
     if FLAGS.format != "ctranslate2" and FLAGS.matmul_dtype == "bfloat16" and FLAGS.check \

@@ -23,7 +23,6 @@ vocabulary; the new data is tokenized with it), with a fresh optimizer unless --
 """
 import math
 import os
-import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -35,7 +34,7 @@ from tfnmt import cli  # noqa: E402
 from tfnmt.inference import bleu_tokenization  # noqa: E402
 from tfnmt.inference.length_penalty import ALPHA_GRID  # noqa: E402
 from tfnmt.model.presets import PRESETS  # noqa: E402
-from tfnmt.paths import DEFAULT_MODEL_DIR, REPORT  # noqa: E402
+from tfnmt.paths import DEFAULT_MODEL_DIR, REPORT, cannot_write_in  # noqa: E402
 from tfnmt.programs import train_data_checks as data_checks  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -329,14 +328,10 @@ def check_paths():
                 os.makedirs(path, exist_ok=True)
         except OSError as error:
             raise app.UsageError(f"--{flag}={path}: cannot create it ({error.strerror})")
-    try:  # a run writes there from its first step (a resumed one: the lock of its checkpoints)
-        descriptor, probe = tempfile.mkstemp(dir=FLAGS.model_dir, prefix=".write-test-")
-        os.close(descriptor)
-        os.remove(probe)
-    except OSError as error:
-        raise app.UsageError(f"--model_dir={FLAGS.model_dir}: cannot write in it "
-                             f"({error.strerror}): train.py keeps its settings, checkpoints "
-                             "and summaries there")
+    # A run writes there from its first step (a resumed one: the lock of its checkpoints).
+    if reason := cannot_write_in(FLAGS.model_dir):
+        raise app.UsageError(f"--model_dir={FLAGS.model_dir}: cannot write in it ({reason}): "
+                             "train.py keeps its settings, checkpoints and summaries there")
 
 
 def starting_settings():
