@@ -592,6 +592,11 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
         error = run("translate.py", f"--export={os.path.dirname(exported)}", flag,
                     returncode=1)
         assert message in error and len(error.strip().splitlines()) == 1, error
+    for flag, message in ((f"--plot_attention={exported}/saved_model.pb",
+                           "is a file, not a directory"),
+                          ("--plot_attention=/sys/plots", "cannot write in it")):  # sysfs
+        error = run("translate.py", f"--model_dir={tiny_model_dir}", flag, returncode=1)
+        assert message in error and len(error.strip().splitlines()) == 1, error
     # An output that fills the disk (/dev/full) fails in one line too, after translating.
     error = run("translate.py", f"--export={os.path.dirname(exported)}", "--output=/dev/full",
                 stdin="Guten Morgen!\n", returncode=1)

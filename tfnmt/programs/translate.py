@@ -31,6 +31,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli, text_lines  # noqa: E402
+from tfnmt.paths import cannot_write_in  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Training directory to translate with.")
@@ -169,6 +170,13 @@ def main(argv):
         raise app.UsageError("--score_targets scores the given translations, translating "
                              "nothing: drop --n_best and --sampling_topk")
     check_paths(FLAGS.input, FLAGS.output)
+    if FLAGS.plot_attention:  # written after the first window's translations
+        if os.path.exists(FLAGS.plot_attention) and not os.path.isdir(FLAGS.plot_attention):
+            raise app.UsageError(f"--plot_attention={FLAGS.plot_attention} is a file, not a "
+                                 "directory")
+        if reason := cannot_write_in(FLAGS.plot_attention):
+            raise app.UsageError(f"--plot_attention={FLAGS.plot_attention}: cannot write in it "
+                                 f"({reason})")
     for flag in ("score_targets", "target_prefix"):
         if FLAGS[flag].value and not os.path.exists(FLAGS[flag].value):
             raise app.UsageError(f"--{flag} {FLAGS[flag].value}: file not found")
