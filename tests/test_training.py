@@ -668,6 +668,7 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     ("--alpha=inf", "--alpha: give auto or a finite number >= 0"),
     ("--seed=-1", "--seed must be in [0, 2**32)"),  # Keras' seeding: a traceback, before
     ("--seed=4294967296", "--seed must be in [0, 2**32)"),
+    ("--vocab_size=3", "--vocab_size must be at least 5 (ids 0-3 are PAD, UNK, BOS and EOS)"),
     ("--subword_alpha=-0.1", "--subword_alpha must be >= 0"),
     ("--subword_nbest=0", "--subword_nbest must be positive or -1"),
     ("--subword_nbest=8", "--subword_nbest is for subword sampling, which --subword_alpha turns "

@@ -196,11 +196,13 @@ TRAIN_FLAGS = ("batch_tokens", "accum_steps", "train_steps", "train_minutes", "w
                "bleu_sentences", "eval_beam_size", "best_metric", "bleu_tokenize",
                "early_stopping", "checkpoint_every", "keep_checkpoints", "average_last")
 
-POSITIVE = ("vocab_size", "max_length", "batch_tokens", "accum_steps", "train_steps",
+POSITIVE = ("max_length", "batch_tokens", "accum_steps", "train_steps",
             "warmup_steps", "log_every", "checkpoint_every", "keep_checkpoints", "cpu_devices",
             "eval_beam_size")
 for _name in POSITIVE:
     flags.register_validator(_name, lambda v: v is None or v > 0, f"--{_name} must be positive")
+flags.register_validator("vocab_size", lambda v: v >= 5,  # SentencePiece: a traceback below
+                         "--vocab_size must be at least 5 (ids 0-3 are PAD, UNK, BOS and EOS)")
 for _name in ("eval_every", "bleu_sentences", "average_last", "early_stopping"):
     flags.register_validator(_name, lambda v: v is None or v >= 0, f"--{_name} must be >= 0")
 flags.register_validator("alpha", lambda v: _valid_alpha(v),  # defined below
