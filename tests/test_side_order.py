@@ -83,3 +83,54 @@ def test_train_py_refuses_dev_and_test_files_given_the_other_way_round(small_cor
         assert result.stderr.strip().splitlines()[-1] == f"train.py: {refusal}"
         assert "tensorflow" not in imported_modules(result.stderr)
         assert list(model_dir.iterdir()) == []
+
+
+def test_pairs_whose_sources_are_their_targets_are_refused(small_corpus, tmp_path):
+    # `--train_files=train.de,train.de` trained a model to copy, and a dev set whose sides are
+    # one file scored copying, without a word. Refused from 95% of the first 1,000 pairs on; a
+    # copied corpus beside a translated one passes.
+    from absl import app
+
+    from tfnmt.programs.train_data_checks import check_copied_sides
+
+    train = read_tsv(small_corpus["train"])
+    english = [t for _, t in train]
+    for copies, refused in ((950, True), (949, False)):  # of 1,000
+        pairs = [(t, t) for t in english[:copies]] + train[copies:1000]
+        assert sum(s == t for s, t in pairs) == copies  # none of the translated pairs is a copy
+        spec = write_tsv(tmp_path / f"train{copies}.tsv", pairs)
+        settings = {"data": {"dataset": "files", "files": {"train": spec}}}
+        if refused:
+            with pytest.raises(app.UsageError, match=rf"--train_files={spec}: the pairs' sources "
+                               r"are their targets \(950 of the first 1,000 pairs\)"):
+                check_copied_sides(settings)
+        else:
+            check_copied_sides(settings)
+    copied = write_tsv(tmp_path / "copied.tsv", [(t, t) for t in english])
+    translated = small_corpus["train"]
+    check_copied_sides({"data": {"dataset": "files", "files": {"train": [translated, copied]}}})
+    with pytest.raises(app.UsageError, match="of each corpus"):
+        check_copied_sides({"data": {"dataset": "files", "files": {"train": [copied, copied]}}})
+    # train.py, in one line before TensorFlow loads, with nothing written.
+    english_file = tmp_path / "train.en"
+    english_file.write_text("".join(t + "\n" for t in english), encoding="utf-8")
+    dev = read_tsv(small_corpus["dev"])
+    dev_copied = write_tsv(tmp_path / "dev-copied.tsv", [(t, t) for _, t in dev])
+    for flags, refusal in (
+            ([f"--train_files={english_file},{english_file}",
+              f"--dev_files={small_corpus['dev']}"],
+             f"--train_files={english_file},{english_file}: the pairs' sources are their targets "
+             f"(1,000 of the first 1,000 pairs): a model trained on them learns to copy: give "
+             "the source and the target files (a copied corpus helps only beside translated "
+             "ones)"),
+            ([f"--train_files={translated}", f"--dev_files={dev_copied}"],
+             f"--dev_files={dev_copied}: the pairs' sources are their targets ({len(dev):,d} of "
+             f"the first {len(dev):,d} pairs): its scores would measure copying: give its source "
+             "and target files")):
+        model_dir = tmp_path / "run"
+        result = python("train.py", f"--model_dir={model_dir}", *flags, timeout=60,
+                        env={"PYTHONPROFILEIMPORTTIME": "1"})
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines()[-1] == f"train.py: {refusal}"
+        assert "tensorflow" not in imported_modules(result.stderr)
+        assert list(model_dir.iterdir()) == []

@@ -462,6 +462,7 @@ def main(argv):
     data_checks.check_subword_sampling(settings)
     data_checks.check_fine_tuning_direction(settings)
     data_checks.check_held_out_order(settings)
+    data_checks.check_copied_sides(settings)
     if FLAGS["subword_nbest"].present and not t.get("subword_alpha"):  # it would change nothing
         raise app.UsageError("--subword_nbest is for subword sampling, which --subword_alpha "
                              "turns on (it is 0 for this run): give --subword_alpha, or drop "

@@ -1,7 +1,8 @@
 """train.py's checks of the data it is given, each refusing in one line (app.UsageError)
 before the run starts: --vocab models, their order and the training pairs' direction against
-them, subword sampling against the vocabulary's type, and dev and test files given the other
-way round. They read a sample of the text with plain Python, before TensorFlow loads."""
+them, subword sampling against the vocabulary's type, dev and test files given the other way
+round, and pairs whose sources are their targets. They read a sample of the text with plain
+Python, before TensorFlow loads."""
 import itertools
 import os
 
@@ -112,6 +113,41 @@ def check_held_out_order(settings, sample=1000):
                 "training pairs: their sources read like the training targets and their "
                 "targets like the training sources (by how often each two adjacent "
                 f"characters occur in the first {sample:,d} pairs of each): {give}")
+
+
+def check_copied_sides(settings, sample=1000, share=0.95):
+    """One line (app.UsageError) where the pairs' sources are their targets (in `share` of the
+    first `sample` pairs or more): in every training corpus (the same file given for both
+    sides, say), which trains a model to copy; or in the dev or test files, whose scores would
+    measure copying. A copied corpus beside a translated one (a known help with monolingual
+    target text) passes."""
+    from tfnmt.data.corpus import train_specs
+
+    d = settings["data"]
+    if d.get("dataset") != "files":
+        return
+    files, reverse = d.get("files") or {}, d.get("reverse", False)
+
+    def copied(split, spec):  # (pairs that are copies, pairs read), or None
+        pairs = first_pairs(split, spec, reverse, sample)
+        same = sum(source == target for source, target in pairs or ())
+        return (same, len(pairs)) if pairs and same >= share * len(pairs) else None
+
+    train = [copied("train", spec) for spec in train_specs(files)]
+    if train and all(train):
+        each = " of each corpus" if len(train) > 1 else ""
+        raise app.UsageError(
+            f"{' '.join(f'--train_files={spec}' for spec in train_specs(files))}: the pairs' "
+            f"sources are their targets ({train[0][0]:,d} of the first {train[0][1]:,d} "
+            f"pairs{each}): a model trained on them learns to copy: give the source and the "
+            "target files (a copied corpus helps only beside translated ones)")
+    for split in ("dev", "test"):
+        found = copied(split, files[split]) if files.get(split) else None
+        if found:
+            raise app.UsageError(
+                f"--{split}_files={files[split]}: the pairs' sources are their targets "
+                f"({found[0]:,d} of the first {found[1]:,d} pairs): its scores would measure "
+                "copying: give its source and target files")
 
 
 def swapped_models_evidence(source, target, reverse, sample):
