@@ -1019,3 +1019,26 @@ def test_bf16_export_under_an_isa_cap_is_refused_only_where_it_would_abort(tiny_
     else:
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.stdout.strip().endswith("(weight matmuls: bfloat16)")
+
+
+def test_another_tools_saved_model_is_named_as_such(tmp_path):
+    # translate.py/evaluate.py --export= a SavedModel export.py did not write (another
+    # toolkit's, a Keras model's) ended in a traceback from the signature's arguments.
+    from tfnmt.inference import loading
+    from tfnmt.paths import DamagedFileError
+
+    class Doubler(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def double(self, x):
+            return {"y": 2 * x}
+
+    module = Doubler()
+    tf.saved_model.save(module, str(tmp_path / "signed" / "1"),
+                        signatures={"serving_default": module.double})
+    tf.saved_model.save(module, str(tmp_path / "unsigned" / "1"), signatures={})
+    for name, found in (("signed", "has a serving_default signature of x \\(float32\\) to y"),
+                        ("unsigned", "has no serving_default signature")):
+        with pytest.raises(DamagedFileError, match=f"{name}/1 is not a translation export of "
+                           f"export.py: it {found}, where export.py's takes sentences \\(string\\)"
+                           " to translations and scores"):
+            loading.load_signatures(export=str(tmp_path / name))

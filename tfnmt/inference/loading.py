@@ -89,6 +89,7 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
             # A cut or missing file: TensorFlow's message, without its advice on devices.
             raise DamagedFileError(f"{version} does not load as a SavedModel: "
                                    f"{str(error).strip().splitlines()[0]}") from None
+        _check_translation_export(version, loaded)
         run = {name: _from_strings(loaded.signatures[name]) for name in loaded.signatures}
         if hasattr(loaded, "source_lengths"):  # exports made before it lack it
             run["source_lengths"] = _from_strings(loaded.source_lengths, loaded)
@@ -133,6 +134,27 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
         if name in run:  # exports made before these existed lack them
             functions[name] = function
     return functions
+
+
+def _check_translation_export(version, loaded):
+    """Raises DamagedFileError for a SavedModel whose serving_default signature is not
+    export.py's (`sentences` string [B] in, `translations` and `scores` out): another tool's
+    export ended in a traceback from the signature's arguments."""
+    signature = loaded.signatures.get("serving_default")
+    if signature is None:
+        found = "has no serving_default signature"
+    else:
+        inputs, outputs = signature.structured_input_signature[1], signature.structured_outputs
+        spec = inputs.get("sentences")
+        if spec is not None and spec.dtype == tf.string and \
+                {"translations", "scores"} <= set(outputs):
+            return
+        found = "has a serving_default signature of " + ", ".join(
+            f"{name} ({value.dtype.name})" for name, value in sorted(inputs.items())) + \
+            " to " + ", ".join(sorted(outputs))
+    raise DamagedFileError(f"{version} is not a translation export of export.py: it {found}, "
+                           "where export.py's takes sentences (string) to translations and "
+                           "scores")
 
 
 def long_sources(signatures, sentences, first_line=1, most_named=10, unit="line",
