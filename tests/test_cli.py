@@ -259,3 +259,29 @@ def test_help_lists_every_flag_of_the_program_with_its_default(program):
                      ",".join(default) if isinstance(default, list) else default)
             assert f"(default: '{shown}')" in listed[name], listed[name]
     assert "tensorflow" not in imported_modules(result.stderr)  # no TensorFlow start for it
+
+
+def test_a_leading_tilde_in_a_path_flag_is_the_home_directory(tmp_path, monkeypatch):
+    # The shell leaves "~" as it is after "--model_dir=": train.py made a directory named "~"
+    # in the working directory.
+    from helpers import python
+    from tfnmt.cli import expand_home
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    home = str(tmp_path / "home")
+    assert expand_home("~/a.de,~/a.en") == f"{home}/a.de,{home}/a.en"
+    assert expand_home(["~", "runs/~x", "best"]) == [home, "runs/~x", "best"]
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "file").write_text("not a directory")
+    (tmp_path / "home" / "empty.tsv").write_text("")
+    (tmp_path / "work").mkdir()
+    for flags, message in ((["--model_dir=~/file"], f"--model_dir={home}/file is a file, not a "
+                                                    "directory"),
+                           (["--model_dir=~/run", "--train_files=~/empty.tsv",
+                             "--dev_files=~/empty.tsv"], f"--train_files: {home}/empty.tsv is "
+                                                         "empty")):
+        result = python("train.py", *flags, env={"HOME": home}, cwd=str(tmp_path / "work"),
+                        timeout=60)
+        assert result.returncode == 1
+        assert result.stderr.strip().splitlines()[-1] == f"train.py: {message}"
+    assert not list((tmp_path / "work").iterdir())

@@ -86,12 +86,35 @@ def _list_program_flags_in_help():
                 flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
 
 
+# Flags that name files or directories (or "source,target" pairs of files). The shell turns a
+# leading ~ into the home directory, but not after "--flag=", where it would stay "~" and make
+# a directory of that name in the working directory: done here.
+PATH_FLAGS = ("model_dir", "data_dir", "tfds_data_dir", "init_from", "vocab", "train_files",
+              "dev_files", "test_files", "export", "export_dir", "checkpoint", "input", "output",
+              "score_targets", "target_prefix", "plot_attention", "source", "reference",
+              "hypotheses")
+
+
+def expand_home(value):
+    """`value` (a path, "a,b" paths, or a list of them) with each leading ~ or ~user made the
+    home directory (os.path.expanduser)."""
+    if isinstance(value, str):
+        return ",".join(os.path.expanduser(part) for part in value.split(","))
+    if isinstance(value, list):
+        return [expand_home(item) for item in value]
+    return value
+
+
 def _parse_flags(argv):
     try:
-        return flags.FLAGS(argv)
+        argv = flags.FLAGS(argv)
     except flags.Error as error:
         print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
         sys.exit(1)
+    for name in PATH_FLAGS:
+        if name in flags.FLAGS and flags.FLAGS[name].value is not None:
+            flags.FLAGS[name].value = expand_home(flags.FLAGS[name].value)
+    return argv
 
 
 def keep_interrupts():
