@@ -151,6 +151,13 @@ def test_changed_settings_are_refused_and_leave_the_model_dir_usable(corpus, cop
         "0.0), norm_first=True (saved: False). Use a new --model_dir, or drop these flags to "
         "continue the saved run.")
     assert "tensorflow" not in imported_modules(result.stderr)  # refused before it loads
+    # One file flag given on its own is compared with the saved files (it was taken for a new
+    # run's and refused as "--dataset=files needs --train_files").
+    result = python("train.py", f"--model_dir={copied}", f"--test_files={corpus['dev']}")
+    assert result.returncode == 1
+    assert last_line(result).startswith(f"train.py: {copied} holds a run with other settings: "
+                                        "files={"), last_line(result)
+    assert f"'test': '{corpus['dev']}'" in last_line(result)
     assert open(os.path.join(copied, "settings.json"), "rb").read() == settings
     assert load_model(copied)[2].endswith("ckpt-6")
 

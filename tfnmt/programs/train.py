@@ -400,10 +400,14 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     use_files_given()
-    if FLAGS.dataset == "files" and not FLAGS.train_files:
+    # A resumed run has its files in settings.json (a file flag given is compared with them).
+    from tfnmt.paths import read_settings
+
+    new_run = not FLAGS.model_dir or read_settings(FLAGS.model_dir) is None
+    if FLAGS.dataset == "files" and not FLAGS.train_files and new_run:
         raise app.UsageError("--dataset=files (your own corpus) needs --train_files (and "
                              "--dev_files for BLEU)")
-    if FLAGS.dataset == "files" and not FLAGS.dev_files:
+    if FLAGS.dataset == "files" and not FLAGS.dev_files and new_run:
         raise app.UsageError("--dataset=files needs --dev_files: evaluation reports dev BLEU")
     if FLAGS.dataset == "files" and FLAGS["tfds_data_dir"].present:
         raise app.UsageError("--tfds_data_dir is where TFDS datasets are, and --dataset=files "
