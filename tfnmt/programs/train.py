@@ -34,7 +34,7 @@ from tfnmt import cli  # noqa: E402
 from tfnmt.inference import bleu_tokenization  # noqa: E402
 from tfnmt.inference.length_penalty import ALPHA_GRID  # noqa: E402
 from tfnmt.model.presets import PRESETS  # noqa: E402
-from tfnmt.paths import DEFAULT_MODEL_DIR, REPORT, cannot_write_in  # noqa: E402
+from tfnmt.paths import DEFAULT_MODEL_DIR, REPORT, SETTINGS, cannot_write_in  # noqa: E402
 from tfnmt.programs import train_data_checks as data_checks  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -401,9 +401,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     use_files_given()
     # A resumed run has its files in settings.json (a file flag given is compared with them).
-    from tfnmt.paths import read_settings
-
-    new_run = not FLAGS.model_dir or read_settings(FLAGS.model_dir) is None
+    new_run = not (FLAGS.model_dir and os.path.isfile(os.path.join(FLAGS.model_dir, SETTINGS)))
     if FLAGS.dataset == "files" and not FLAGS.train_files and new_run:
         raise app.UsageError("--dataset=files (your own corpus) needs --train_files (and "
                              "--dev_files for BLEU)")
