@@ -231,6 +231,25 @@ def test_a_checkpoint_of_another_model_is_refused_in_one_line(tiny_model_dir, tm
         load_model(str(tmp_path / "layers"), str(tmp_path / "sinusoidal" / "ckpt-1"))
 
 
+def test_a_vocabulary_replaced_since_training_is_refused(tiny_model_dir, tmp_path):
+    # settings.json records the vocabulary's fingerprint: another SentencePiece model of the same
+    # size copied over spm.model loaded, and translated and exported wrongly, without a word.
+    from tfnmt.data.tokenizer import fingerprint
+    from tfnmt.paths import DamagedFileError
+
+    training_dir(tmp_path / "run", tiny_model_dir)
+    training_dir(tmp_path / "other", tiny_model_dir, other_vocabulary=True)
+    settings = json.loads((tmp_path / "run" / "settings.json").read_text())
+    settings["vocab_fingerprint"] = fingerprint((tmp_path / "run" / "spm.model").read_bytes())
+    (tmp_path / "run" / "settings.json").write_text(json.dumps(settings))
+    assert load_model(str(tmp_path / "run"))[2].endswith("ckpt-1")
+    shutil.copy(tmp_path / "other" / "spm.model", tmp_path / "run" / "spm.model")
+    with pytest.raises(DamagedFileError, match=r".*run/spm.model: not the vocabulary the model "
+                       r"was trained with \(its fingerprint is not the one settings.json "
+                       r"records\)"):
+        load_model(str(tmp_path / "run"))
+
+
 def test_auto_passes_over_an_average_older_than_the_run(tmp_path):
     # A run averaged at update 20, then resumed to 40 with --average_last=0: the average is
     # not the model any more. `auto` (export.py, translate.py, evaluate.py, the end-of-run

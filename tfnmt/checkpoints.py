@@ -323,7 +323,8 @@ def load_model(model_dir, which="auto"):
 
     Raises:
       ModelDirError: no settings, vocabulary or readable checkpoint.
-      DamagedFileError: settings.json that does not describe a model.
+      DamagedFileError: settings.json that does not describe a model, or a vocabulary file
+        that is not the one settings.json records.
     """
     settings = read_settings(model_dir)
     if settings is None:
@@ -333,6 +334,16 @@ def load_model(model_dir, which="auto"):
             model_dir, (settings.get("data") or {}).get("separate_vocabularies", False)))
     except OSError as error:
         raise ModelDirError(f"{model_dir} has no vocabulary ({error})") from None
+    # A vocabulary file replaced since (the same size of another model's) would load and
+    # tokenize wrongly.
+    trained_with = settings.get("vocab_fingerprint")
+    if trained_with and protos.fingerprint != trained_with:
+        names = sorted(set(vocabulary.file_names(
+            (settings.get("data") or {}).get("separate_vocabularies", False)).values()))
+        raise DamagedFileError(f"{' and '.join(os.path.join(model_dir, n) for n in names)}: "
+                               "not the vocabulary the model was trained with (its fingerprint "
+                               f"is not the one {SETTINGS} records): restore it from the run's "
+                               "prepared data (its data_dir), or use another --model_dir")
     try:
         model = Transformer(**settings["model"], dtype="float32")
     except (KeyError, TypeError, ValueError) as error:  # edited by hand, or cut short
