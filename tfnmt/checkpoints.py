@@ -244,7 +244,7 @@ def _check_same_model(path, model_dir, model, protos):
             owner, theirs.get("data", {}).get("separate_vocabularies", False)))
     except (DamagedFileError, OSError, KeyError, TypeError, ValueError):
         return  # not a training directory: nothing to compare with
-    if their_protos != protos:
+    if their_protos.fingerprint != protos.fingerprint:  # what tokenizes, not where it was made
         difference = f"vocabulary is not {model_dir}'s"
     else:
         our_config = model.get_config()
