@@ -154,6 +154,12 @@ def test_empty_sides_are_skipped_and_counted(tmp_path, caplog):
     pairs = list(corpus.read_corpus("files", "train", str(path)))
     assert pairs == [("gut", "good"), ("ja", "yes")]
     assert "skipped 2 pairs" in caplog.text
+    # A run reads its dev split at each evaluation: the count is logged once per process.
+    caplog.clear()
+    assert list(corpus.read_corpus("files", "train", str(path))) == pairs
+    assert list(corpus.read_corpus("files", "dev", str(path))) == pairs
+    assert list(corpus.read_corpus("files", "dev", str(path))) == pairs
+    assert caplog.text.count("skipped") == 1 and "files/dev: skipped 2 pairs" in caplog.text
 
 
 def test_reverse_makes_the_second_side_the_source(tmp_path):

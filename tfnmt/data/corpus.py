@@ -20,6 +20,10 @@ EMBEDDED = "embedded"
 EMBEDDED_TFDS_NAME = "tfnmt_de_en"
 SPLITS = ("train", "dev", "test")
 
+# (dataset, split, files, reverse) whose skipped pairs this process has logged: a run reads its
+# dev split at each evaluation and for the length penalty, and one line says it.
+_logged_skips = set()
+
 
 def sha256_file(path):
     """The sha256 of a file's bytes (hex)."""
@@ -311,7 +315,8 @@ def read_corpus(dataset, split, files=None, tfds_data_dir=None, log_skipped=True
       files: with dataset "files": a TSV path, "source_path,target_path", or a list of
         these (several corpora, read one after the other).
       tfds_data_dir: where TFDS datasets are prepared.
-      log_skipped: log the count of skipped pairs (off for a second pass over the same text).
+      log_skipped: log the count of skipped pairs, once per process and split (off for a
+        second pass over the same text).
       reverse: translate the other way: each pair's second side is the source.
 
     Yields:
@@ -338,7 +343,9 @@ def read_corpus(dataset, split, files=None, tfds_data_dir=None, log_skipped=True
             skipped += 1
             continue
         yield (target, source) if reverse else (source, target)
-    if skipped and log_skipped:
+    key = (dataset, split, repr(files), reverse)
+    if skipped and log_skipped and key not in _logged_skips:
+        _logged_skips.add(key)
         logging.warning("%s/%s: skipped %d pair%s with an empty side", dataset, split, skipped,
                         "" if skipped == 1 else "s")
 
