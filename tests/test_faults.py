@@ -158,6 +158,20 @@ def test_changed_settings_are_refused_and_leave_the_model_dir_usable(corpus, cop
     assert last_line(result).startswith(f"train.py: {copied} holds a run with other settings: "
                                         "files={"), last_line(result)
     assert f"'test': '{corpus['dev']}'" in last_line(result)
+    assert last_line(result).endswith(
+        "to continue the saved run. To score the trained model on a test set: python "
+        f"evaluate.py --model_dir={copied} with its sources as --source and references as "
+        "--reference")
+    sides = [os.path.join(os.path.dirname(copied), name) for name in ("t.de", "t.en")]
+    for side in sides:
+        with open(side, "w", encoding="utf-8") as f:
+            f.write("Ein Haus.\n" if side.endswith("de") else "A house.\n")
+    result = python("train.py", f"--model_dir={copied}", f"--test_files={','.join(sides)}")
+    assert last_line(result).endswith(f"python evaluate.py --model_dir={copied} "
+                                      f"--source={sides[0]} --reference={sides[1]}")
+    result = python("train.py", f"--model_dir={copied}", f"--test_files={','.join(sides)}",
+                    f"--dev_files={','.join(sides)}")  # more than the test files: no hint
+    assert last_line(result).endswith("drop these flags to continue the saved run.")
     assert open(os.path.join(copied, "settings.json"), "rb").read() == settings
     assert load_model(copied)[2].endswith("ckpt-6")
 

@@ -172,8 +172,25 @@ def resolve_settings(requested, explicit, model_dir):
     if conflicts:
         raise SettingsError(f"{model_dir} holds a run with other settings: "
                             f"{', '.join(conflicts)}. Use a new --model_dir, or drop these flags "
-                            "to continue the saved run.")
+                            "to continue the saved run."
+                            + _test_set_hint(model_dir, resolved["data"], saved.get("data")))
     return resolved
+
+
+def _test_set_hint(model_dir, ours, theirs):
+    """How to score the run on a test set, where its test files are the only change asked for."""
+    ours, theirs = ours.get("files") or {}, (theirs or {}).get("files") or {}
+    test = ours.get("test")
+    if not test or ours.get("test") == theirs.get("test") or \
+            {k: v for k, v in ours.items() if k != "test"} != \
+            {k: v for k, v in theirs.items() if k != "test"}:
+        return ""
+    sides = test.split(",") if isinstance(test, str) and "," in test else None
+    if sides and len(sides) == 2:
+        return (" To score the trained model on a test set: python evaluate.py "
+                f"--model_dir={model_dir} --source={sides[0]} --reference={sides[1]}")
+    return (" To score the trained model on a test set: python evaluate.py "
+            f"--model_dir={model_dir} with its sources as --source and references as --reference")
 
 
 def write_json(path, value):
