@@ -596,6 +596,10 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
         overrides, train_steps=2, strategy=None, cpu_devices=None)), "--plain_ops")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "1 replica(s)" in resumed.stdout
+    # The global batch halves (--batch_tokens 512 is per replica; 2 micro-batches an update),
+    # and the log says so.
+    assert ("the run trained with 2 replica(s) and goes on with 1: an update now takes up to "
+            "1,024 tokens (it took 2,048; --batch_tokens is per replica)") in resumed.stdout
     assert "ckpt-1 at step 1" in resumed.stdout and "step      2/2 | loss" in resumed.stdout
     assert "stock ops (--plain_ops)" in resumed.stdout
     # The resumed run cannot raise its model's max_length, so the pairs left out say how to

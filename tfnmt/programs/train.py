@@ -10,7 +10,8 @@ saves the number of updates it planned). A resumed run may change only --train_s
 --train_minutes, --log_every, --eval_every, --bleu_sentences, --eval_beam_size, --best_metric,
 --bleu_tokenize, --early_stopping, --clip_norm, --checkpoint_every, --keep_checkpoints,
 --average_last, --jit_compile, --mixed_precision (not to or from fp16), --data_dir and
---tfds_data_dir; any other change is refused in one line.
+--tfds_data_dir; any other change is refused in one line. It may run on another number of
+replicas (--batch_tokens is per replica: the log names the global batch's change).
 
 Fine-tuning: --init_from starts a new --model_dir from a trained model (its model and
 vocabulary; the new data is tokenized with it), with a fresh optimizer unless --init_optimizer.

@@ -115,6 +115,15 @@ def run(settings, strategy, log=print):
         data_dir_lock.release(data_dir)  # prepared (and held) by the chief in _prepare_data
 
 
+def _replicas_changed(t, replicas):
+    """The log line of a run resumed with another number of replicas than it trained with."""
+    before = t["replicas"]
+    per_update = t["batch_tokens"] * t["accum_steps"]
+    return (f"the run trained with {before} replica(s) and goes on with {replicas}: an update "
+            f"now takes up to {per_update * replicas:,d} tokens (it took {per_update * before:,d}; "
+            "--batch_tokens is per replica), at the learning rate of its step")
+
+
 def _run(settings, strategy, log, checkpoint_dir, data_dir):
     model_dir = settings["model_dir"]
     t = settings["train"]
@@ -165,6 +174,10 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
                                 f"at step {step} already; give a larger --train_steps")
     else:
         log("starting from scratch")
+    replicas = strategy.num_replicas_in_sync
+    if restored and t.get("replicas", replicas) != replicas:
+        log(_replicas_changed(t, replicas))
+    t["replicas"] = replicas  # --batch_tokens is per replica: the global batch depends on it
     if is_chief:  # only once the checkpoint has read back into a model of these settings
         write_json(os.path.join(model_dir, SETTINGS), settings)
         write_hparams(model_dir, settings)
