@@ -1,5 +1,9 @@
 """Dev and test corpora given the other way round from the training corpus (side_order.py and
-train.py's refusal), judged against numpy counts of adjacent characters."""
+train.py's refusal), and input in the model's other language (translate.py and evaluate.py),
+judged against numpy counts of adjacent characters."""
+import os
+import shutil
+
 import numpy as np
 import pytest
 
@@ -38,6 +42,87 @@ def mean_log_probabilities(train_pairs, pairs):
 
     return ((mean(source, log_p[0]) + mean(target, log_p[1])) / 2,
             (mean(source, log_p[1]) + mean(target, log_p[0])) / 2)
+
+
+def side_fits(train_pairs, texts):
+    """{side: nats per character pair of `texts` under that training side}, add-one smoothed,
+    counted with numpy."""
+    def pairs_of(texts):
+        return [f" {t.lower()} "[i:i + 2] for t in texts for i in range(len(t) + 1)]
+
+    train_sides = [pairs_of(side) for side in zip(*train_pairs)]
+    given = pairs_of(texts)
+    table = sorted(set().union(*train_sides, given))
+    index = {pair: i for i, pair in enumerate(table)}
+
+    def counts(seq):
+        return np.bincount([index[p] for p in seq], minlength=len(table)).astype(np.float64)
+
+    c = counts(given)
+    return {name: float(c @ (np.log(counts(side) + 1) - np.log(len(side) + len(table))) / c.sum())
+            for name, side in zip(("source", "target"), train_sides)}
+
+
+def test_text_in_the_other_language_is_told_apart(small_corpus, tmp_path):
+    train, dev = read_tsv(small_corpus["train"]), read_tsv(small_corpus["dev"])
+    path = str(tmp_path / side_order.PROFILE_FILE)
+    side_order.write_profiles(path, train)
+    profiles = side_order.read_profiles(path)
+    german, english = [s for s, _ in dev], [t for _, t in dev]
+    assert side_order.reads_like_other_side(profiles, german, "source") is None
+    assert side_order.reads_like_other_side(profiles, english, "target") is None
+    for texts, side in ((english, "source"), (german, "target")):
+        fit = side_order.reads_like_other_side(profiles, texts, side)
+        expected = side_fits(train, texts)
+        assert fit == {name: pytest.approx(value, abs=1e-9) for name, value in expected.items()}
+        other = "target" if side == "source" else "source"
+        assert expected[other] - expected[side] > 2 * side_order.TARGET_MARGIN
+    # Too little text to judge by, no profile, a damaged one: nothing said.
+    assert side_order.reads_like_other_side(profiles, english[:1], "source") is None
+    assert side_order.read_profiles(str(tmp_path / "missing.json")) is None
+    with open(path, "r+b") as f:
+        f.truncate(100)
+    assert side_order.read_profiles(path) is None
+
+
+def test_translate_and_evaluate_say_input_in_the_other_language(small_corpus, tiny_model_dir,
+                                                               tmp_path):
+    # English given to a German->English model was translated without a word, and evaluate.py
+    # with --source and --reference swapped scored it.
+    from tfnmt.inference.loading import other_language
+
+    model_dir = str(tmp_path / "model")
+    shutil.copytree(tiny_model_dir, model_dir)
+    train, dev = read_tsv(small_corpus["train"]), read_tsv(small_corpus["dev"], 30)
+    side_order.write_profiles(os.path.join(model_dir, side_order.PROFILE_FILE), train)
+    german, english = tmp_path / "dev.de", tmp_path / "dev.en"
+    german.write_text("".join(s + "\n" for s, _ in dev), encoding="utf-8")
+    english.write_text("".join(t + "\n" for _, t in dev), encoding="utf-8")
+    fit = {side: f"{side_fits(train, [t for _, t in dev])[side]:.2f}"
+           for side in ("source", "target")}
+    said = (f"reads like the model's target language, not its source language (log-probability "
+            f"per character pair under its training targets {fit['target']}, sources "
+            f"{fit['source']})")
+    result = python("translate.py", f"--model_dir={model_dir}", f"--input={english}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"translate.py: --input {english} {said}\n" in result.stderr
+    assert len(result.stdout.splitlines()) == len(dev)  # translated all the same
+    assert other_language(model_dir, None, [s for s, _ in dev], "x") is None  # German: silent
+    result = python("evaluate.py", f"--model_dir={model_dir}", f"--source={english}",
+                    f"--reference={german}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"evaluate.py: --source {english} {said}\n" in result.stderr
+    assert f"evaluate.py: --reference {german} reads like the model's source language, not its " \
+           "target language" in result.stderr
+    # An export keeps the model's record in its assets.extra (TF Serving leaves it alone).
+    result = python("export.py", f"--model_dir={model_dir}", "--check=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    export_dir = os.path.join(model_dir, "export")
+    version = os.path.join(export_dir, os.listdir(export_dir)[0])
+    with open(os.path.join(model_dir, side_order.PROFILE_FILE), "rb") as f, \
+            open(os.path.join(version, "assets.extra", side_order.PROFILE_FILE), "rb") as g:
+        assert f.read() == g.read()
+    assert other_language(None, export_dir, [t for _, t in dev], "x").startswith(f"x {said[:30]}")
 
 
 def test_a_split_given_the_other_way_round_is_told_apart(small_corpus):

@@ -1,4 +1,5 @@
 """The training loop: distribution, accumulation, checkpoints, averaging, train.py itself."""
+import collections
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from helpers import (ROOT, imported_modules, python, started, teacher_forced_log
                      train_flags)
 from tfnmt import cpu_kernels, fast_ops
 from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes
-from tfnmt.data import records
+from tfnmt.data import records, side_order
 from tfnmt.inference import length_penalty
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
@@ -586,6 +587,14 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     with open(os.path.join(model_dir, "settings.json")) as f:
         saved = json.load(f)["train"]
     assert (saved["subword_alpha"], saved["subword_nbest"]) == (0.1, -1)
+    # The character pairs of the first 1,000 training pairs' sides, English the source here
+    # (translate.py and evaluate.py tell input in the other language by them).
+    with open(small_corpus["train"], encoding="utf-8") as f:
+        first_pairs = [line.rstrip("\n").split("\t")[:2] for line in f][:1000]
+    expected = [collections.Counter(f" {t.lower()} "[i:i + 2] for t in side
+                                    for i in range(len(t) + 1)) for side in zip(*first_pairs)]
+    assert side_order.read_profiles(os.path.join(model_dir, side_order.PROFILE_FILE)) == {
+        "source": expected[1], "target": expected[0]}
     # The final dev evaluation's BLEU, the best checkpoint's, counted on characters.
     assert saved["bleu_tokenize"] == "char"
     with open(os.path.join(model_dir, "best", "best.json")) as f:

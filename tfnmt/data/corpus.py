@@ -304,7 +304,7 @@ def train_specs(files):
 
 
 def read_corpus(dataset, split, files=None, tfds_data_dir=None, log_skipped=True,
-                reverse=False):
+                reverse=False, download=True):
     """The sentence pairs of a split, skipping (and counting in the log) pairs with an empty
     side.
 
@@ -318,6 +318,7 @@ def read_corpus(dataset, split, files=None, tfds_data_dir=None, log_skipped=True
       log_skipped: log the count of skipped pairs, once per process and split (off for a
         second pass over the same text).
       reverse: translate the other way: each pair's second side is the source.
+      download: prepare a TFDS dataset that is not (`read_tfds`).
 
     Yields:
       (source, target) strings.
@@ -328,14 +329,14 @@ def read_corpus(dataset, split, files=None, tfds_data_dir=None, log_skipped=True
     if split not in SPLITS:
         raise CorpusError(f"split must be one of {SPLITS}, got {split!r}")
     if dataset == EMBEDDED:
-        pairs = read_tfds(EMBEDDED_TFDS_NAME, split, tfds_data_dir)
+        pairs = read_tfds(EMBEDDED_TFDS_NAME, split, tfds_data_dir, download)
     elif dataset == "files":
         if not files:
             raise CorpusError(f"--dataset=files needs --{split}_files (a TSV or 'src,tgt')")
         pairs = itertools.chain.from_iterable(
             read_files(spec) for spec in (files if isinstance(files, (list, tuple)) else [files]))
     else:
-        pairs = read_tfds(dataset, split, tfds_data_dir)
+        pairs = read_tfds(dataset, split, tfds_data_dir, download)
     skipped = 0
     for source, target in pairs:
         source, target = source.strip(), target.strip()

@@ -1,5 +1,7 @@
 """Translators loaded for use in Python: from a model_dir's checkpoint (a `TranslationModule`
 built on the spot) or from an export (its signatures), behind the same functions."""
+import os
+
 import tensorflow as tf
 
 from tfnmt import text_lines
@@ -187,6 +189,34 @@ def long_sources(signatures, sentences, first_line=1, most_named=10, unit="line"
                 f"its {output} covers the first {max_subwords:,}{advice}")
     return (f"{unit}s {listed} are longer than the {max_subwords:,} subwords the model reads: "
             f"each {output} covers its {unit}'s first {max_subwords:,}{advice}")
+
+
+def other_language(model_dir, export, texts, name, side="source"):
+    """A line saying that `texts`, given to the model as its `side`, read like the other side's
+    language (`side_order.reads_like_other_side`, by the character pairs of the model's
+    training text, which an export keeps in its assets.extra), or None (also where the model
+    has no record of its training text).
+
+    Args:
+      model_dir, export: the model, as `load_signatures` takes them.
+      texts: the sentences (a sample is enough: a few hundred).
+      name: what the line calls them ("--input test.de").
+      side: "source" (input to translate) or "target" (references).
+    """
+    from tfnmt.data import side_order
+
+    try:
+        directory = os.path.join(latest_export(export), "assets.extra") if export else model_dir
+    except FileNotFoundError:
+        return None
+    profiles = side_order.read_profiles(os.path.join(directory, side_order.PROFILE_FILE))
+    fit = side_order.reads_like_other_side(profiles, texts, side)
+    if not fit:
+        return None
+    other = "target" if side == "source" else "source"
+    return (f"{name} reads like the model's {other} language, not its {side} language "
+            f"(log-probability per character pair under its training {other}s "
+            f"{fit[other]:.2f}, {side}s {fit[side]:.2f})")
 
 
 def _from_strings(function, owner=None):

@@ -24,7 +24,7 @@ class ExportCheckError(RuntimeError):
     """The written SavedModel failed under TensorFlow's C++ loader (as TF Serving runs it)."""
 
 
-def export_saved_model(module, export_dir, version=None, check=True):
+def export_saved_model(module, export_dir, version=None, check=True, extra_files=()):
     """Writes a new SavedModel version for TF Serving.
 
     The version is written under a temporary name and renamed when complete, so a watching
@@ -40,6 +40,8 @@ def export_saved_model(module, export_dir, version=None, check=True):
       version: the version number; default the next integer.
       check: load the written model with TensorFlow's C++ loader, as TF Serving loads it,
         and run its warmup requests before it is renamed into place.
+      extra_files: paths of files copied into the version's assets.extra (which TF Serving
+        leaves alone) for the tfnmt commands.
 
     Returns:
       The version's path, `<export_dir>/<version>`.
@@ -60,6 +62,8 @@ def export_saved_model(module, export_dir, version=None, check=True):
         write_saved_model(module, temporary)
         write_warmup_requests(temporary)
         write_search_settings(temporary, module.parallel_searches)
+        for path in extra_files:
+            shutil.copyfile(path, os.path.join(temporary, "assets.extra", os.path.basename(path)))
         if check:
             check_with_session_loader(temporary)
         while True:

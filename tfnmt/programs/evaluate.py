@@ -197,6 +197,20 @@ def _translate(sources, unit):
     return translate_lines(signatures["serving_default"], sources, FLAGS.batch_size)
 
 
+def _say_other_languages(sources, references, sample=1000):
+    """A line on stderr for --source written in the model's target language, and for each
+    --reference written in its source language (`loading.other_language`)."""
+    from tfnmt.inference import loading
+
+    given = [(sources, f"--source {FLAGS.source}", "source")] + [
+        (lines, f"--reference {path}", "target")
+        for lines, path in zip(references, FLAGS.reference)]
+    for texts, name, side in given:
+        if message := loading.other_language(None if FLAGS.export else FLAGS.model_dir,
+                                             FLAGS.export, texts[:sample], name, side):
+            print(f"evaluate.py: {message}", file=sys.stderr)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -239,6 +253,8 @@ def main(argv):
         from tfnmt.inference.loading import share_threads
 
         share_threads(FLAGS.export)
+    if FLAGS.source:
+        _say_other_languages(lines, references)
     if from_split:
         lines, split_references, what = _split_pairs(split_data, FLAGS.split)
         references = [split_references]

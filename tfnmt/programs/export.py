@@ -136,7 +136,8 @@ def main(argv):
                                matmul_dtype=FLAGS.matmul_dtype, chunk_size=FLAGS.chunk_size,
                                beam_stop=FLAGS.beam_stop)
     try:
-        final = export_saved_model(module, export_dir, FLAGS.version, check=FLAGS.check)
+        final = export_saved_model(module, export_dir, FLAGS.version, check=FLAGS.check,
+                                   extra_files=side_profiles(FLAGS.model_dir))
     except FileExistsError as error:
         raise app.UsageError(str(error))
     except (ExportCheckError, OSError, tf.errors.OpError) as error:  # e.g. a full disk
@@ -145,6 +146,16 @@ def main(argv):
     matmuls = ("bfloat16 where the serving CPU times it faster, else float32"
                if FLAGS.matmul_dtype == "auto" else FLAGS.matmul_dtype)
     print(f"exported {path} to {final} (weight matmuls: {matmuls})")
+
+
+def side_profiles(model_dir):
+    """The model_dir's character pairs of its training text, where it has them
+    (`side_order.PROFILE_FILE`: translate.py and evaluate.py tell input in the target language
+    by them)."""
+    from tfnmt.data.side_order import PROFILE_FILE
+
+    path = os.path.join(model_dir, PROFILE_FILE)
+    return [path] if os.path.isfile(path) else []
 
 
 def ctranslate2_quantization():

@@ -5,7 +5,9 @@ file, one output line per input line, in input order. Input is read and translat
 of 64 batches (sentences sorted by length within each, for speed), each written out as soon as
 it is done, so a large file streams in bounded memory; typed into a terminal, each line is
 translated as it is entered. A line longer than the model reads (max_length - 1 subwords) is
-translated from its start, and stderr names it.
+translated from its start, and stderr names it. Input that reads like the model's target
+language rather than its source language is said on stderr (by the character pairs of its
+first 1,000 lines against those of the model's training text).
 
   echo "Das ist ein Haus." | python translate.py --model_dir=runs/de-en
   python translate.py --export=runs/de-en/export --input=test.de --output=test.en
@@ -13,7 +15,7 @@ translated from its start, and stderr names it.
 
 n-best lists (`<line> ||| <translation> ||| <score>`, N lines per input line, best first),
 random sampling (back-translation), and scores of given translations (forced decoding:
-`<log P(target | source)>\t<target subwords + EOS>` per line):
+`<log P(target | source)>\t<count of target subwords + EOS>` per line):
 
   python translate.py --model_dir=runs/de-en --n_best=4 --beam_size=4 --input=test.de
   python translate.py --model_dir=runs/de-en --sampling_topk=10 --seed=7 --input=mono.de
@@ -52,7 +54,7 @@ flags.DEFINE_integer("n_best", 1, "Translations per sentence, best first (<= --b
                      "an export gives at most its own n_best); > 1 writes "
                      "'<line> ||| <translation> ||| <score>' lines.")
 flags.DEFINE_string("score_targets", None, "Score these translations (one per --input line) "
-                    "instead of translating: writes '<log-probability><TAB><subwords + EOS>'.")
+                    "instead of translating: writes '<log-probability><TAB><count of subwords + EOS>'.")
 flags.DEFINE_string("target_prefix", None, "A file of prefixes, one per --input line (an "
                     "empty line for none): each translation starts with its prefix.")
 flags.DEFINE_integer("sampling_topk", None, "With --model_dir: draw each token at random among "
@@ -78,6 +80,8 @@ flags.register_validator("sampling_temperature", lambda v: v > 0,
 # Sentences are sorted by length within a window of this many batches: enough that batches
 # pad little, few enough that output follows input closely and memory stays bounded.
 WINDOW_BATCHES = 64
+# The first input lines whose language is compared with the model's training sides.
+OTHER_LANGUAGE_SAMPLE = 1000
 
 
 def check_paths(input_path, output_path):
@@ -228,6 +232,11 @@ def main(argv):
     writer, lines_read, start = text_lines.LineWriter(FLAGS.output), 0, time.monotonic()
     try:
         for window_number, window in enumerate(text_lines.windows(lines, window_size)):
+            sources = [line if isinstance(line, str) else line[0] for line in window]
+            if window_number == 0 and (message := loading.other_language(
+                    FLAGS.model_dir, FLAGS.export, sources[:OTHER_LANGUAGE_SAMPLE],
+                    "the input" if FLAGS.input == "-" else f"--input {FLAGS.input}")):
+                print(f"translate.py: {message}", file=sys.stderr)
             output = translate_window(signatures, window, lines_read)
             writer.write(output)
             first_line, lines_read = lines_read + 1, lines_read + len(window)
@@ -235,7 +244,6 @@ def main(argv):
                 if message := text_lines.invalid_utf8_message(numbers):
                     print(f"translate.py: {name}: {message}", file=sys.stderr)
                 numbers.clear()
-            sources = [line if isinstance(line, str) else line[0] for line in window]
             if message := loading.long_sources(
                     signatures, sources, first_line=first_line,
                     output="score" if FLAGS.score_targets else "translation"):
