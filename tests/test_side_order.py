@@ -219,3 +219,68 @@ def test_pairs_whose_sources_are_their_targets_are_refused(small_corpus, tmp_pat
         assert result.stderr.strip().splitlines()[-1] == f"train.py: {refusal}"
         assert "tensorflow" not in imported_modules(result.stderr)
         assert list(model_dir.iterdir()) == []
+
+
+def test_a_side_that_holds_no_sentences_is_refused(small_corpus, tmp_path):
+    # A TSV of id, source, target trained a model to translate ids into German without a word
+    # (its first two columns are the pair). Refused from 95% of the first 1,000 lines on, with
+    # the columns that hold the sentences where they show.
+    from absl import app
+
+    from tfnmt.programs.train_data_checks import check_text_sides
+
+    train = read_tsv(small_corpus["train"])
+
+    def settings(train_files, reverse=False):
+        return {"data": {"dataset": "files", "files": {"train": train_files},
+                         "reverse": reverse}}
+
+    for numbers, refused in ((950, True), (949, False)):  # of 1,000
+        rows = [f"{i}\t{t}" if i < numbers else f"{s}\t{t}" for i, (s, t) in enumerate(train)]
+        path = tmp_path / f"train{numbers}.tsv"
+        path.write_text("".join(row + "\n" for row in rows), encoding="utf-8")
+        if refused:
+            with pytest.raises(app.UsageError, match=(
+                    rf"--train_files={path}: its column 1 \(the source side; a TSV's first two "
+                    r"columns are the source and the target\) holds no sentences: 950 of the "
+                    r"first 1,000 lines are numbers, ids or URLs: give its two sentence "
+                    r"columns as two files \(cut -f<column>\)$")):
+                check_text_sides(settings(str(path)))
+        else:
+            check_text_sides(settings(str(path)))
+    ids = tmp_path / "ids.tsv"
+    ids.write_text("".join(f"{i}\t{s}\t{t}\n" for i, (s, t) in enumerate(train)),
+                   encoding="utf-8")
+    with pytest.raises(app.UsageError, match=(
+            r"holds no sentences: 1,000 of the first 1,000 lines are numbers, ids or URLs: its "
+            rf"sentences look to be in columns 2 and 3: cut -f2 {ids} > {tmp_path}/ids.2; cut "
+            rf"-f3 {ids} > {tmp_path}/ids.3; then --train_files={tmp_path}/ids.2,"
+            rf"{tmp_path}/ids.3$")):
+        check_text_sides(settings(str(ids)))
+    # URLs, as the side of two files, and --reverse naming that side the source.
+    (tmp_path / "urls.txt").write_text("".join(f"https://example.org/{i}?p=1\n"
+                                               for i in range(len(train))))
+    (tmp_path / "train.de").write_text("".join(s + "\n" for s, _ in train), encoding="utf-8")
+    spec = f"{tmp_path}/train.de,{tmp_path}/urls.txt"
+    for reverse, role in ((False, "target"), (True, "source")):
+        with pytest.raises(app.UsageError, match=rf"--train_files={spec}: {tmp_path}/urls.txt "
+                           rf"\(the {role} side\) holds no sentences: 1,000 of"):
+            check_text_sides(settings(spec, reverse))
+    # Scripts without Latin letters are sentences; so is a short dev set of numbers (too few
+    # lines to judge by).
+    (tmp_path / "zh.txt").write_text("".join("这是第%d句话。\n" % i for i in range(len(train))),
+                                     encoding="utf-8")
+    check_text_sides(settings(f"{tmp_path}/train.de,{tmp_path}/zh.txt"))
+    (tmp_path / "dev.tsv").write_text("".join(f"{i}\t{i}\n" for i in range(9)))
+    check_text_sides({"data": {"dataset": "files", "files": {
+        "train": small_corpus["train"], "dev": str(tmp_path / "dev.tsv")}}})
+    # train.py, in one line before TensorFlow loads, with nothing written.
+    model_dir = tmp_path / "run"
+    result = python("train.py", f"--model_dir={model_dir}", f"--train_files={ids}",
+                    f"--dev_files={small_corpus['dev']}", timeout=60,
+                    env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        f"train.py: --train_files={ids}: its column 1 (the source side;")
+    assert "tensorflow" not in imported_modules(result.stderr)
+    assert not model_dir.exists() or list(model_dir.iterdir()) == []

@@ -463,6 +463,7 @@ def main(argv):
                              f"during the run, and --eval_every is 0{default}: give "
                              "--eval_every")
     data_checks.check_subword_sampling(settings)
+    data_checks.check_text_sides(settings)  # before the checks that compare sentences
     data_checks.check_fine_tuning_direction(settings)
     data_checks.check_held_out_order(settings)
     data_checks.check_copied_sides(settings)

@@ -1,10 +1,11 @@
 """train.py's checks of the data it is given, each refusing in one line (app.UsageError)
 before the run starts: --vocab models, their order and the training pairs' direction against
 them, subword sampling against the vocabulary's type, dev and test files given the other way
-round, and pairs whose sources are their targets. They read a sample of the text with plain
-Python, before TensorFlow loads."""
+round, pairs whose sources are their targets, and a side that holds no sentences (a TSV's id
+column). They read a sample of the text with plain Python, before TensorFlow loads."""
 import itertools
 import os
+import re
 
 from absl import app, flags
 
@@ -148,6 +149,70 @@ def check_copied_sides(settings, sample=1000, share=0.95):
                 f"--{split}_files={files[split]}: the pairs' sources are their targets "
                 f"({found[0]:,d} of the first {found[1]:,d} pairs): its scores would measure "
                 "copying: give its source and target files")
+
+
+URL = re.compile(r"[a-z][a-z0-9+.-]*://\S*", re.IGNORECASE)
+
+
+def _not_text(line):
+    """Whether a corpus line holds no sentence: a number or code with no letter, or a URL."""
+    return not any(c.isalpha() for c in line) or URL.fullmatch(line) is not None
+
+
+def check_text_sides(settings, sample=1000, share=0.95):
+    """One line (app.UsageError) for a training, dev or test corpus one of whose sides holds no
+    sentences (in `share` of its first `sample` pairs or more: numbers, ids or URLs), as a TSV
+    whose first columns are an id and a sentence, or a score, gives: a model trained on it
+    translates ids into sentences, and dev scores measure nothing."""
+    from tfnmt.data.corpus import train_specs
+
+    d = settings["data"]
+    if d.get("dataset") != "files":
+        return
+    files, reverse = d.get("files") or {}, d.get("reverse", False)
+    given = [("train", spec) for spec in train_specs(files)] + [
+        (split, files[split]) for split in ("dev", "test") if files.get(split)]
+    for split, spec in given:
+        pairs = first_pairs(split, spec, False, sample) or []
+        for column, side in enumerate(zip(*pairs)):
+            found = sum(map(_not_text, side))
+            if len(side) < 10 or found < share * len(side):
+                continue
+            role = ("target", "source")[column] if reverse else ("source", "target")[column]
+            if "," in spec:
+                where = f"{spec.split(',')[column]} (the {role} side) holds"
+                advice = "give the files of the sentences"
+            else:
+                where = f"its column {column + 1} (the {role} side; a TSV's first two columns " \
+                        "are the source and the target) holds"
+                advice = _sentence_columns_advice(spec, split, sample, share)
+            raise app.UsageError(
+                f"--{split}_files={spec}: {where} no sentences: {found:,d} of the first "
+                f"{len(side):,d} lines are numbers, ids or URLs: {advice}")
+
+
+def _sentence_columns_advice(path, split, sample, share):
+    """How to give the sentences of a TSV whose first two columns are not both sentences: the
+    columns that hold them, cut into two files."""
+    from tfnmt.data.corpus import CorpusError, _decode, _raw_lines
+
+    try:
+        rows = [_decode(raw, path, number).split("\t") for number, raw in
+                zip(range(1, sample + 1), _raw_lines(path))]
+    except CorpusError:
+        rows = []
+    width = min(map(len, rows), default=0)
+    sentences = [c for c in range(width)
+                 if sum(_not_text(row[c]) for row in rows) < (1 - share) * len(rows)]
+    if len(sentences) != 2:
+        return "give its two sentence columns as two files (cut -f<column>)"
+    stem = os.path.splitext(path[:-3] if path.endswith(".gz") else path)[0]
+    cat = "zcat" if path.endswith(".gz") else "cat"
+    outputs = [f"{stem}.{c + 1}" for c in sentences]
+    cuts = "; ".join(f"{cat} {path} | cut -f{c + 1} > {out}" if cat == "zcat" else
+                     f"cut -f{c + 1} {path} > {out}" for c, out in zip(sentences, outputs))
+    return (f"its sentences look to be in columns {sentences[0] + 1} and {sentences[1] + 1}: "
+            f"{cuts}; then --{split}_files={','.join(outputs)}")
 
 
 def swapped_models_evidence(source, target, reverse, sample):
