@@ -374,6 +374,56 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
                       for d, _, files in os.walk(model_dir) for f in files}
 
 
+def test_tensorboard_shows_a_resumed_runs_steps_once(small_corpus, train_data, tmp_path):
+    # A run stopped after its last checkpoint (4) had logged updates 5 and 6; resumed, it logs
+    # them again. TensorBoard's Python loader showed both (a curve doubling back); it now reads
+    # the resumed run's points only, as the log printed them.
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+
+    model_dir = str(tmp_path / "run")
+    flags = dict(log_every=1, checkpoint_every=4, eval_every=0, average_last=0, alpha=0.6,
+                 test_report="false")
+    first = python(*train_flags(small_corpus, train_data, model_dir, train_steps=6, **flags))
+    assert first.returncode == 0, first.stderr[-3000:]
+    for name in os.listdir(os.path.join(model_dir, "checkpoints")):
+        if name.startswith("ckpt-6."):  # lost: the run resumes from ckpt-4
+            os.remove(os.path.join(model_dir, "checkpoints", name))
+    resumed = python(*train_flags(small_corpus, train_data, model_dir, train_steps=8, **flags))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from " in resumed.stdout and "ckpt-4 at step 4" in resumed.stdout
+
+    def logged(result):
+        return {int(m.group(1)): float(m.group(2))
+                for m in re.finditer(r"step +(\d+)/\d+ \| loss ([\d.]+)", result.stdout)}
+
+    expected = {**logged(first), **logged(resumed)}
+    assert sorted(expected) == list(range(1, 9)) and logged(first)[5] != logged(resumed)[5]
+    loader = EventAccumulator(os.path.join(model_dir, "train"))
+    loader.Reload()
+    points = [(e.step, float(tf.make_ndarray(e.tensor_proto)))
+              for e in loader.Tensors("metrics/loss")]
+    assert [step for step, _ in points] == list(range(1, 9))
+    for step, value in points:
+        assert value == pytest.approx(expected[step], abs=5e-4), step
+    # Files of a run that marked no start (written before the mark existed) are cut too.
+    from tfnmt.training.summaries import mark_run_start
+
+    directory = str(tmp_path / "unmarked")
+    for steps, offset in ((range(1, 7), 0.0), (range(5, 9), 100.0)):
+        writer = tf.summary.create_file_writer(directory, filename_suffix=f".{offset:g}")
+        if offset:
+            mark_run_start(writer, steps[0])
+        with writer.as_default():
+            for step in steps:
+                tf.summary.scalar("loss", step + offset, step=step)
+        writer.close()
+    loader = EventAccumulator(directory)
+    loader.Reload()
+    assert [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in loader.Tensors("loss")] \
+        == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 105.0), (6, 106.0), (7, 107.0),
+            (8, 108.0)]
+
+
 def train_with_loss_scale(flags, initial_scale, max_skipped_in_a_row=None):
     """train.py with Keras's LossScaleOptimizer starting at `initial_scale`."""
     script = ("import functools, runpy, sys, keras\n"

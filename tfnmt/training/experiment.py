@@ -38,7 +38,7 @@ from tfnmt.training.schedule import make_schedule, paper_adam
 from tfnmt.training.settings import SettingsError, write_json
 from tfnmt.training.stats import TrainingStats
 from tfnmt.training.stop_signals import SIGNALS, StopSignals
-from tfnmt.training.summaries import write_hparams
+from tfnmt.training.summaries import mark_run_start, write_hparams
 from tfnmt.training.trainer import CheckpointKeeper, Trainer, TrainingError, average_checkpoints
 
 POLICIES = {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -204,6 +204,9 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         if is_chief else tf.summary.create_noop_writer()
     eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval")) \
         if is_chief else None
+    if is_chief:
+        for writer in (train_writer, eval_writer):
+            mark_run_start(writer, first_step + 1)
     evaluator = Evaluator(model, vocab, settings, data_dir)
     if evaluator.bleu_tokenize_why:
         log(f"BLEU tokenization: {evaluator.bleu_tokenize}: {evaluator.bleu_tokenize_why}")

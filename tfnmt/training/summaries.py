@@ -7,6 +7,7 @@ samples/translations (text) and samples/attention/<kind>/layer_<i> (images), so 
 scalars come first in TensorBoard's alphabetical list of groups.
 """
 import os
+import time
 
 import tensorflow as tf
 
@@ -34,6 +35,30 @@ SCALARS = {
     "padding_fraction": ("system/padding_fraction", "Share of the batches' positions (source "
                          "and target) that are padding."),
 }
+
+
+def mark_run_start(writer, step):
+    """Marks in `writer`'s event file that a run (new or resumed) starts at `step`: a run
+    stopped after its last checkpoint logged steps that the resumed run logs again, and
+    TensorBoard's Python loader (`--load_fast=false`, or where its Rust data server is missing)
+    showed both, a second curve doubling back. It drops the points of earlier files at a
+    SessionLog.START event's step and later, but takes the first START it reads in a run for
+    the run's own start, so the mark is written twice. (The Rust data server keeps the newest
+    point of each step either way.)
+
+    Args:
+      writer: a file writer (`tf.summary.create_file_writer`).
+      step: the first step the run will log.
+    """
+    from tensorflow.core.util import event_pb2
+    from tensorflow.python.ops import summary_ops_v2
+
+    event = event_pb2.Event(step=step, wall_time=time.time(),
+                            session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
+    with writer.as_default():
+        for _ in range(2):
+            summary_ops_v2.import_event(tf.constant(event.SerializeToString()))
+    writer.flush()
 
 
 def write_scalars(values, step):
