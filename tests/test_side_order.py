@@ -76,7 +76,7 @@ def test_text_in_the_other_language_is_told_apart(small_corpus, tmp_path):
         expected = side_fits(train, texts)
         assert fit == {name: pytest.approx(value, abs=1e-9) for name, value in expected.items()}
         other = "target" if side == "source" else "source"
-        assert expected[other] - expected[side] > 2 * side_order.TARGET_MARGIN
+        assert expected[other] - expected[side] > 2 * side_order.OTHER_LANGUAGE_MARGIN
     # Too little text to judge by, no profile, a damaged one: nothing said.
     assert side_order.reads_like_other_side(profiles, english[:1], "source") is None
     assert side_order.read_profiles(str(tmp_path / "missing.json")) is None

@@ -115,6 +115,16 @@ def read_tsv(path, columns=2):
         yield fields[0], fields[1]
 
 
+def tsv_rows(path, count):
+    """The first `count` lines of a TSV file (plain or .gz), each split at its tabs.
+
+    Raises:
+      CorpusError: as `read_tsv`.
+    """
+    return [_decode(raw, path, number).split("\t")
+            for number, raw in zip(range(1, count + 1), _raw_lines(path))]
+
+
 def read_aligned(source_path, target_path):
     """Reads pairs from two line-aligned files (plain or .gz).
 

@@ -27,7 +27,7 @@ MIN_CHARACTER_PAIRS = 200
 # its own side's to be called the other language. Measured on the embedded corpus (sides of its
 # first 1,000 training pairs; 30 draws each of 3 to 1,000 test sentences): German fits the
 # German side 0.61 or more better than the English one, English the English side 0.59 or more.
-TARGET_MARGIN = 0.3
+OTHER_LANGUAGE_MARGIN = 0.3
 # The character pairs of a training run's first pairs, in its model_dir: {"source": {pair:
 # count}, "target": {pair: count}}.
 PROFILE_FILE = "character_pairs.json"
@@ -112,8 +112,9 @@ def read_profiles(path):
 
 def reads_like_other_side(profiles, texts, side="source"):
     """Whether `texts`, given as the model's `side`, look written in the other side's language:
-    they fit the other training side's character-pair frequencies by TARGET_MARGIN nats per pair
-    or more better than this side's (input in the target language, references in the source).
+    they fit the other training side's character-pair frequencies by OTHER_LANGUAGE_MARGIN
+    nats per pair or more better than this side's (input in the target language, references in
+    the source).
 
     Args:
       profiles: `read_profiles`' value.
@@ -132,4 +133,4 @@ def reads_like_other_side(profiles, texts, side="source"):
     fit = {name: _SideModel(profiles[name], distinct).mean_log_probability(counts)
            for name in ("source", "target")}
     other = "target" if side == "source" else "source"
-    return fit if fit[other] - fit[side] >= TARGET_MARGIN else None
+    return fit if fit[other] - fit[side] >= OTHER_LANGUAGE_MARGIN else None

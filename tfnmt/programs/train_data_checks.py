@@ -194,11 +194,10 @@ def check_text_sides(settings, sample=1000, share=0.95):
 def _sentence_columns_advice(path, split, sample, share):
     """How to give the sentences of a TSV whose first two columns are not both sentences: the
     columns that hold them, cut into two files."""
-    from tfnmt.data.corpus import CorpusError, _decode, _raw_lines
+    from tfnmt.data.corpus import CorpusError, tsv_rows
 
     try:
-        rows = [_decode(raw, path, number).split("\t") for number, raw in
-                zip(range(1, sample + 1), _raw_lines(path))]
+        rows = tsv_rows(path, sample)
     except CorpusError:
         rows = []
     width = min(map(len, rows), default=0)

@@ -54,7 +54,8 @@ flags.DEFINE_integer("n_best", 1, "Translations per sentence, best first (<= --b
                      "an export gives at most its own n_best); > 1 writes "
                      "'<line> ||| <translation> ||| <score>' lines.")
 flags.DEFINE_string("score_targets", None, "Score these translations (one per --input line) "
-                    "instead of translating: writes '<log-probability><TAB><count of subwords + EOS>'.")
+                    "instead of translating: writes '<log-probability><TAB><count of subwords "
+                    "+ EOS>'.")
 flags.DEFINE_string("target_prefix", None, "A file of prefixes, one per --input line (an "
                     "empty line for none): each translation starts with its prefix.")
 flags.DEFINE_integer("sampling_topk", None, "With --model_dir: draw each token at random among "

@@ -38,13 +38,13 @@ SCALARS = {
 
 
 def mark_run_start(writer, step):
-    """Marks in `writer`'s event file that a run (new or resumed) starts at `step`: a run
-    stopped after its last checkpoint logged steps that the resumed run logs again, and
-    TensorBoard's Python loader (`--load_fast=false`, or where its Rust data server is missing)
-    showed both, a second curve doubling back. It drops the points of earlier files at a
-    SessionLog.START event's step and later, but takes the first START it reads in a run for
-    the run's own start, so the mark is written twice. (The Rust data server keeps the newest
-    point of each step either way.)
+    """Marks in `writer`'s event file that a run (new or resumed) starts at `step`. A run
+    stopped after its last checkpoint logged steps that the resumed run logs again; without
+    the mark, TensorBoard's Python loader (`--load_fast=false`, or where its Rust data server is
+    missing) shows both, a second curve doubling back. At a SessionLog.START event it drops the
+    points of earlier files at the event's step and later, but it takes the first START it reads
+    in a run for the run's own start, so the mark is written twice. (The Rust data server keeps
+    the newest point of each step either way.)
 
     Args:
       writer: a file writer (`tf.summary.create_file_writer`).
