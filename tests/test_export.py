@@ -421,6 +421,23 @@ def test_saved_model_cli_lists_the_signatures(exported):
         assert text in result.stdout
 
 
+def test_saved_model_cli_runs_the_export_with_tensorflow_text_loaded(exported, serving_fn):
+    # docs/serving.md's command: saved_model_cli's program with tensorflow-text's ops
+    # registered (its own binary stops at the SentencePiece op). The Session route gives the
+    # scores of tf.saved_model.load's.
+    command = ("import sys, tensorflow_text; from tensorflow.python.tools.saved_model_cli "
+               "import main; sys.exit(main())")
+    result = subprocess.run(
+        [sys.executable, "-c", command, "run", "--dir", exported, "--tag_set", "serve",
+         "--signature_def", "serving_default", "--input_exprs", f"sentences={SENTENCES!r}"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = result.stdout.split("Result for output key scores:\n")[1].split("Result for")[0]
+    scores = np.array(printed.replace("[", " ").replace("]", " ").split(), dtype=np.float32)
+    expected = serving_fn(sentences=tf.constant(SENTENCES))["scores"].numpy()
+    np.testing.assert_allclose(scores, expected, rtol=1e-4, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def serving_fn(exported):
     import tensorflow_text  # noqa: F401
