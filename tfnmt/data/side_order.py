@@ -93,9 +93,13 @@ def side_profiles(pairs):
 def write_profiles(path, pairs):
     """Writes `side_profiles(pairs)` to `path` (a temporary file renamed: all of it or none)."""
     temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(side_profiles(pairs), f, ensure_ascii=False, separators=(",", ":"))
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(side_profiles(pairs), f, ensure_ascii=False, separators=(",", ":"))
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):  # a full disk: no half file left behind
+            os.remove(temporary)
 
 
 def read_profiles(path):
