@@ -1,6 +1,8 @@
 """Dev and test corpora given the other way round from the training corpus (side_order.py and
 train.py's refusal), and input in the model's other language (translate.py and evaluate.py),
 judged against numpy counts of adjacent characters."""
+import collections
+import json
 import os
 import shutil
 
@@ -91,10 +93,16 @@ def test_translate_and_evaluate_say_input_in_the_other_language(small_corpus, ti
     # with --source and --reference swapped scored it.
     from tfnmt.inference.loading import other_language
 
+    # A model_dir without character_pairs.json (trained before train.py kept it): counted from
+    # the training text its settings.json names.
     model_dir = str(tmp_path / "model")
     shutil.copytree(tiny_model_dir, model_dir)
+    with open(os.path.join(model_dir, "settings.json")) as f:
+        settings = json.load(f)
+    settings["data"] = {"dataset": "files", "files": {"train": small_corpus["train"]}}
+    with open(os.path.join(model_dir, "settings.json"), "w") as f:
+        json.dump(settings, f)
     train, dev = read_tsv(small_corpus["train"]), read_tsv(small_corpus["dev"], 30)
-    side_order.write_profiles(os.path.join(model_dir, side_order.PROFILE_FILE), train)
     german, english = tmp_path / "dev.de", tmp_path / "dev.en"
     german.write_text("".join(s + "\n" for s, _ in dev), encoding="utf-8")
     english.write_text("".join(t + "\n" for _, t in dev), encoding="utf-8")
@@ -114,7 +122,9 @@ def test_translate_and_evaluate_say_input_in_the_other_language(small_corpus, ti
     assert f"evaluate.py: --source {english} {said}\n" in result.stderr
     assert f"evaluate.py: --reference {german} reads like the model's source language, not its " \
            "target language" in result.stderr
-    # An export keeps the model's record in its assets.extra (TF Serving leaves it alone).
+    # An export keeps the model's record in its assets.extra (TF Serving leaves it alone);
+    # export.py writes it into the model_dir first.
+    assert not os.path.exists(os.path.join(model_dir, side_order.PROFILE_FILE))
     result = python("export.py", f"--model_dir={model_dir}", "--check=false")
     assert result.returncode == 0, result.stderr[-3000:]
     export_dir = os.path.join(model_dir, "export")
@@ -122,6 +132,10 @@ def test_translate_and_evaluate_say_input_in_the_other_language(small_corpus, ti
     with open(os.path.join(model_dir, side_order.PROFILE_FILE), "rb") as f, \
             open(os.path.join(version, "assets.extra", side_order.PROFILE_FILE), "rb") as g:
         assert f.read() == g.read()
+    expected = [collections.Counter(f" {t.lower()} "[i:i + 2] for t in side
+                                    for i in range(len(t) + 1)) for side in zip(*train)]
+    assert side_order.read_profiles(os.path.join(model_dir, side_order.PROFILE_FILE)) == {
+        "source": expected[0], "target": expected[1]}
     assert other_language(None, export_dir, [t for _, t in dev], "x").startswith(f"x {said[:30]}")
 
 

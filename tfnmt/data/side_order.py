@@ -12,6 +12,7 @@ the model's target language (`reads_like_other_side`): it is translated into non
 Read before TensorFlow loads: plain Python over a sample of each corpus.
 """
 import collections
+import itertools
 import json
 import math
 import os
@@ -82,6 +83,39 @@ def swapped_sides(train_pairs, pairs):
     if swapped - as_given >= SWAPPED_MARGIN:
         return {"as_given": as_given, "swapped": swapped}
     return None
+
+
+def training_pairs(settings, sample=1000):
+    """The first `sample` training pairs of a run (its settings.json), or None where they do
+    not read here (a corpus moved or gone, a TFDS dataset not prepared on this machine)."""
+    from tfnmt.data import corpus
+
+    d = settings.get("data") or {}
+    try:
+        return list(itertools.islice(corpus.read_corpus(
+            d["dataset"], "train", (d.get("files") or {}).get("train"), d.get("tfds_data_dir"),
+            log_skipped=False, reverse=d.get("reverse", False), download=False), sample))
+    except (corpus.CorpusError, KeyError, OSError):
+        return None
+
+
+def model_profiles(model_dir):
+    """A model_dir's profiles: its `PROFILE_FILE`, else (a model trained before train.py kept
+    one) counted from the training files its settings.json names, else None (a TFDS dataset
+    takes seconds to open: export.py counts and keeps its profiles once)."""
+    from tfnmt.paths import DamagedFileError, read_settings
+
+    profiles = read_profiles(os.path.join(model_dir, PROFILE_FILE))
+    if profiles is not None:
+        return profiles
+    try:
+        settings = read_settings(model_dir)
+    except (DamagedFileError, OSError):
+        return None
+    files = ((settings or {}).get("data") or {}).get("dataset") == "files"
+    pairs = training_pairs(settings) if files else None
+    return {side: collections.Counter(counts) for side, counts in
+            side_profiles(pairs).items()} if pairs else None
 
 
 def side_profiles(pairs):

@@ -195,7 +195,7 @@ def other_language(model_dir, export, texts, name, side="source"):
     """A line saying that `texts`, given to the model as its `side`, read like the other side's
     language (`side_order.reads_like_other_side`, by the character pairs of the model's
     training text, which an export keeps in its assets.extra), or None (also where the model
-    has no record of its training text).
+    has no record of its training text and the text no longer reads).
 
     Args:
       model_dir, export: the model, as `load_signatures` takes them.
@@ -205,11 +205,14 @@ def other_language(model_dir, export, texts, name, side="source"):
     """
     from tfnmt.data import side_order
 
-    try:
-        directory = os.path.join(latest_export(export), "assets.extra") if export else model_dir
-    except FileNotFoundError:
-        return None
-    profiles = side_order.read_profiles(os.path.join(directory, side_order.PROFILE_FILE))
+    if export:
+        try:
+            profiles = side_order.read_profiles(os.path.join(
+                latest_export(export), "assets.extra", side_order.PROFILE_FILE))
+        except FileNotFoundError:
+            return None
+    else:
+        profiles = side_order.model_profiles(model_dir)
     fit = side_order.reads_like_other_side(profiles, texts, side)
     if not fit:
         return None

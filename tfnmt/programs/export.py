@@ -26,7 +26,8 @@ from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli, cpu_kernels  # noqa: E402
 from tfnmt.inference.decoding_threads import PARALLEL_SEARCHES  # noqa: E402
-from tfnmt.paths import CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT, cannot_write_in  # noqa: E402
+from tfnmt.paths import (CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT, cannot_write_in,  # noqa: E402
+                         read_settings)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory (settings.json, "
@@ -149,12 +150,17 @@ def main(argv):
 
 
 def side_profiles(model_dir):
-    """The model_dir's character pairs of its training text, where it has them
-    (`side_order.PROFILE_FILE`: translate.py and evaluate.py tell input in the target language
-    by them)."""
-    from tfnmt.data.side_order import PROFILE_FILE
+    """The model_dir's character pairs of its training text (`side_order.PROFILE_FILE`:
+    translate.py and evaluate.py tell input in the target language by them), as a list of its
+    path; counted and written first for a model trained before train.py kept them, where the
+    training text still reads and the model_dir can be written in; else an empty list."""
+    from tfnmt.data import side_order
 
-    path = os.path.join(model_dir, PROFILE_FILE)
+    path = os.path.join(model_dir, side_order.PROFILE_FILE)
+    if not os.path.isfile(path) and not cannot_write_in(model_dir):
+        settings = read_settings(model_dir)
+        if pairs := side_order.training_pairs(settings):
+            side_order.write_profiles(path, pairs)
     return [path] if os.path.isfile(path) else []
 
 

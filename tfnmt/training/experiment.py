@@ -13,8 +13,6 @@ model_dir layout:
   workers/<id>/      non-chief workers' checkpoints under multi_worker
 """
 import errno
-import itertools
-import logging
 import os
 import re
 import time
@@ -24,7 +22,7 @@ import tensorflow as tf
 
 from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes,
                                newest_readable_checkpoint)
-from tfnmt.data import corpus, data_dir_lock, pipeline, records, side_order, vocabulary
+from tfnmt.data import data_dir_lock, pipeline, records, side_order, vocabulary
 from tfnmt.model.transformer import Transformer
 from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS, read_settings
 from tfnmt.training import fine_tune
@@ -396,17 +394,8 @@ def _write_side_profiles(settings, sample=1000):
     (`side_order.PROFILE_FILE`: translate.py and evaluate.py tell input in the target language
     by them), once; skipped where the training text no longer reads."""
     path = os.path.join(settings["model_dir"], side_order.PROFILE_FILE)
-    if os.path.exists(path):
-        return
-    d = settings["data"]
-    try:
-        pairs = list(itertools.islice(corpus.read_corpus(
-            d["dataset"], "train", (d.get("files") or {}).get("train"), d.get("tfds_data_dir"),
-            log_skipped=False, reverse=d.get("reverse", False), download=False), sample))
-    except corpus.CorpusError as error:
-        logging.info("no %s: %s", side_order.PROFILE_FILE, error)
-        return
-    side_order.write_profiles(path, pairs)
+    if not os.path.exists(path) and (pairs := side_order.training_pairs(settings, sample)):
+        side_order.write_profiles(path, pairs)
 
 
 def data_filters(data):
