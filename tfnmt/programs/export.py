@@ -160,7 +160,10 @@ def side_profiles(model_dir):
     if not os.path.isfile(path) and not cannot_write_in(model_dir):
         settings = read_settings(model_dir)
         if pairs := side_order.training_pairs(settings):
-            side_order.write_profiles(path, pairs)
+            try:
+                side_order.write_profiles(path, pairs)
+            except OSError:  # a full disk: the export goes on without them
+                pass
     return [path] if os.path.isfile(path) else []
 
 
