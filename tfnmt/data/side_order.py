@@ -118,6 +118,23 @@ def model_profiles(model_dir):
             side_profiles(pairs).items()} if pairs else None
 
 
+def keep_profiles(model_dir, settings, sample=1000):
+    """Writes a model_dir's `PROFILE_FILE` from the first `sample` training pairs its settings
+    name, unless it exists or they do not read here (`training_pairs`).
+
+    Returns:
+      The file's path, or None where there is none (also where it cannot be written: a
+      read-only model_dir, a full disk; the record is optional).
+    """
+    path = os.path.join(model_dir, PROFILE_FILE)
+    if not os.path.isfile(path) and (pairs := training_pairs(settings or {}, sample)):
+        try:
+            write_profiles(path, pairs)
+        except OSError:
+            pass
+    return path if os.path.isfile(path) else None
+
+
 def side_profiles(pairs):
     """The `PROFILE_FILE` contents of (source, target) training pairs."""
     sources, targets = zip(*pairs) if pairs else ((), ())

@@ -152,19 +152,12 @@ def main(argv):
 def side_profiles(model_dir):
     """The model_dir's character pairs of its training text (`side_order.PROFILE_FILE`:
     translate.py and evaluate.py tell input in the target language by them), as a list of its
-    path; counted and written first for a model trained before train.py kept them, where the
-    training text still reads and the model_dir can be written in; else an empty list."""
-    from tfnmt.data import side_order
+    path; counted and written first for a model trained before train.py kept them
+    (`side_order.keep_profiles`); else an empty list."""
+    from tfnmt.data.side_order import keep_profiles
 
-    path = os.path.join(model_dir, side_order.PROFILE_FILE)
-    if not os.path.isfile(path) and not cannot_write_in(model_dir):
-        settings = read_settings(model_dir)
-        if pairs := side_order.training_pairs(settings):
-            try:
-                side_order.write_profiles(path, pairs)
-            except OSError:  # a full disk: the export goes on without them
-                pass
-    return [path] if os.path.isfile(path) else []
+    kept = keep_profiles(model_dir, read_settings(model_dir))
+    return [kept] if kept else []
 
 
 def ctranslate2_quantization():

@@ -385,17 +385,9 @@ def _prepare_data(settings, is_chief, data_dir):
     settings["model"].update(vocab.model_sizes())
     if is_chief:
         vocabulary.write_protos(model_dir, vocab.protos)
-        _write_side_profiles(settings)
+        # The character pairs translate.py and evaluate.py tell input in the other language by.
+        side_order.keep_profiles(model_dir, settings)
     return manifest, vocab
-
-
-def _write_side_profiles(settings, sample=1000):
-    """Keeps the character pairs of the first `sample` training pairs in the model_dir
-    (`side_order.PROFILE_FILE`: translate.py and evaluate.py tell input in the target language
-    by them), once; skipped where the training text no longer reads."""
-    path = os.path.join(settings["model_dir"], side_order.PROFILE_FILE)
-    if not os.path.exists(path) and (pairs := side_order.training_pairs(settings, sample)):
-        side_order.write_profiles(path, pairs)
 
 
 def data_filters(data):

@@ -181,7 +181,7 @@ def _test_set_hint(model_dir, ours, theirs):
     """How to score the run on a test set, where its test files are the only change asked for."""
     ours, theirs = ours.get("files") or {}, (theirs or {}).get("files") or {}
     test = ours.get("test")
-    if not test or ours.get("test") == theirs.get("test") or \
+    if not test or test == theirs.get("test") or \
             {k: v for k, v in ours.items() if k != "test"} != \
             {k: v for k, v in theirs.items() if k != "test"}:
         return ""
