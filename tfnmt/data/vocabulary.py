@@ -131,6 +131,13 @@ def check_given_model(path):
                          f"{flags}")
 
 
+def piece_count(path):
+    """The number of pieces of a SentencePiece model file (its vocabulary size)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    return len(sentencepiece_model_pb2.ModelProto.FromString(_read_model(path)).pieces)
+
+
 def model_type(model_proto):
     """A serialized SentencePiece model's type: "unigram", "bpe", "word" or "char"."""
     from sentencepiece import sentencepiece_model_pb2

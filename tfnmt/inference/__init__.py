@@ -5,6 +5,7 @@
   greedy_search.py       the greedy and random-sampling strategies
   beam_search.py         the beam strategy, with length penalty
   length_penalty.py      the length penalty chosen on dev at the end of training
+  search_memory.py       a search's memory per sentence; sentences searched at once that fit
   scoring.py             forced decoding: log P(target | source) of given translations
   evaluation.py          loss/perplexity, batched translation, sacreBLEU/chrF/TER
   bleu_tokenization.py   BLEU's tokenization, chosen by the target language's script

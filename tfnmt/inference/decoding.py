@@ -6,9 +6,9 @@ import tensorflow as tf
 
 from tfnmt import fast_ops
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
+from tfnmt.inference.search_memory import EXTRA_LENGTH  # TensorFlow-free: train.py's checks
 from tfnmt.model import kv_cache
 
-EXTRA_LENGTH = 50  # outputs may be this much longer than their source (paper §6.1)
 # `top_log_probs` sums exp(x) of a row's logits without shifting them by its best, x*, where
 # |x*| <= this: no term overflows (V e^64 < 3e38 for V < 1e10) and e^x* stays a normal float.
 PLAIN_EXP_RANGE = 64.0

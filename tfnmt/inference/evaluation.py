@@ -7,7 +7,7 @@ import sacrebleu
 import tensorflow as tf
 
 from tfnmt.data.tokenizer import to_source_ids
-from tfnmt.inference import bleu_tokenization
+from tfnmt.inference import bleu_tokenization, search_memory
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.greedy_search import greedy_decode
 from tfnmt.training.losses import masked_accuracy_sum, masked_loss_sum
@@ -126,17 +126,23 @@ class Translator:
       batch_size: sentences per batch in `translate`.
       beam_size: 1 for greedy search, else the beam search's width.
       alpha: the beam search's length-penalty exponent.
+      memory_budget: None, or bytes a batch's beam search may hold: fewer sentences per batch
+        where batch_size of the longest sources would not fit (`search_memory`).
 
     Example:
       Translator(model, vocabulary).translate(["Das ist ein Haus."])  # ["That is a house."]
     """
 
     def __init__(self, model, vocabulary, max_source_length=None, batch_size=64, beam_size=1,
-                 alpha=0.6):
+                 alpha=0.6, memory_budget=None):
         self.model = model
         self.vocabulary = vocabulary
         self.max_source_length = max_source_length or model.max_length
         self.batch_size = batch_size
+        if beam_size > 1 and memory_budget is not None:
+            self.batch_size = search_memory.sentences_at_once(
+                model.settings, beam_size, self.max_source_length + search_memory.EXTRA_LENGTH,
+                memory_budget, batch_size)
 
         def decode(source):  # -> ids [B, L], scores [B]
             if beam_size == 1:

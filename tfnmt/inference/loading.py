@@ -5,6 +5,7 @@ import os
 import tensorflow as tf
 
 from tfnmt import text_lines
+from tfnmt.inference import search_memory
 from tfnmt.inference.decoding_threads import (PARALLEL_SEARCHES, export_searches,
                                               use_decoding_threads)
 from tfnmt.inference.serving import TranslationModule
@@ -75,10 +76,15 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
        "source_lengths": sentences -> (subwords [B] numpy, the most the model reads)}, each
       taking lists of str (an export has those of them it was exported with).
 
+    A model_dir's searches take as many sentences at once as fit in half the memory
+    available (`search_memory`).
+
     Raises:
       FileNotFoundError: `export` holds no SavedModel.
       DamagedFileError: the export's files do not load (cut short, or missing).
       checkpoints.ModelDirError: the model_dir has no model that reads back.
+      search_memory.SearchMemoryError: a beam of which one sentence's search does not fit in
+        this machine's memory.
     """
     if export:
         import tensorflow_text  # noqa: F401  registers the SentencePiece ops
@@ -101,9 +107,13 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
 
         share_threads(sampling=sampling)
         model, vocab, _ = load_model(model_dir, checkpoint)
+        available = search_memory.available_bytes()
+        if sampling is None and available is not None:
+            search_memory.check_beam(model.settings, beam_size, available=available)
         alpha = default_alpha(model_dir)[0] if alpha is None else alpha
         module = TranslationModule(model, vocab, beam_size, alpha, n_best=n_best,
-                                   sampling=sampling, beam_stop=beam_stop)
+                                   sampling=sampling, beam_stop=beam_stop,
+                                   memory_budget=search_memory.memory_budget(available))
         # A tf.function method holds its instance weakly: the functions keep `module` alive.
         run = {"serving_default": _from_strings(module.serve, module),
                "translate_n_best": _from_strings(module.serve_n_best, module),

@@ -29,6 +29,7 @@ import tensorflow as tf
 from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.data.tokenizer import has_content, portable_model_proto, strip_output, to_source_ids
 from tfnmt.data.vocabulary import as_protos
+from tfnmt.inference import search_memory
 from tfnmt.inference.beam_search import STOP_RULES, beam_search, beam_search_alphas
 from tfnmt.inference.decoding import EXTRA_LENGTH, decode_limits, dynamic_decode
 from tfnmt.inference.decoding_threads import PARALLEL_SEARCHES
@@ -128,6 +129,11 @@ class TranslationModule:
         choose explicitly for GPUs.
       chunk_size: sentences searched at once; a larger request is translated in chunks of this
         many, one after another.
+      memory_budget: None, or bytes a chunk's search may hold: a request's chunks are then of
+        as many sentences (at most chunk_size, at least 1) as fit in it by the estimate of
+        `search_memory.sentence_bytes` for the request's longest sentence (a wide beam
+        searches fewer sentences at once). For use in this process (translate.py and
+        evaluate.py with a model_dir), where the budget is this machine's; not exported.
       sampling: None for beam search, or {"temperature", "top_k", "seed"}: each translation is
         drawn at random instead (`greedy_search.SamplingSearch`; n_best must be 1).
       cpuinfo: the file an "auto" export reads its CPU flags from (tests give their own).
@@ -147,7 +153,7 @@ class TranslationModule:
                  n_best=4, extra_length=EXTRA_LENGTH, parallel_searches=PARALLEL_SEARCHES,
                  matmul_dtype="float32", chunk_size=64, sampling=None, cpuinfo=CPUINFO,
                  beam_stop="finished", bf16_min_speedup=None, gpu_files=GPU_DEVICE_FILES,
-                 environ=ENVIRON):
+                 environ=ENVIRON, memory_budget=None):
         import tensorflow_text as tf_text
 
         self.model = model
@@ -182,6 +188,7 @@ class TranslationModule:
         self.chunk_size = int(chunk_size)
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size={chunk_size} must be >= 1")
+        self.memory_budget = None if memory_budget is None else int(memory_budget)
         if sampling is not None:
             if self.n_best != 1:
                 raise ValueError("sampling draws one translation per sentence: n_best must be 1")
@@ -248,10 +255,34 @@ class TranslationModule:
         columns = n_best if alphas is None else len(alphas)
         return self._in_chunks(
             lambda rows, prefix_rows: self._translate_chunk(rows, n_best, prefix_rows, alphas),
-            [sentences, prefixes], [(tf.string, [None, columns]), (tf.float32, [None, columns])])
+            [sentences, prefixes], [(tf.string, [None, columns]), (tf.float32, [None, columns])],
+            self._search_chunk_size(sentences, prefixes))
 
-    def _in_chunks(self, chunk_fn, inputs, outputs):
-        """Runs `chunk_fn` on `chunk_size` consecutive rows of every input at a time, one chunk
+    def _search_chunk_size(self, sentences, prefixes=None):
+        """Sentences of `sentences` [B] (with `prefixes` [B] or None) to search at once:
+        `chunk_size`, or with a `memory_budget`, as many as fit in it (int32 scalar, >= 1)."""
+        if self.memory_budget is None:
+            return self.chunk_size
+
+        def longest(tokenizer, texts):  # subwords of the longest text, 0 for none
+            texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="replace")
+            return tf.reduce_max(tf.concat(
+                [tf.cast(tokenizer.tokenize(texts).row_lengths(), tf.int64), [0]], 0))
+
+        source = tf.minimum(longest(self.source_tokenizer, sentences) + 1,
+                            self.max_source_length)  # with EOS, as read
+        limit = source + self.extra_length
+        if self.max_decode_length:
+            limit = tf.minimum(limit, self.max_decode_length)
+        if prefixes is not None:  # room for the prefix and one more token
+            limit = tf.maximum(limit, longest(self.target_tokenizer, prefixes) + 1)
+        rows = 1 if self.sampling is not None else self.beam_size
+        fit = self.memory_budget // search_memory.sentence_bytes(self.model.settings, rows,
+                                                                   limit)
+        return tf.cast(tf.clip_by_value(fit, 1, self.chunk_size), tf.int32)
+
+    def _in_chunks(self, chunk_fn, inputs, outputs, size=None):
+        """Runs `chunk_fn` on `size` consecutive rows of every input at a time, one chunk
         after the other (parallel_iterations=1: memory is that of one chunk), with the
         weight matmuls in `matmul_dtype` (for "auto", chosen when the graph runs).
 
@@ -259,13 +290,16 @@ class TranslationModule:
           chunk_fn: a function of each input's rows (None for a None input) -> its results.
           inputs: [B, ...] tensors (or None), the first one not None.
           outputs: (dtype, element shape) of each result.
+          size: rows per chunk, an int or int32 scalar tensor (default `chunk_size`).
 
         Returns:
           The results of all chunks, concatenated.
         """
+        size = self.chunk_size if size is None else size
+
         def all_chunks(matmul_dtype):
             with self.decoding_scope(matmul_dtype):
-                batch, size = tf.shape(inputs[0])[0], self.chunk_size
+                batch = tf.shape(inputs[0])[0]
                 count = (batch + size - 1) // size
 
                 def one_chunk(index, *arrays):

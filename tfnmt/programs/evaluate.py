@@ -185,12 +185,13 @@ def _translate(sources, unit):
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
     from tfnmt.inference.evaluation import translate_lines
+    from tfnmt.inference.search_memory import SearchMemoryError
 
     try:
         signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
                                              FLAGS.alpha, FLAGS.checkpoint,
                                              beam_stop=FLAGS.beam_stop)
-    except (ModelDirError, OSError) as error:
+    except (ModelDirError, OSError, SearchMemoryError) as error:
         raise app.UsageError(str(error))
     if message := loading.long_sources(signatures, sources, unit=unit):
         print(f"evaluate.py: of the {len(sources):,} sources, {message}", file=sys.stderr)

@@ -118,7 +118,7 @@ def main(argv):
                                  f"{reason}; lift the cap, or give --check=false to export "
                                  "for a server without it")
     from tfnmt import checkpoints
-    from tfnmt.inference import length_penalty
+    from tfnmt.inference import length_penalty, search_memory
     from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
     from tfnmt.inference.serving import TranslationModule
 
@@ -128,6 +128,10 @@ def main(argv):
         raise app.UsageError(str(error))
     if FLAGS.format == "ctranslate2":
         return export_ctranslate2(model, vocab, path, export_dir)
+    try:  # a beam of which one sentence does not fit here: the check would be killed
+        search_memory.check_beam(model.settings, FLAGS.beam_size)
+    except search_memory.SearchMemoryError as error:
+        raise app.UsageError(str(error))
     alpha, source = (FLAGS.alpha, "--alpha") if FLAGS.alpha is not None \
         else length_penalty.default_alpha(FLAGS.model_dir)
     print(f"length penalty {alpha:g} ({source})", flush=True)

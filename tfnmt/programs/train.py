@@ -453,6 +453,20 @@ def main(argv):
     except ValueError as error:
         raise app.UsageError(str(error))
     t = settings["train"]
+    if t.get("eval_beam_size", 1) > 1:  # a beam too wide for memory would fail at the first eval
+        from tfnmt.inference.search_memory import SearchMemoryError, check_beam
+
+        from tfnmt.data.vocabulary import piece_count
+
+        model, d = settings["model"], settings["data"]
+        if not model.get("vocab_size"):  # not made yet: the size asked for, or --vocab's
+            given = [d["vocab"]] if isinstance(d.get("vocab"), str) else d.get("vocab")
+            model = dict(model, vocab_size=max(map(piece_count, given)) if given
+                         else d["vocab_size"])
+        try:
+            check_beam(model, t["eval_beam_size"], "--eval_beam_size")
+        except SearchMemoryError as error:
+            raise app.UsageError(str(error))
     try:  # ja-mecab and ko-mecab need packages of their own: said before the training
         bleu_tokenization.check_available(t.get("bleu_tokenize", bleu_tokenization.AUTO))
     except ValueError as error:

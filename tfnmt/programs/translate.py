@@ -204,13 +204,14 @@ def main(argv):
     cli.check_model_path(FLAGS.model_dir, FLAGS.export)
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
+    from tfnmt.inference.search_memory import SearchMemoryError
 
     try:
         signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
                                              FLAGS.alpha, FLAGS.checkpoint,
                                              n_best=FLAGS.n_best, sampling=sampling,
                                              beam_stop=FLAGS.beam_stop)
-    except (ModelDirError, FileNotFoundError, OSError) as error:
+    except (ModelDirError, FileNotFoundError, OSError, SearchMemoryError) as error:
         raise app.UsageError(str(error))
     for flag, signature in (("score_targets", "score"),
                             ("target_prefix", "translate_with_prefix")):

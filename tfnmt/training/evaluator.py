@@ -4,7 +4,7 @@ import tensorflow as tf
 
 from tfnmt.data import pipeline
 from tfnmt.data.corpus import read_split
-from tfnmt.inference import bleu_tokenization
+from tfnmt.inference import bleu_tokenization, search_memory
 from tfnmt.inference.evaluation import Translator, corpus_scores, evaluate_loss, loss_sums_function
 from tfnmt.training.summaries import (teacher_forced_inputs, write_attention_images,
                                      write_scalars)
@@ -80,7 +80,8 @@ class Evaluator:
         limit = settings["train"].get("bleu_sentences") or len(self.pairs)
         self.pairs = self.pairs[:limit]
         self.translator = Translator(model, vocabulary, d["max_length"],
-                                     beam_size=settings["train"].get("eval_beam_size", 1))
+                                     beam_size=settings["train"].get("eval_beam_size", 1),
+                                     memory_budget=search_memory.memory_budget())
         self.loss_sums = loss_sums_function(model, settings["train"]["label_smoothing"])
         self.vocabulary = vocabulary
 
