@@ -206,3 +206,25 @@ def test_embedded_corpus_is_a_local_tfds_builder(tmp_path, monkeypatch):
     pairs = list(corpus.read_corpus("embedded", "dev", tfds_data_dir=str(tmp_path)))
     assert len(pairs) == 462
     assert pairs == [(s.strip(), t.strip()) for s, t, *_ in read_split("dev")]
+
+
+def test_corpus_paths_that_cannot_be_meant_as_given_say_why(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.de").write_text("Das ist ein Haus.\nJa.\n", encoding="utf-8")
+    (tmp_path / "train.en").write_text("This is a house.\nYes.\n", encoding="utf-8")
+    corpus.check_files("train.de,train.en")  # as meant
+    with pytest.raises(corpus.CorpusError, match=r"^' train.en': file not found \(a blank "
+                       r"around the name: 'train.en' exists\)$"):
+        corpus.check_files("train.de, train.en")
+    with pytest.raises(corpus.CorpusError, match=r"^'train.\*': file not found \(wildcards are "
+                       r"not expanded: name each corpus, repeating the flag\)$"):
+        corpus.check_files("train.*")
+    with pytest.raises(corpus.CorpusError, match=r"^other.en: file not found$"):
+        corpus.check_files("train.de,other.en")
+    # One file is a TSV: one side's file alone is refused at once, not at its first line read.
+    with pytest.raises(corpus.CorpusError, match=r"^train.de: its first line holds no tab, and "
+                       r"one file is read as a TSV \(source<TAB>target\): for a file per side "
+                       r"give both, source first \(train.de,<the target side's file>\)$"):
+        corpus.check_files("train.de")
+    (tmp_path / "pairs.tsv").write_text("Ja.\tYes.\nohne Tab\n", encoding="utf-8")
+    corpus.check_files("pairs.tsv")  # a later line without a tab is named when read

@@ -205,18 +205,35 @@ def check_files(spec):
     for path in paths:
         if os.path.isdir(path):
             raise CorpusError(f"{path} is a directory, not a file")
+        if not os.path.exists(path):
+            hint = _not_found_hint(path)
+            raise CorpusError(f"{repr(path) if hint else path}: file not found{hint}")
         try:
             with _open_text(path) as f:
-                empty = not f.read(1)
+                first = f.readline()
         except OSError as error:  # unreadable, or .gz that is not gzip
             raise CorpusError(f"{path}: {error.strerror or error}") from None
-        if empty:
+        if not first:
             raise CorpusError(f"{path} is empty")
+        if len(paths) == 1 and b"\t" not in first:
+            raise CorpusError(f"{path}: its first line holds no tab, and one file is read as "
+                              "a TSV (source<TAB>target): for a file per side give both, "
+                              f"source first ({path},<the target side's file>)")
     if len(paths) == 2:
         counts = [_count_lines(path) for path in paths]
         if counts[0] != counts[1]:
             raise CorpusError(f"{paths[0]} has {counts[0]:,d} lines but {paths[1]} has "
                               f"{counts[1]:,d}: the files are not line-aligned")
+
+
+def _not_found_hint(path):
+    """Why a path given for a corpus may not be found, where that shows: a blank around it,
+    or a wildcard (the files are named one by one)."""
+    if path != path.strip() and os.path.exists(path.strip()):
+        return f" (a blank around the name: {path.strip()!r} exists)"
+    if any(c in path for c in "*?["):
+        return " (wildcards are not expanded: name each corpus, repeating the flag)"
+    return ""
 
 
 def network_available(host="storage.googleapis.com", port=443, timeout=3.0):
