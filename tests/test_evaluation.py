@@ -218,3 +218,43 @@ def test_dev_loss_is_the_mean_over_every_real_target_token_and_none_without_one(
     nothing = make_dataset(small_prepared, "dev", 512, shortest - 1, shuffle=False)
     assert evaluate_loss(model, nothing) == {"loss": None, "perplexity": None,
                                              "accuracy": None}
+
+
+def test_evaluate_py_refuses_a_tsv_of_pairs_given_as_sentences(tmp_path):
+    import gzip
+
+    from helpers import python
+
+    german = [f"Das ist Haus Nummer {n}." for n in range(40)]
+    english = [f"This is house number {n}." for n in range(40)]
+    (tmp_path / "dev.en").write_text("".join(f"{e}\n" for e in english))
+    pairs = "".join(f"{g}\t{e}\n" for g, e in zip(german, english))
+    (tmp_path / "dev.tsv").write_text(pairs)
+    (tmp_path / "dev.tsv.gz").write_bytes(gzip.compress(pairs.encode()))
+    tsv, gz, references = (str(tmp_path / name) for name in ("dev.tsv", "dev.tsv.gz", "dev.en"))
+    stem = str(tmp_path / "dev")
+    refused = python("evaluate.py", f"--hypotheses={gz}", f"--reference={references}")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"evaluate.py: --hypotheses={gz}: 40 of its first 40 lines hold a tab: a TSV of pairs? "
+        f"evaluate.py reads a sentence per line: zcat {gz} | cut -f2 > {stem}.2 (the column "
+        f"that holds them); then --hypotheses={stem}.2")
+    refused = python("evaluate.py", f"--source={tsv}", f"--reference={tsv}")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"evaluate.py: --source={tsv}: 40 of its first 40 lines hold a tab: a TSV of pairs? "
+        f"evaluate.py reads a sentence per line: cut -f1 {tsv} > {stem}.1; cut -f2 {tsv} > "
+        f"{stem}.2; then --source={stem}.1 --reference={stem}.2")
+    # Under 95% of the lines with a tab: sentences, scored (here against themselves).
+    mixed = [f"{e}\tmore" for e in english[:37]] + english[37:]
+    (tmp_path / "mixed.en").write_text("".join(f"{e}\n" for e in mixed))
+    scored = python("evaluate.py", f"--hypotheses={tmp_path / 'mixed.en'}",
+                    f"--reference={tmp_path / 'mixed.en'}")
+    assert scored.returncode == 0, scored.stderr
+    assert "BLEU   100.00" in scored.stdout
+    (tmp_path / "mixed.en").write_text("".join(f"{e}\tmore\n" for e in english[:38])
+                                       + "".join(f"{e}\n" for e in english[38:]))
+    refused = python("evaluate.py", f"--hypotheses={references}",
+                     f"--reference={tmp_path / 'mixed.en'}")
+    assert refused.returncode == 1
+    assert "--reference=" in refused.stderr and "38 of its first 40 lines" in refused.stderr

@@ -60,14 +60,43 @@ flags.register_validator("beam_size", lambda v: v > 0, "--beam_size must be posi
 cli.register_alpha_validator()
 
 
+# A file with a tab in this share of its first lines or more is a TSV of pairs, not one
+# sentence per line: its lines would be translated and scored tab and all.
+TSV_SHARE = 0.95
+
+
 def _read_lines(path, flag):
     try:
-        return text_lines.read_lines(path)
+        lines = text_lines.read_lines(path)
     except UnicodeDecodeError as error:
         raise app.UsageError(f"--{flag}={path}: not UTF-8 text ({error.reason} at byte "
                              f"{error.start})")
     except OSError as error:
         raise app.UsageError(f"--{flag}={path}: {error.strerror}")
+    _refuse_pairs(lines, flag, path)
+    return lines
+
+
+def _refuse_pairs(lines, flag, path, sample=1000):
+    """One line (app.UsageError) for a TSV of pairs given as a file of sentences, with the
+    `cut` commands that give its columns as files."""
+    first = lines[:sample]
+    tabbed = sum("\t" in line for line in first)
+    if not first or tabbed < TSV_SHARE * len(first):
+        return
+    compressed = path.endswith(".gz")
+    stem = os.path.splitext(path[:-3] if compressed else path)[0]
+
+    def cut(column):
+        out = f"{stem}.{column}"
+        return (f"zcat {path} | cut -f{column} > {out}" if compressed
+                else f"cut -f{column} {path} > {out}")
+    advice = (f"{cut(1)}; {cut(2)}; then --source={stem}.1 --reference={stem}.2"
+              if flag == "source" else f"{cut(2)} (the column that holds them); then "
+              f"--{flag}={stem}.2")
+    raise app.UsageError(f"--{flag}={path}: {tabbed:,} of its first {len(first):,} lines hold "
+                         "a tab: a TSV of pairs? evaluate.py reads a sentence per line: "
+                         f"{advice}")
 
 
 def _training_dir_of(export):
