@@ -220,7 +220,8 @@ def test_dev_loss_is_the_mean_over_every_real_target_token_and_none_without_one(
                                              "accuracy": None}
 
 
-def test_evaluate_py_refuses_a_tsv_of_pairs_given_as_sentences(tmp_path):
+def test_a_tsv_of_pairs_given_as_sentences_is_refused_by_evaluate_and_said_by_translate(
+        tmp_path, tiny_model_dir):
     import gzip
 
     from helpers import python
@@ -258,3 +259,12 @@ def test_evaluate_py_refuses_a_tsv_of_pairs_given_as_sentences(tmp_path):
                      f"--reference={tmp_path / 'mixed.en'}")
     assert refused.returncode == 1
     assert "--reference=" in refused.stderr and "38 of its first 40 lines" in refused.stderr
+    # translate.py translates each line whole, and says so.
+    translated = python("translate.py", f"--model_dir={tiny_model_dir}", f"--input={tsv}")
+    assert translated.returncode == 0, translated.stderr
+    assert len(translated.stdout.splitlines()) == 40
+    assert f"translate.py: --input {tsv}: 40 of its first 40 lines hold a tab: a TSV of " \
+        "pairs? Each line is translated whole, tab and all (`cut -f1` gives the first " \
+        "column)\n" in translated.stderr
+    translated = python("translate.py", f"--model_dir={tiny_model_dir}", f"--input={references}")
+    assert translated.returncode == 0 and "tab" not in translated.stderr

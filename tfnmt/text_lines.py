@@ -58,6 +58,17 @@ def iter_lines(path, errors="strict", invalid=None):
             f.close()
 
 
+# Lines of which this share or more hold a tab are a TSV of pairs, not a sentence per line.
+PAIRS_SHARE = 0.95
+
+
+def tabbed_pairs(lines):
+    """How many of `lines` (a file's first, a thousand or so) hold a tab, where they look like
+    a TSV of pairs (`PAIRS_SHARE` of them or more); else 0."""
+    tabbed = sum("\t" in line for line in lines)
+    return tabbed if lines and tabbed >= PAIRS_SHARE * len(lines) else 0
+
+
 def listed(names, most_named=10):
     """Names as a message lists them: "a", "a and b", "a, b and c"; past `most_named` the rest
     counted ("a, b and 3 more")."""

@@ -60,11 +60,6 @@ flags.register_validator("beam_size", lambda v: v > 0, "--beam_size must be posi
 cli.register_alpha_validator()
 
 
-# A file with a tab in this share of its first lines or more is a TSV of pairs, not one
-# sentence per line: its lines would be translated and scored tab and all.
-TSV_SHARE = 0.95
-
-
 def _read_lines(path, flag):
     try:
         lines = text_lines.read_lines(path)
@@ -78,11 +73,11 @@ def _read_lines(path, flag):
 
 
 def _refuse_pairs(lines, flag, path, sample=1000):
-    """One line (app.UsageError) for a TSV of pairs given as a file of sentences, with the
-    `cut` commands that give its columns as files."""
+    """One line (app.UsageError) for a TSV of pairs given as a file of sentences
+    (`text_lines.tabbed_pairs`: its lines would be translated and scored tab and all), with
+    the `cut` commands that give its columns as files."""
     first = lines[:sample]
-    tabbed = sum("\t" in line for line in first)
-    if not first or tabbed < TSV_SHARE * len(first):
+    if not (tabbed := text_lines.tabbed_pairs(first)):
         return
     compressed = path.endswith(".gz")
     stem = os.path.splitext(path[:-3] if compressed else path)[0]

@@ -81,7 +81,8 @@ flags.register_validator("sampling_temperature", lambda v: v > 0,
 # Sentences are sorted by length within a window of this many batches: enough that batches
 # pad little, few enough that output follows input closely and memory stays bounded.
 WINDOW_BATCHES = 64
-# The first input lines whose language is compared with the model's training sides.
+# The first input lines whose language is compared with the model's training sides (and
+# which are looked at for tabs).
 OTHER_LANGUAGE_SAMPLE = 1000
 
 
@@ -235,10 +236,13 @@ def main(argv):
     try:
         for window_number, window in enumerate(text_lines.windows(lines, window_size)):
             sources = [line if isinstance(line, str) else line[0] for line in window]
-            if window_number == 0 and (message := loading.other_language(
-                    FLAGS.model_dir, FLAGS.export, sources[:OTHER_LANGUAGE_SAMPLE],
-                    "the input" if FLAGS.input == "-" else f"--input {FLAGS.input}")):
-                print(f"translate.py: {message}", file=sys.stderr)
+            if window_number == 0:
+                name = "the input" if FLAGS.input == "-" else f"--input {FLAGS.input}"
+                for message in (tabbed_lines(sources[:OTHER_LANGUAGE_SAMPLE], name),
+                                loading.other_language(FLAGS.model_dir, FLAGS.export,
+                                                       sources[:OTHER_LANGUAGE_SAMPLE], name)):
+                    if message:
+                        print(f"translate.py: {message}", file=sys.stderr)
             output = translate_window(signatures, window, lines_read)
             writer.write(output)
             first_line, lines_read = lines_read + 1, lines_read + len(window)
@@ -268,6 +272,15 @@ def main(argv):
                                 f"{of_total} input lines") from None
     finally:
         writer.close()
+
+
+def tabbed_lines(lines, name):
+    """A line saying that `lines` (the input's first) look like a TSV of pairs
+    (`text_lines.tabbed_pairs`), each of which is translated whole, tab and all; else None."""
+    if not (tabbed := text_lines.tabbed_pairs(lines)):
+        return None
+    return (f"{name}: {tabbed:,} of its first {len(lines):,} lines hold a tab: a TSV of pairs? "
+            "Each line is translated whole, tab and all (`cut -f1` gives the first column)")
 
 
 def check_in_step(input_path, targets_path):
