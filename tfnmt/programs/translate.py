@@ -7,7 +7,8 @@ it is done, so a large file streams in bounded memory; typed into a terminal, ea
 translated as it is entered. A line longer than the model reads (max_length - 1 subwords) is
 translated from its start, and stderr names it. Input that reads like the model's target
 language rather than its source language is said on stderr (by the character pairs of its
-first 1,000 lines against those of the model's training text).
+first 1,000 lines against those of the model's training text), and so is input that looks like
+a TSV of pairs (a tab in 95% of those lines; each line is translated whole).
 
   echo "Das ist ein Haus." | python translate.py --model_dir=runs/de-en
   python translate.py --export=runs/de-en/export --input=test.de --output=test.en
