@@ -503,6 +503,34 @@ def test_a_diverged_loss_stops_the_run_before_its_update_is_saved(small_corpus, 
             assert np.isfinite(value).all(), name
 
 
+def test_a_run_that_ends_within_its_warmup_says_so(small_corpus, train_data, tmp_path):
+    # The learning rate still rises at the last update: said, for a fixed number of updates
+    # and for a time budget's plan (the rsqrt decay keeps its warm-up: the tiny preset's 800).
+    quick = dict(log_every=2, checkpoint_every=1000, eval_every=0, bleu_sentences=2,
+                 average_last=0, test_report="false")
+    fixed = python(*train_flags(small_corpus, train_data, str(tmp_path / "fixed"),
+                                train_steps=4, warmup_steps=6, **quick))
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert ("warning: the run's 4 updates end within its 6-update warm-up (--warmup_steps): "
+            "its learning rate rises to the last one and never reaches its peak; a "
+            "--warmup_steps of a tenth of the updates or so trains the model\n") in fixed.stdout
+    rates = [float(r) for r in re.findall(r"^step +\d+/4 \| loss \S+ \| lr (\S+) ",
+                                          fixed.stdout, re.M)]
+    assert rates == sorted(rates) and len(rates) == 2  # rising to the end
+    planned = python(*train_flags(small_corpus, train_data, str(tmp_path / "planned"),
+                                  train_steps=None, train_minutes=0.05, warmup_steps=None,
+                                  lr_decay="rsqrt", **quick))
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    steps = int(re.search(r"^planned ([\d,]+) updates for 0.05 minutes", planned.stdout,
+                          re.M)[1].replace(",", ""))
+    assert steps < 800
+    assert f"warning: the run's {steps:,d} updates end within its 800-update warm-up" \
+        in planned.stdout
+    enough = python(*train_flags(small_corpus, train_data, str(tmp_path / "enough"),
+                                 train_steps=6, warmup_steps=6, **quick))  # at its peak
+    assert enough.returncode == 0 and "warm-up" not in enough.stdout
+
+
 def test_a_time_budget_plans_the_run_and_a_resumed_run_keeps_the_plan(small_corpus, train_data,
                                                                      tmp_path):
     # 24 seconds of training: the number of updates is planned from their pace. A run

@@ -45,6 +45,19 @@ POLICIES = {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"
 MAX_WARMUP_SHARE = 0.4
 
 
+def _within_warmup(t, updates):
+    """A line where a run of `updates` updates ends within its warm-up (its learning rate
+    still rising at the last one, as when the `base` preset's 4,000 warm-up updates meet a
+    short run), else None."""
+    warmup = t["warmup_steps"]
+    if updates >= warmup:
+        return None
+    return (f"warning: the run's {updates:,d} updates end within its {warmup:,d}-update "
+            "warm-up (--warmup_steps): its learning rate rises to the last one and never "
+            "reaches its peak; a --warmup_steps of a tenth of the updates or so trains the "
+            "model")
+
+
 def is_disk_full(error):
     """Whether an error means the disk is full.
 
@@ -231,6 +244,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     if restored and budget is not None:
         log(f"resumed within the time budget: {spent / 60:.2f} of {t['train_minutes']:g} "
             "minutes trained; planning the rest from this run's pace")
+    if trains and budget is None and (message := _within_warmup(t, t["train_steps"])):
+        log(message)
 
     configured_warmup = t["warmup_steps"]
     dropout_start = _dropout_start(model, settings, manifest, first_step)
@@ -268,6 +283,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
             log(f"{'planned' if budget.frozen else 'planning'} {planned:,d} updates for "
                 f"{minutes:g} minute{'' if minutes == 1 else 's'} of training" +
                 ("" if budget.frozen else " (revised until half that time has passed)"))
+            if budget.frozen and (message := _within_warmup(t, planned)):
+                log(message)
             if is_chief:  # a run resumed after this keeps this length
                 write_json(os.path.join(model_dir, SETTINGS), settings)
                 if budget.frozen:  # TensorBoard's settings: the planned length, warm-up, rate
