@@ -294,6 +294,27 @@ def requested_settings(preset=None):
     return settings, explicit
 
 
+def check_eval_beam_memory(settings):
+    """One line (app.UsageError) for an --eval_beam_size of which one dev sentence's search
+    would not fit in this machine's memory (`search_memory.check_beam`): the run would fail at
+    its first evaluation."""
+    beam = settings["train"].get("eval_beam_size", 1)
+    if beam == 1:
+        return
+    from tfnmt.data.vocabulary import piece_count
+    from tfnmt.inference.search_memory import SearchMemoryError, check_beam
+
+    model, d = settings["model"], settings["data"]
+    if not model.get("vocab_size"):  # not made yet: the size asked for, or --vocab's
+        given = [d["vocab"]] if isinstance(d.get("vocab"), str) else d.get("vocab")
+        model = dict(model, vocab_size=max(map(piece_count, given)) if given
+                     else d["vocab_size"])
+    try:
+        check_beam(model, beam, "--eval_beam_size")
+    except SearchMemoryError as error:
+        raise app.UsageError(str(error))
+
+
 def check_paths():
     """One line (app.UsageError) for a path that cannot work, before any work starts."""
     from tfnmt.data.corpus import CorpusError, check_files
@@ -453,20 +474,7 @@ def main(argv):
     except ValueError as error:
         raise app.UsageError(str(error))
     t = settings["train"]
-    if t.get("eval_beam_size", 1) > 1:  # a beam too wide for memory would fail at the first eval
-        from tfnmt.inference.search_memory import SearchMemoryError, check_beam
-
-        from tfnmt.data.vocabulary import piece_count
-
-        model, d = settings["model"], settings["data"]
-        if not model.get("vocab_size"):  # not made yet: the size asked for, or --vocab's
-            given = [d["vocab"]] if isinstance(d.get("vocab"), str) else d.get("vocab")
-            model = dict(model, vocab_size=max(map(piece_count, given)) if given
-                         else d["vocab_size"])
-        try:
-            check_beam(model, t["eval_beam_size"], "--eval_beam_size")
-        except SearchMemoryError as error:
-            raise app.UsageError(str(error))
+    check_eval_beam_memory(settings)
     try:  # ja-mecab and ko-mecab need packages of their own: said before the training
         bleu_tokenization.check_available(t.get("bleu_tokenize", bleu_tokenization.AUTO))
     except ValueError as error:
