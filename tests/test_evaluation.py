@@ -234,18 +234,18 @@ def test_a_tsv_of_pairs_given_as_sentences_is_refused_by_evaluate_and_said_by_tr
     (tmp_path / "dev.tsv.gz").write_bytes(gzip.compress(pairs.encode()))
     tsv, gz, references = (str(tmp_path / name) for name in ("dev.tsv", "dev.tsv.gz", "dev.en"))
     stem = str(tmp_path / "dev")
-    refused = python("evaluate.py", f"--hypotheses={gz}", f"--reference={references}")
-    assert refused.returncode == 1
-    assert refused.stderr.strip() == (
-        f"evaluate.py: --hypotheses={gz}: 40 of its first 40 lines hold a tab: a TSV of pairs? "
-        f"evaluate.py reads a sentence per line: zcat {gz} | cut -f2 > {stem}.2 (the column "
-        f"that holds them); then --hypotheses={stem}.2")
-    refused = python("evaluate.py", f"--source={tsv}", f"--reference={tsv}")
-    assert refused.returncode == 1
-    assert refused.stderr.strip() == (
-        f"evaluate.py: --source={tsv}: 40 of its first 40 lines hold a tab: a TSV of pairs? "
-        f"evaluate.py reads a sentence per line: cut -f1 {tsv} > {stem}.1; cut -f2 {tsv} > "
-        f"{stem}.2; then --source={stem}.1 --reference={stem}.2")
+    for args, advice in (
+            ([f"--hypotheses={gz}", f"--reference={references}"],
+             f"zcat {gz} | cut -f2 > {stem}.2 (the column that holds them); then "
+             f"--hypotheses={stem}.2"),
+            ([f"--source={tsv}", f"--reference={tsv}"],
+             f"cut -f1 {tsv} > {stem}.1; cut -f2 {tsv} > {stem}.2; then --source={stem}.1 "
+             f"--reference={stem}.2")):
+        refused = python("evaluate.py", *args)
+        assert refused.returncode == 1
+        assert refused.stderr.strip() == (
+            f"evaluate.py: {args[0]}: 40 of its first 40 lines hold a tab: a TSV of pairs? "
+            f"evaluate.py reads a sentence per line: {advice}")
     # Under 95% of the lines with a tab: sentences, scored (here against themselves).
     mixed = [f"{e}\tmore" for e in english[:37]] + english[37:]
     (tmp_path / "mixed.en").write_text("".join(f"{e}\n" for e in mixed))
