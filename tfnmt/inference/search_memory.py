@@ -11,7 +11,7 @@ source's subwords + 50):
   - the K beams' candidates, 3 x K x min(2K, V).
 With the usual beams (4-12) that is a few MiB a sentence, and a request's sentences are
 searched together. A beam of thousands holds GiBs a sentence (beam 4,000 over 8,000 subwords,
-two layers of width 256, a 15-subword sentence: 1.3 GiB measured, 3.3 estimated): a batch of 32
+two layers of width 256, a 15-subword sentence: 1.3 GiB measured, 3.2 estimated): a batch of 32
 searched at once would exhaust the machine and be killed. `TranslationModule(memory_budget=…)`
 searches as many sentences at once as fit in a budget instead, and `check_beam` refuses a beam
 of which not even one sentence fits.
