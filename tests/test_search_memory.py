@@ -122,6 +122,34 @@ def test_a_wide_beam_searches_as_many_sentences_at_once_as_fit(tiny, tiny_model_
     assert empty.serve(tf.constant([], tf.string))["translations"].shape == (0,)
 
 
+def test_output_limits_and_chunk_size_follow_the_length_rules(tiny, tiny_model_dir):
+    from tfnmt.model.transformer import Transformer
+
+    model, vocab = tiny
+    processor = sentencepiece.SentencePieceProcessor(
+        model_file=os.path.join(tiny_model_dir, "spm.model"))
+    sources = [len(processor.encode(s)) + 1 for s in SENTENCES]  # with EOS
+    prefixes = ["", "und es geschah " * 10, "Ja", "", ""]
+    forced = [len(processor.encode(p)) for p in prefixes]
+    learned = Transformer(**dict(model.settings, position="learned", max_length=30))
+    extra = search_memory.EXTRA_LENGTH
+    for search_model, cap, table in ((model, 0, None), (model, 12, None), (learned, 0, 30),
+                                     (learned, 12, 30)):
+        module = TranslationModule(search_model, vocab, beam_size=3, n_best=1, chunk_size=4,
+                                   max_decode_length=cap, memory_budget=10 ** 6)
+        source_ids = module.source_ids(tf.constant(SENTENCES))
+        prefix_ids = module._prefix_ids(tf.constant(prefixes))
+        expected = []
+        for length, prefix in zip(sources, forced):
+            limit = min(length + extra, table or length + extra, cap or length + extra)
+            limit = max(limit, prefix + 1)
+            expected.append(min(limit, table) if table else limit)
+        np.testing.assert_array_equal(module._output_limits(source_ids, prefix_ids), expected)
+        fit = 10 ** 6 // search_memory.sentence_bytes(search_model.settings, 3, max(expected))
+        assert int(module._search_chunk_size(tf.constant(SENTENCES), tf.constant(prefixes))) \
+            == min(max(fit, 1), 4)
+
+
 def test_training_evaluation_batches_fewer_sentences_of_a_wide_beam(tiny):
     model, _ = tiny
     vocabulary = None  # batching needs only the model

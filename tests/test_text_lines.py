@@ -181,3 +181,21 @@ def test_a_file_that_cannot_be_written_is_named_with_the_lines_it_got(tmp_path):
     with pytest.raises(BrokenPipeError):
         writer.write(["x"])
 
+
+
+def test_column_cuts_write_each_column_to_its_file(tmp_path):
+    import subprocess
+
+    rows = [["1", "Ein Haus.", "A house.", "x"], ["2", "Ja, ja.", "Yes, yes.", "y"]]
+    data = "".join("\t".join(row) + "\n" for row in rows)
+    plain = tmp_path / "pairs.tsv"
+    plain.write_text(data, encoding="utf-8")
+    packed = tmp_path / "packed.tsv.gz"
+    packed.write_bytes(gzip.compress(data.encode()))
+    for path, stem in ((plain, tmp_path / "pairs"), (packed, tmp_path / "packed")):
+        commands, outputs = text_lines.column_cuts(str(path), [3, 2])
+        assert outputs == [f"{stem}.3", f"{stem}.2"]
+        subprocess.run(["bash", "-c", commands], check=True)
+        for column, output in zip([3, 2], outputs):
+            with open(output, encoding="utf-8") as f:
+                assert f.read().splitlines() == [row[column - 1] for row in rows]

@@ -1,6 +1,7 @@
 """Text files of one sentence per line, as translate.py and evaluate.py read and write them."""
 import gzip
 import itertools
+import os
 import sys
 import zlib
 
@@ -67,6 +68,25 @@ def tabbed_pairs(lines):
     a TSV of pairs (`PAIRS_SHARE` of them or more); else 0."""
     tabbed = sum("\t" in line for line in lines)
     return tabbed if lines and tabbed >= PAIRS_SHARE * len(lines) else 0
+
+
+def column_cuts(path, columns):
+    """Shell commands that write columns of a TSV to files of their own, `<stem>.<column>`
+    (train.tsv.gz: `zcat train.tsv.gz | cut -f1 > train.1`).
+
+    Args:
+      path: the TSV (gzip-compressed where it ends in .gz).
+      columns: 1-based column numbers.
+
+    Returns:
+      (the commands, joined by "; "; [each column's file]).
+    """
+    compressed = path.endswith(".gz")
+    stem = os.path.splitext(path[:-3] if compressed else path)[0]
+    outputs = [f"{stem}.{column}" for column in columns]
+    commands = [f"zcat {path} | cut -f{column} > {out}" if compressed
+                else f"cut -f{column} {path} > {out}" for column, out in zip(columns, outputs)]
+    return "; ".join(commands), outputs
 
 
 def listed(names, most_named=10):

@@ -263,23 +263,40 @@ class TranslationModule:
         `chunk_size`, or with a `memory_budget`, as many as fit in it (int32 scalar, >= 1)."""
         if self.memory_budget is None:
             return self.chunk_size
-
-        def longest(tokenizer, texts):  # subwords of the longest text, 0 for none
-            texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="replace")
-            return tf.reduce_max(tf.concat(
-                [tf.cast(tokenizer.tokenize(texts).row_lengths(), tf.int64), [0]], 0))
-
-        source = tf.minimum(longest(self.source_tokenizer, sentences) + 1,
-                            self.max_source_length)  # with EOS, as read
-        limit = source + self.extra_length
-        if self.max_decode_length:
-            limit = tf.minimum(limit, self.max_decode_length)
-        if prefixes is not None:  # room for the prefix and one more token
-            limit = tf.maximum(limit, longest(self.target_tokenizer, prefixes) + 1)
+        _, source_ids = self._tokenize(sentences)
+        prefix = None if prefixes is None else self._prefix_ids(prefixes)
+        limits = self._output_limits(source_ids, prefix)  # [B]
+        longest = tf.cast(tf.reduce_max(tf.concat([limits, [1]], 0)), tf.int64)
         rows = 1 if self.sampling is not None else self.beam_size
         fit = self.memory_budget // search_memory.sentence_bytes(self.model.settings, rows,
-                                                                   limit)
+                                                                   longest)
         return tf.cast(tf.clip_by_value(fit, 1, self.chunk_size), tf.int32)
+
+    def _prefix_ids(self, prefixes):
+        """string [B] -> [B, P] int32 target subword ids of each prefix, PAD-padded."""
+        text = tf.strings.unicode_transcode(prefixes, "UTF-8", "UTF-8", errors="replace")
+        return tf.cast(self.target_tokenizer.tokenize(text), tf.int32).to_tensor(PAD_ID)
+
+    def _output_limits(self, source_ids, prefix=None):
+        """Each sentence's output limit: its source's length (EOS included) + `extra_length`,
+        at most `max_decode_length`, raised to hold a forced prefix and one more subword.
+
+        Args:
+          source_ids: [B, S] int32.
+          prefix: None, or [B, P] int32 subword ids, PAD-padded.
+
+        Returns:
+          [B] int32, at least 1, within a learned position table.
+        """
+        limits = decode_limits(self.model, source_ids, extra=self.extra_length)
+        if self.max_decode_length:
+            limits = tf.minimum(limits, self.max_decode_length)
+        if prefix is not None:
+            prefix_lengths = tf.reduce_sum(tf.cast(tf.not_equal(prefix, PAD_ID), tf.int32), 1)
+            limits = tf.maximum(limits, prefix_lengths + 1)
+            if self.model.settings["position"] == "learned":
+                limits = tf.minimum(limits, self.model.settings["max_length"])
+        return limits
 
     def _in_chunks(self, chunk_fn, inputs, outputs, size=None):
         """Runs `chunk_fn` on `size` consecutive rows of every input at a time, one chunk
@@ -339,24 +356,12 @@ class TranslationModule:
         """string [C] (and prefixes [C]) -> (translations string [C, n_best], scores float32
         [C, n_best]); with alphas, [C, M] (`translate_batch`)."""
         text, source_ids = self._tokenize(sentences)
-        prefix = None
-        if prefixes is not None:  # [C, P] subword ids, PAD-padded
-            prefix_text = tf.strings.unicode_transcode(prefixes, "UTF-8", "UTF-8",
-                                                       errors="replace")
-            prefix = tf.cast(self.target_tokenizer.tokenize(prefix_text),
-                             tf.int32).to_tensor(PAD_ID)
+        prefix = None if prefixes is None else self._prefix_ids(prefixes)  # [C, P]
         source_lengths = tf.reduce_sum(tf.cast(tf.not_equal(source_ids, PAD_ID), tf.int32), 1)
         # No content: nothing left but EOS, or only blanks/format characters/U+FFFD. Searched
         # for one step only, and answered with "" and 0.
         content = tf.logical_and(source_lengths > 1, has_content(text))  # [C]
-        limits = decode_limits(self.model, source_ids, extra=self.extra_length)
-        if self.max_decode_length:
-            limits = tf.minimum(limits, self.max_decode_length)
-        if prefix is not None:  # room for the prefix and one more token
-            prefix_lengths = tf.reduce_sum(tf.cast(tf.not_equal(prefix, PAD_ID), tf.int32), 1)
-            limits = tf.maximum(limits, prefix_lengths + 1)
-            if self.model.settings["position"] == "learned":
-                limits = tf.minimum(limits, self.model.settings["max_length"])
+        limits = self._output_limits(source_ids, prefix)
         limits = tf.where(content, limits, 1)
         ids, scores = self._search(source_ids, limits, n_best, prefix, alphas)  # [C, N, L]
         columns = n_best if alphas is None else len(alphas)

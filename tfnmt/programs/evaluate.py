@@ -79,16 +79,12 @@ def _refuse_pairs(lines, flag, path, sample=1000):
     first = lines[:sample]
     if not (tabbed := text_lines.tabbed_pairs(first)):
         return
-    compressed = path.endswith(".gz")
-    stem = os.path.splitext(path[:-3] if compressed else path)[0]
-
-    def cut(column):
-        out = f"{stem}.{column}"
-        return (f"zcat {path} | cut -f{column} > {out}" if compressed
-                else f"cut -f{column} {path} > {out}")
-    advice = (f"{cut(1)}; {cut(2)}; then --source={stem}.1 --reference={stem}.2"
-              if flag == "source" else f"{cut(2)} (the column that holds them); then "
-              f"--{flag}={stem}.2")
+    if flag == "source":
+        cuts, (source, reference) = text_lines.column_cuts(path, [1, 2])
+        advice = f"{cuts}; then --source={source} --reference={reference}"
+    else:
+        cuts, (column,) = text_lines.column_cuts(path, [2])
+        advice = f"{cuts} (the column that holds them); then --{flag}={column}"
     raise app.UsageError(f"--{flag}={path}: {tabbed:,} of its first {len(first):,} lines hold "
                          "a tab: a TSV of pairs? evaluate.py reads a sentence per line: "
                          f"{advice}")

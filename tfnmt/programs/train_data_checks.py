@@ -9,6 +9,8 @@ import re
 
 from absl import app, flags
 
+from tfnmt import text_lines
+
 FLAGS = flags.FLAGS
 
 
@@ -205,11 +207,7 @@ def _sentence_columns_advice(path, split, sample, share):
                  if sum(_not_text(row[c]) for row in rows) < (1 - share) * len(rows)]
     if len(sentences) != 2:
         return "give its two sentence columns as two files (cut -f<column>)"
-    stem = os.path.splitext(path[:-3] if path.endswith(".gz") else path)[0]
-    cat = "zcat" if path.endswith(".gz") else "cat"
-    outputs = [f"{stem}.{c + 1}" for c in sentences]
-    cuts = "; ".join(f"{cat} {path} | cut -f{c + 1} > {out}" if cat == "zcat" else
-                     f"cut -f{c + 1} {path} > {out}" for c, out in zip(sentences, outputs))
+    cuts, outputs = text_lines.column_cuts(path, [c + 1 for c in sentences])
     return (f"its sentences look to be in columns {sentences[0] + 1} and {sentences[1] + 1}: "
             f"{cuts}; then --{split}_files={','.join(outputs)}")
 
