@@ -107,13 +107,14 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
 
         share_threads(sampling=sampling)
         model, vocab, _ = load_model(model_dir, checkpoint)
-        available = search_memory.available_bytes()
+        available = search_memory.available_bytes()  # None: not known, no cap
+        budget = None if available is None else search_memory.memory_budget(available)
         if sampling is None and available is not None:
             search_memory.check_beam(model.settings, beam_size, available=available)
         alpha = default_alpha(model_dir)[0] if alpha is None else alpha
         module = TranslationModule(model, vocab, beam_size, alpha, n_best=n_best,
                                    sampling=sampling, beam_stop=beam_stop,
-                                   memory_budget=search_memory.memory_budget(available))
+                                   memory_budget=budget)
         # A tf.function method holds its instance weakly: the functions keep `module` alive.
         run = {"serving_default": _from_strings(module.serve, module),
                "translate_n_best": _from_strings(module.serve_n_best, module),
