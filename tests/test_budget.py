@@ -71,11 +71,19 @@ def test_paused_time_is_not_training_time():
     assert plans[-1][1] == pytest.approx(200 + 10 * 40 * 0.98, abs=3)
 
 
-def test_a_budget_already_spent_ends_at_the_next_update():
+def test_a_budget_spent_ends_the_run_at_the_update_that_spends_it():
     clock = Clock()
     budget = TrainingBudget(0.01, settle_steps=1, interval=1, clock=clock)  # 0.6 s
-    plans = run(budget, clock, 1.0, 3)
-    assert plans and all(planned == step + 1 for step, planned in plans)
+    assert run(budget, clock, 1.0, 3) == [(1, 1)] and budget.frozen
+    # Before the first plan: 30 settling updates of 7 s each would overshoot a minute by 2.5
+    # minutes; the ninth update spends it (63 s).
+    clock = Clock()
+    budget = TrainingBudget(1.0, settle_steps=30, interval=10, clock=clock)
+    assert run(budget, clock, 7.0, 40) == [(9, 9)] and budget.frozen
+    # Resumed with its budget spent: the first update is the last.
+    clock = Clock()
+    budget = TrainingBudget(1.0, first_step=50, spent_seconds=60.0, clock=clock)
+    assert run(budget, clock, 1.0, 5, first=50) == [(51, 51)]
     with pytest.raises(ValueError):
         TrainingBudget(0)
 

@@ -5,7 +5,8 @@ precision and what else the machine does. `TrainingBudget` measures the pace as 
 and plans the last update from it: first once the first `settle_steps` updates (tracing, first
 kernels) are behind it, then again at every call until `freeze_fraction` of the budget has
 passed, each time from the pace of the later half of the training time so far. From then on the
-plan stays. Dev evaluations are not training time (`pause`). A run stopped before its plan
+plan stays. A budget spent before a plan stays (one shorter than the settling updates) ends the
+run at the update that spends it. Dev evaluations are not training time (`pause`). A run stopped before its plan
 stayed goes on planning when resumed, for what is left of the budget (`spent_seconds`, saved
 with each checkpoint by `trainer.CheckpointKeeper`). With a schedule that decays to
 zero at the last update (`schedule.LinearDecaySchedule`), the run moves that end with each plan;
@@ -81,10 +82,17 @@ class TrainingBudget:
         Returns:
           The planned last update when it changed or froze, else None.
         """
-        done = step - self.first_step
-        if self.frozen or done < self.settle_steps or done % self.interval:
+        if self.frozen:
             return None
         elapsed = self.elapsed()
+        if elapsed >= self.seconds:  # spent (before a first plan, too): this update is the last
+            self.frozen = True
+            self.planned_count += self.planned != step
+            self.planned = step
+            return step
+        done = step - self.first_step
+        if done < self.settle_steps or done % self.interval:
+            return None
         self.history.append((step, elapsed))
         if len(self.history) < 2:
             return None
