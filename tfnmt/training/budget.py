@@ -1,16 +1,17 @@
 """A run that trains for a time instead of a number of updates (`train.py --train_minutes`).
 
 The number of updates that fit is not known before training: it depends on the CPU, the
-precision and what else the machine does. `TrainingBudget` measures the pace as the run goes
-and plans the last update from it: first once the first `settle_steps` updates (tracing, first
+precision and what else the machine does. `TrainingBudget` measures the pace as the run goes and
+plans the last update from it: first once the first `settle_steps` updates (tracing, first
 kernels) are behind it, then again at every call until `freeze_fraction` of the budget has
 passed, each time from the pace of the later half of the training time so far. From then on the
-plan stays. A budget spent before a plan stays (one shorter than the settling updates) ends the
-run at the update that spends it. Dev evaluations are not training time (`pause`). A run stopped before its plan
-stayed goes on planning when resumed, for what is left of the budget (`spent_seconds`, saved
-with each checkpoint by `trainer.CheckpointKeeper`). With a schedule that decays to
-zero at the last update (`schedule.LinearDecaySchedule`), the run moves that end with each plan;
-while the warm-up lasts (800 updates in the `cpu` preset) the plan does not change the rate yet.
+plan stays. A budget spent before the plan stays (one shorter than the settling updates take)
+ends the run at the update that spends it. Dev evaluations are not training time (`pause`). A
+run stopped before its plan stayed goes on planning when resumed, for what is left of the budget
+(`spent_seconds`, saved with each checkpoint by `trainer.CheckpointKeeper`). With a schedule
+that decays to zero at the last update (`schedule.LinearDecaySchedule`), the run moves that end
+with each plan; while the warm-up lasts (800 updates in the `cpu` preset) the plan does not
+change the rate yet.
 """
 import time
 
