@@ -182,7 +182,6 @@ def test_a_file_that_cannot_be_written_is_named_with_the_lines_it_got(tmp_path):
         writer.write(["x"])
 
 
-
 def test_column_cuts_write_each_column_to_its_file(tmp_path):
     import subprocess
 
