@@ -64,10 +64,13 @@ PAIRS_SHARE = 0.95
 
 
 def tabbed_pairs(lines):
-    """How many of `lines` (a file's first, a thousand or so) hold a tab, where they look like
-    a TSV of pairs (`PAIRS_SHARE` of them or more); else 0."""
+    """Where `lines` (a file's first, a thousand or so) look like a TSV of pairs
+    (`PAIRS_SHARE` of them or more hold a tab), how many do, as messages say it
+    ("40 of its first 40 lines hold a tab: a TSV of pairs?"); else None."""
     tabbed = sum("\t" in line for line in lines)
-    return tabbed if lines and tabbed >= PAIRS_SHARE * len(lines) else 0
+    if not lines or tabbed < PAIRS_SHARE * len(lines):
+        return None
+    return f"{tabbed:,} of its first {len(lines):,} lines hold a tab: a TSV of pairs?"
 
 
 def column_cuts(path, columns):

@@ -76,8 +76,7 @@ def _refuse_pairs(lines, flag, path, sample=1000):
     """One line (app.UsageError) for a TSV of pairs given as a file of sentences
     (`text_lines.tabbed_pairs`: its lines would be translated and scored tab and all), with
     the `cut` commands that give its columns as files."""
-    first = lines[:sample]
-    if not (tabbed := text_lines.tabbed_pairs(first)):
+    if not (tabbed := text_lines.tabbed_pairs(lines[:sample])):
         return
     if flag == "source":
         cuts, (source, reference) = text_lines.column_cuts(path, [1, 2])
@@ -85,8 +84,7 @@ def _refuse_pairs(lines, flag, path, sample=1000):
     else:
         cuts, (column,) = text_lines.column_cuts(path, [2])
         advice = f"{cuts} (the column that holds them); then --{flag}={column}"
-    raise app.UsageError(f"--{flag}={path}: {tabbed:,} of its first {len(first):,} lines hold "
-                         "a tab: a TSV of pairs? evaluate.py reads a sentence per line: "
+    raise app.UsageError(f"--{flag}={path}: {tabbed} evaluate.py reads a sentence per line: "
                          f"{advice}")
 
 

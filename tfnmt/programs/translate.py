@@ -280,8 +280,8 @@ def tabbed_lines(lines, name):
     (`text_lines.tabbed_pairs`), each of which is translated whole, tab and all; else None."""
     if not (tabbed := text_lines.tabbed_pairs(lines)):
         return None
-    return (f"{name}: {tabbed:,} of its first {len(lines):,} lines hold a tab: a TSV of pairs? "
-            "Each line is translated whole, tab and all (`cut -f1` gives the first column)")
+    return (f"{name}: {tabbed} Each line is translated whole, tab and all (`cut -f1` gives "
+            "the first column)")
 
 
 def check_in_step(input_path, targets_path):
