@@ -59,15 +59,6 @@ def one_step(strategy, weights, jit_compile=False):
         if strategy.num_replicas_in_sync == 1 else \
         iter(strategy.experimental_distribute_dataset(dataset))
 
-    def gradients(iterator):
-        out = strategy.run(trainer.replica_gradients, args=([next(iterator)],))
-        return strategy.experimental_local_results(out[3])
-
-    # The gradients before the update: eagerly without XLA (strategy.run works without
-    # tf.function: the same ops, without a second trace of the model), traced with it (an
-    # eager call with XLA took 21 s against 12 s traced); the update is train_step's, below.
-    grads = [g.numpy().ravel() for g in
-             (tf.function(gradients) if jit_compile else gradients)(iterator)[0]]
     metrics = {k: float(v) for k, v in trainer.train_step(iterator).items()}
     # After one Adam update: the weights, and how far each replica's copy is from the first's.
     copies = [[c.numpy() for c in strategy.experimental_local_results(v.value)]
@@ -77,6 +68,11 @@ def one_step(strategy, weights, jit_compile=False):
     # inside Keras would double them on 2 replicas; Adam's step itself would hide it).
     moments = [v.numpy().ravel() for v in optimizer.variables
                if "momentum" in v.path or "velocity" in v.path]
+    # The gradient the update was given, from its first moment (no second pass of the model,
+    # which with XLA would be a second compilation).
+    first_moments = [v for v in optimizer.variables if "momentum" in v.path]
+    assert [m.shape for m in first_moments] == [v.shape for v in model.trainable_variables]
+    grads = [m.numpy().ravel() / (1.0 - optimizer.beta_1) for m in first_moments]
     return {"metrics": metrics, "grads": np.concatenate(grads).tolist(),
             "moments": np.concatenate(moments).tolist(),
             "weights": np.concatenate([c[0].ravel() for c in copies]).tolist(),
