@@ -855,8 +855,11 @@ def test_two_workers_train_to_identical_weights(small_corpus, train_data, tmp_pa
     finally:
         for p in processes:
             p.kill()
+    # Either worker's failure shows in the other's (a collective aborted): show both.
+    failed = "\n".join(f"worker {index} (exit {p.returncode}):\n{err[-2500:]}"
+                        for index, (p, (_, err)) in enumerate(zip(processes, outputs)))
     for p, (out, err) in zip(processes, outputs):
-        assert p.returncode == 0, err[-3000:]
+        assert p.returncode == 0, failed
         assert "2 replica(s)" in out and "step      6/6" in out and "eval step 3:" in out
     # The chief evaluates the final weights and reports; the other worker only says it is done.
     assert "dev sacreBLEU" in outputs[0][0] and "dev sacreBLEU" not in outputs[1][0]

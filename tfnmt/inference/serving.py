@@ -421,7 +421,8 @@ class TranslationModule:
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT)],
                  autograph=False)
     def serve(self, sentences):
-        """The `serving_default` signature.
+        """The `serving_default` signature: the first column of `serve_n_best`, whose
+        search (n_best only slices its end) an export then holds and traces once for both.
 
         Args:
           sentences: [B] tf.string.
@@ -429,8 +430,8 @@ class TranslationModule:
         Returns:
           {"translations": [B] tf.string, "scores": [B] float32}.
         """
-        translations, scores = self.translate_batch(sentences, 1)
-        return {"translations": translations[:, 0], "scores": scores[:, 0]}
+        best = self.serve_n_best(sentences)
+        return {"translations": best["translations"][:, 0], "scores": best["scores"][:, 0]}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=SIGNATURE_INPUT),
                                   tf.TensorSpec([None], tf.string, name=PREFIXES)],
