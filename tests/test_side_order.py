@@ -123,7 +123,8 @@ def test_translate_and_evaluate_say_input_in_the_other_language(small_corpus, ti
     assert f"evaluate.py: --reference {german} reads like the model's source language, not its " \
            "target language" in result.stderr
     # An export keeps the model's record in its assets.extra (TF Serving leaves it alone);
-    # export.py writes it into the model_dir first (one search dtype: a third of the time).
+    # export.py writes it into the model_dir first (one search dtype, not `auto`'s two: less
+    # to trace).
     assert not os.path.exists(os.path.join(model_dir, side_order.PROFILE_FILE))
     result = python("export.py", f"--model_dir={model_dir}", "--check=false",
                     "--matmul_dtype=float32")
