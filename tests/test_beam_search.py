@@ -94,6 +94,15 @@ def reference_beam_search(model, source, k, alpha, limit, stop):
     return sorted(finished, key=lambda f: -f[1])[:k], length
 
 
+def assert_plain_search_results(ids, scores, expected, message=None):
+    """A sentence's search results, ids [N, L] and scores [N], are `reference_beam_search`'s
+    hypotheses `expected` [(tokens, score)], best first, PAD after each one's tokens."""
+    for row, (tokens, _) in zip(ids.numpy().tolist(), expected):
+        assert tuple(row[:len(tokens)]) == tokens, message
+        assert set(row[len(tokens):]) <= {PAD_ID}, message
+    np.testing.assert_allclose(scores, [score for _, score in expected], rtol=1e-5, atol=1e-5)
+
+
 class EosLikely:
     """The model with EOS's logit raised by 1: hypotheses end at many different steps."""
 
@@ -126,16 +135,54 @@ def test_both_stop_rules_give_what_a_plain_search_gives(model, alpha):
         for b in range(8):
             expected, taken = reference_beam_search(model, source[b], 3, alpha, 9, stop)
             steps[stop].append(taken)
-            for row, (tokens, _) in zip(ids[b].numpy().tolist(), expected):
-                assert tuple(row[:len(tokens)]) == tokens, (stop, b)
-                assert set(row[len(tokens):]) <= {PAD_ID}
-            np.testing.assert_allclose(scores[b], [score for _, score in expected],
-                                       rtol=1e-5, atol=1e-5)
+            assert_plain_search_results(ids[b], scores[b], expected, (stop, b))
             assert ids.shape[2] >= taken
     # The rules differ here: "finished" stops searches before "bound" does, and "bound"
     # stops some before the limit.
     assert all(f <= b for f, b in zip(steps["finished"], steps["bound"]))
     assert steps["finished"] != steps["bound"] and min(steps["bound"]) < 9
+
+
+class Bigram:
+    """The model's decoder replaced by a bigram table: the next token's logits are
+    `LOGITS[last token]`. After BOS, 4 leads 5 by 5 nats; after any other token, UNK, 4, 5 and
+    EOS lie within 0.43 of each other, EOS the least likely (PAD and BOS far below). So from
+    the second step on, a step's 2k best extensions all extend its best hypothesis."""
+
+    UNUSED = [0.0] * VOCAB  # after PAD or EOS: never extended
+    # Columns: PAD, UNK, BOS, EOS, 4, 5.
+    LOGITS = np.array([UNUSED,  # after PAD
+                       [-20.0, 0.37, -20.0, 0.0, 0.29, 0.11],  # after UNK
+                       [-20.0, -20.0, -20.0, -30.0, 0.0, -5.0],  # after BOS
+                       UNUSED,  # after EOS
+                       [-20.0, 0.23, -20.0, 0.0, 0.41, 0.17],  # after 4
+                       [-20.0, 0.31, -20.0, 0.0, 0.07, 0.43]], np.float32)  # after 5
+
+    def __init__(self, model):
+        self.model, self.settings = model, model.settings
+        self.encode, self.initial_cache = model.encode, model.initial_cache
+        self.decoding_products = model.decoding_products
+
+    def decode(self, target_ids, memory, source_padding):
+        return tf.gather(self.LOGITS, target_ids)  # [B, T, V]
+
+    def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
+        _, cache = self.model.decode_step(token_ids, step, cache, source_padding)
+        return tf.gather(self.LOGITS, tf.reshape(token_ids, [-1])), cache
+
+
+@pytest.mark.parametrize("stop", STOP_RULES)
+def test_a_steps_best_extensions_may_all_extend_one_hypothesis(model, stop):
+    # Each hypothesis offers the step its 2k best extensions, not only k: here the leader's
+    # fourth, EOS, is the best finished hypothesis of all.
+    bigram = Bigram(model)
+    source = tf.constant(random_ids(np.random.default_rng(5), 2, 4, VOCAB))
+    ids, scores = beam_search(bigram, source, beam_size=2, alpha=0.6, max_length=6, n_best=2,
+                              stop=stop)
+    for b in range(2):
+        expected, _ = reference_beam_search(bigram, source[b], 2, 0.6, 6, stop)
+        assert expected[0][0] == (4, EOS_ID)
+        assert_plain_search_results(ids[b], scores[b], expected)
 
 
 def test_an_unknown_stop_rule_is_refused(model, source):
@@ -478,11 +525,7 @@ def test_one_search_under_a_grid_of_alphas_gives_each_alphas_plain_search(model,
     assert ids.shape[:3] == (8, 3, 3) and scores.shape == (8, 3, 3)
     for b in range(8):
         expected, _ = reference_beam_search(model, source[b], 3, alphas[-1], 9, stop)
-        for row, (tokens, _) in zip(ids[b, -1].numpy().tolist(), expected):
-            assert tuple(row[:len(tokens)]) == tokens, (stop, b)
-            assert set(row[len(tokens):]) <= {PAD_ID}
-        np.testing.assert_allclose(scores[b, -1], [score for _, score in expected],
-                                   rtol=1e-5, atol=1e-5)
+        assert_plain_search_results(ids[b, -1], scores[b, -1], expected, (stop, b))
     for m, alpha in enumerate(alphas):
         single_ids, single_scores = beam_search(model, source, beam_size=3, alpha=alpha,
                                                 max_length=9, n_best=3, stop=stop)
