@@ -99,6 +99,8 @@ def test_input_pipelines_split_the_data_between_them(small_prepared, pipelines):
 
 
 def test_bucket_sizes_follow_the_budget():
+    # Each edge the one before x 1.1, rounded down, at least one more; the last max_length + 1.
+    assert pipeline.bucket_boundaries(40) == [*range(8, 21), 22, 24, 26, 28, 30, 33, 36, 39, 41]
     boundaries = pipeline.bucket_boundaries(100)
     assert boundaries[0] == 8 and boundaries[-1] == 101
     assert all(b > a for a, b in zip(boundaries, boundaries[1:]))
