@@ -13,6 +13,7 @@ from tfnmt.data.tokenizer import Tokenizer, to_source_ids
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.greedy_search import (SamplingSearch, batch_major, greedy_decode,
                                           sample_decode)
+from tfnmt.inference.serving import TranslationModule
 
 SOURCES = ["Das ist ein Haus.", "Er sprach zu ihnen.", "Guten Morgen!", "Ja."]
 
@@ -72,6 +73,25 @@ def test_sampling_is_reproducible_and_top_1_is_greedy(model_and_ids):
         SamplingSearch(10, temperature=0.0)
 
 
+def test_each_search_of_a_sampling_module_draws_anew(tiny_model_dir):
+    # Back-translation draws from many batches: translate.py makes a request of each, a module
+    # a search of each chunk of a request. No two searches may share their noise: one
+    # sentence 12 times, in 3 chunks, in each of 2 requests, is 24 independent draws, and a new
+    # module of the same seed repeats them all.
+    model, vocab, _ = load_model(tiny_model_dir)
+
+    def two_requests():
+        module = TranslationModule(model, vocab, n_best=1, chunk_size=4, max_decode_length=8,
+                                   sampling={"temperature": 2.0, "top_k": 0, "seed": 4})
+        return [module.translate_batch(tf.constant(SOURCES[:1] * 12), 1)[0][:, 0].numpy()
+                .tolist() for _ in range(2)]
+
+    first, again = two_requests(), two_requests()
+    assert first == again
+    # Searches sharing their noise would give 4 (a chunk's rows), each 6 times.
+    assert len(set(first[0] + first[1])) >= 20
+
+
 PREFIXES = ["That is", "", "Good morning to", "Yes"]
 
 
@@ -116,7 +136,9 @@ def test_translate_py_n_best_sampling_and_scores(tiny_model_dir, tmp_path):
                for _ in range(2)]
     assert all(r.returncode == 0 for r in sampled), sampled[0].stderr[-3000:]
     assert sampled[0].stdout == sampled[1].stdout
-    assert len(sampled[0].stdout.splitlines()) == len(SOURCES)
+    # A line ends at "\n" only: a drawn translation may hold other line breaks (VT, U+001C...).
+    sampled_lines = sampled[0].stdout.split("\n")
+    assert len(sampled_lines) == len(SOURCES) + 1 and sampled_lines[-1] == ""
 
     # Scores of given translations (here: the sampled ones), against numpy over the logits.
     targets = tmp_path / "targets.en"
@@ -124,8 +146,7 @@ def test_translate_py_n_best_sampling_and_scores(tiny_model_dir, tmp_path):
     scored = python("translate.py", *model_flags, f"--score_targets={targets}")
     assert scored.returncode == 0, scored.stderr[-3000:]
     model, proto, _ = load_model(tiny_model_dir)
-    for line, src, tgt in zip(scored.stdout.splitlines(), SOURCES,
-                              sampled[0].stdout.splitlines()):
+    for line, src, tgt in zip(scored.stdout.splitlines(), SOURCES, sampled_lines):
         log_prob, length = line.split("\t")
         expected, expected_length = teacher_forced_log_prob(model, proto, src, tgt)
         assert int(length) == expected_length

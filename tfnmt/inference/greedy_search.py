@@ -88,8 +88,10 @@ def batch_major(step_major):
 class SamplingSearch(GreedySearch):
     """Each token drawn at random from the model's distribution, sharpened or flattened by a
     temperature and optionally cut to the `top_k` most likely tokens: varied translations,
-    as back-translation wants them. The draws depend only on `seed`, the step and the
-    sentence's row in the batch, so the same input batch and seed give the same outputs.
+    as back-translation wants them. The draws depend only on `seed`, `search` (the search's
+    number), the step and the sentence's row in the batch: the same batch, seed and search
+    number give the same outputs, and searches of other numbers draw anew (so that the
+    batches of one input, each a search of its own number, share no noise).
 
     finalize -> as `GreedySearch` (the scores are the log-probabilities of the drawn tokens
     under the model, before temperature and top-k).
@@ -99,25 +101,29 @@ class SamplingSearch(GreedySearch):
       temperature: > 0; the logits are divided by it (1: the model's distribution).
       top_k: draw among the k most likely tokens only (0: all of them).
       seed: the draws' seed.
+      search: the search's number among those of one seed, an int or int64 scalar tensor.
       **kwargs: `DecodingStrategy`'s.
     """
 
-    def __init__(self, vocab_size, temperature=1.0, top_k=0, seed=0, **kwargs):
+    def __init__(self, vocab_size, temperature=1.0, top_k=0, seed=0, search=0, **kwargs):
         super().__init__(**kwargs)
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {top_k}")
         self.count = min(top_k, vocab_size) if top_k else vocab_size
-        self.temperature, self.seed = float(temperature), int(seed)
+        self.temperature, self.seed, self.search = float(temperature), int(seed), search
 
     def choose(self, step, log_probs_of, sentences, batch):
         log_probs, tokens = log_probs_of(self.count)  # [A, k]
         # Gumbel-max: argmax(log p / T + G) is a draw from softmax(log p / T). The noise is
         # drawn for the whole batch and gathered, so a row's draw does not depend on which
         # other sentences are still searched.
-        uniform = tf.random.stateless_uniform([batch, self.count], seed=[self.seed, step],
-                                              minval=1e-20, maxval=1.0)
+        search_seed = tf.stack([tf.constant(self.seed, tf.int64),
+                                tf.cast(self.search, tf.int64)])
+        uniform = tf.random.stateless_uniform(
+            [batch, self.count], seed=tf.random.experimental.stateless_fold_in(search_seed, step),
+            minval=1e-20, maxval=1.0)
         gumbel = -tf.math.log(-tf.math.log(tf.gather(uniform, sentences["index"])))
         pick = tf.argmax(log_probs / self.temperature + gumbel, axis=1, output_type=tf.int32)
         return (tf.gather(log_probs, pick, batch_dims=1),
@@ -125,13 +131,13 @@ class SamplingSearch(GreedySearch):
 
 
 def sample_decode(model, source_ids, temperature=1.0, top_k=0, seed=0, max_length=None,
-                  prefix=None):
+                  prefix=None, search=0):
     """Random sampling (`dynamic_decode` with `SamplingSearch`).
 
     Args:
       model: a `Transformer`.
       source_ids: [B, S] int32, PAD-padded, EOS-terminated.
-      temperature, top_k, seed: the draws (`SamplingSearch`).
+      temperature, top_k, seed, search: the draws (`SamplingSearch`).
       max_length: output limit, a scalar or [B] (`decode_limits`).
       prefix: [B, P] int32 subword ids each output must start with (PAD-padded), or None.
 
@@ -139,7 +145,7 @@ def sample_decode(model, source_ids, temperature=1.0, top_k=0, seed=0, max_lengt
       (ids [B, L] without BOS, PAD after EOS; log-probabilities [B] of the drawn outputs).
     """
     strategy = SamplingSearch(model.settings["target_vocab_size"], temperature, top_k, seed,
-                              prefix=prefix)
+                              search, prefix=prefix)
     return dynamic_decode(model, strategy, source_ids, max_length)
 
 

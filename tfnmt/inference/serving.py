@@ -135,7 +135,10 @@ class TranslationModule:
         searches fewer sentences at once). For use in this process (translate.py and
         evaluate.py with a model_dir), where the budget is this machine's; not exported.
       sampling: None for beam search, or {"temperature", "top_k", "seed"}: each translation is
-        drawn at random instead (`greedy_search.SamplingSearch`; n_best must be 1).
+        drawn at random instead (`greedy_search.SamplingSearch`; n_best must be 1). The module
+        numbers its searches (each chunk of each request), so that every one draws anew: a
+        request of the same sentences twice gets other translations, and a new module with
+        the same seed repeats the sequence.
       cpuinfo: the file an "auto" export reads its CPU flags from (tests give their own).
       environ: the file an "auto" export reads its process environment from (its
         ONEDNN_MAX_CPU_ISA; tests give their own).
@@ -194,6 +197,9 @@ class TranslationModule:
                 raise ValueError("sampling draws one translation per sentence: n_best must be 1")
             SamplingSearch(model.settings["target_vocab_size"], **sampling)  # checks them
         self.sampling = sampling
+        # The number of the next sampling search (`SamplingSearch`'s `search`).
+        self.sampling_searches = None if sampling is None else tf.Variable(
+            0, dtype=tf.int64, trainable=False, name="sampling_searches")
         # What an export's searches multiply by, kept as variables (`linear.kept_copies`;
         # made by `saved_model.write_saved_model`).
         self.decoding_copies = {}
@@ -379,8 +385,9 @@ class TranslationModule:
         once. -> (ids [C, N, L], scores [C, N]); with alphas, [C, M, L] and [C, M]: each
         alpha's best."""
         if self.sampling is not None:
+            number = self.sampling_searches.assign_add(1) - 1  # this search's
             strategy = SamplingSearch(self.model.settings["target_vocab_size"], **self.sampling,
-                                      prefix=prefix)
+                                      search=number, prefix=prefix)
             ids, scores = dynamic_decode(self.model, strategy, source_ids, limits)
             return ids[:, None], scores[:, None]
         def search(source_ids, limits, prefix):

@@ -63,8 +63,8 @@ flags.DEFINE_integer("sampling_topk", None, "With --model_dir: draw each token a
                      "the k most likely (0: among all) instead of beam search.")
 flags.DEFINE_float("sampling_temperature", 1.0, "With sampling: divide the logits by this "
                    "(default 1: the model's distribution).")
-flags.DEFINE_integer("seed", 0, "With sampling: the draws' seed (same input and seed, same "
-                     "translations).")
+flags.DEFINE_integer("seed", 0, "With sampling: the draws' seed (same input, seed and "
+                     "--batch_size: same translations).")
 flags.DEFINE_string("plot_attention", None, "With --model_dir: write PNG attention heatmaps "
                     "(per layer, heads side by side) of the first input sentence here.")
 flags.register_validator("batch_size", lambda v: v > 0, "--batch_size must be positive")
