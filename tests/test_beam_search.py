@@ -103,13 +103,21 @@ def assert_plain_search_results(ids, scores, expected, message=None):
     np.testing.assert_allclose(scores, [score for _, score in expected], rtol=1e-5, atol=1e-5)
 
 
-class EosLikely:
-    """The model with EOS's logit raised by 1: hypotheses end at many different steps."""
+class WrappedModel:
+    """A model with its decoder's logits changed by a subclass (`decode`, `decode_step`);
+    the rest of what a search calls is the model's."""
 
     def __init__(self, model):
         self.model, self.settings = model, model.settings
         self.encode, self.initial_cache = model.encode, model.initial_cache
         self.decoding_products = model.decoding_products
+
+
+class EosLikely(WrappedModel):
+    """The model with EOS's logit raised by 1: hypotheses end at many different steps."""
+
+    def __init__(self, model):
+        super().__init__(model)
         self.bonus = tf.one_hot(EOS_ID, VOCAB)
 
     def decode(self, target_ids, memory, source_padding):
@@ -143,7 +151,7 @@ def test_both_stop_rules_give_what_a_plain_search_gives(model, alpha):
     assert steps["finished"] != steps["bound"] and min(steps["bound"]) < 9
 
 
-class Bigram:
+class Bigram(WrappedModel):
     """The model's decoder replaced by a bigram table: the next token's logits are
     `LOGITS[last token]`. After BOS, 4 leads 5 by 5 nats; after any other token, UNK, 4, 5 and
     EOS lie within 0.43 of each other, EOS the least likely (PAD and BOS far below). So from
@@ -157,11 +165,6 @@ class Bigram:
                        UNUSED,  # after EOS
                        [-20.0, 0.23, -20.0, 0.0, 0.41, 0.17],  # after 4
                        [-20.0, 0.31, -20.0, 0.0, 0.07, 0.43]], np.float32)  # after 5
-
-    def __init__(self, model):
-        self.model, self.settings = model, model.settings
-        self.encode, self.initial_cache = model.encode, model.initial_cache
-        self.decoding_products = model.decoding_products
 
     def decode(self, target_ids, memory, source_padding):
         return tf.gather(self.LOGITS, target_ids)  # [B, T, V]
@@ -272,14 +275,9 @@ def test_attention_weights_follow_the_hypotheses(model, source):
     np.testing.assert_allclose(tf.reduce_sum(greedy_attention, -1), 1.0, atol=1e-5)
 
 
-class EndsAtSourceLength:
+class EndsAtSourceLength(WrappedModel):
     """The model, with EOS forbidden before an output as long as its source and all but
     forced there: the sentences of a batch end at different steps."""
-
-    def __init__(self, model):
-        self.model, self.settings = model, model.settings
-        self.encode, self.initial_cache = model.encode, model.initial_cache
-        self.decoding_products = model.decoding_products
 
     def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
         logits, cache = self.model.decode_step(token_ids, step, cache, source_padding)
@@ -496,13 +494,8 @@ def test_searches_stop_at_the_table_of_learned_positions():
     assert EOS_ID not in greedy.numpy() and EOS_ID not in beam.numpy()
 
 
-class NoEos:
+class NoEos(WrappedModel):
     """The model with EOS forbidden: every search runs to its length limit."""
-
-    def __init__(self, model):
-        self.model, self.settings = model, model.settings
-        self.encode, self.initial_cache = model.encode, model.initial_cache
-        self.decoding_products = model.decoding_products
 
     def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
         logits, cache = self.model.decode_step(token_ids, step, cache, source_padding)
