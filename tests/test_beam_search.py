@@ -9,7 +9,8 @@ from helpers import random_ids
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from tfnmt.inference.beam_search import (STOP_RULES, beam_search, beam_search_alphas,
                                         length_penalty)
-from tfnmt.inference.decoding import PLAIN_EXP_RANGE, greedy_decode_uncached, top_log_probs
+from tfnmt.inference.decoding import (EXTRA_LENGTH, PLAIN_EXP_RANGE, greedy_decode_uncached,
+                                      top_log_probs)
 from tfnmt.inference.greedy_search import greedy_decode
 from tfnmt.model import transformer
 from tfnmt.model.presets import get_preset
@@ -494,12 +495,31 @@ def test_searches_stop_at_the_table_of_learned_positions():
     assert EOS_ID not in greedy.numpy() and EOS_ID not in beam.numpy()
 
 
+def test_each_sentence_of_a_batch_stops_at_its_own_source_length_plus_extra():
+    # Paper §6.1's limit, per sentence: its source's subwords, EOS included, + EXTRA_LENGTH,
+    # whatever the other sentences of its batch (an empty line is EOS alone).
+    keras.utils.set_random_seed(5)
+    model = Transformer(vocab_size=30, **get_preset("tiny", dropout=0.0))
+    model.build()
+    source = tf.constant([[5, 6, EOS_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID],
+                          [5, 6, 7, 8, 9, 10, EOS_ID],
+                          [EOS_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID]])
+    limits = [3 + EXTRA_LENGTH, 7 + EXTRA_LENGTH, 1 + EXTRA_LENGTH]
+    greedy, _ = greedy_decode(NoEos(model), source)
+    beam, _ = beam_search(NoEos(model), source, beam_size=2)
+    assert greedy.shape == (3, max(limits)) and beam.shape == (3, 1, max(limits))
+    assert np.sum(greedy.numpy() != PAD_ID, axis=1).tolist() == limits
+    assert np.sum(beam.numpy()[:, 0] != PAD_ID, axis=1).tolist() == limits
+
+
 class NoEos(WrappedModel):
-    """The model with EOS forbidden: every search runs to its length limit."""
+    """The model with EOS (and PAD) forbidden: every search runs to its length limit, with a
+    token at every position."""
 
     def decode_step(self, token_ids, step, cache, source_padding, return_attention=False):
         logits, cache = self.model.decode_step(token_ids, step, cache, source_padding)
-        return logits - 1e4 * tf.one_hot(EOS_ID, tf.shape(logits)[1]), cache
+        forbidden = tf.one_hot([EOS_ID, PAD_ID], tf.shape(logits)[1])  # [2, V]
+        return logits - 1e4 * tf.reduce_sum(forbidden, axis=0), cache
 
 
 @pytest.mark.parametrize("stop", STOP_RULES)
