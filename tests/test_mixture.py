@@ -101,6 +101,10 @@ def test_corpora_are_prepared_apart_and_filtered_across(two_corpora):
             f"max_length={shortest[0] - 1}: its shortest is {shortest[0]} subwords")):
         pipeline.check_pairs_fit(manifest, "train", shortest[0] - 1)
     assert train["examples"] == sum(kept)
+    # The split's histogram (what batching and the budget plan from) sums the corpora's.
+    assert {int(k): v for k, v in train["length_histogram"].items()} == sum(
+        (collections.Counter({int(k): v for k, v in c["length_histogram"].items()})
+         for c in train["corpora"]), collections.Counter())
     assert manifest["settings"]["filters"] == FILTERS
     # The same inputs and filters: up to date, nothing rewritten.
     assert records.prepare(data_dir, dataset="files", files=files, vocab_size=600,

@@ -18,6 +18,10 @@ def test_manifest_counts_and_shards(small_prepared):
     assert len(manifest["splits"]["train"]["shards"]) == 4
     files = records.shard_paths(small_prepared, manifest, "train")
     assert sum(1 for _ in tf.data.TFRecordDataset(files)) == 3000
+    # Pairs are dealt round-robin: input pipelines that each read whole shards (one per
+    # worker) get equal shares.
+    assert [s["examples"] for s in manifest["splits"]["train"]["shards"]] == [750] * 4
+    assert [sum(1 for _ in tf.data.TFRecordDataset(f)) for f in files] == [750] * 4
     histogram = manifest["splits"]["train"]["length_histogram"]
     assert sum(histogram.values()) == 3000
 
@@ -182,6 +186,14 @@ def test_interrupted_run_never_reads_as_complete(small_corpus, tmp_path, monkeyp
     manifest = records.prepare(out, dataset="files", files=small_corpus, vocab_size=600)
     assert manifest["splits"]["dev"]["examples"] == 200
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+    # A rebuild (other settings) interrupted the same way: the complete data's manifest went
+    # first, so what is left does not read as complete either.
+    calls.clear()
+    monkeypatch.setattr(records, "_tokenized_pairs", failing_tokenized)
+    with pytest.raises(KeyboardInterrupt):
+        records.prepare(out, dataset="files", files=small_corpus, vocab_size=500)
+    with pytest.raises(records.PreparedDataError, match="no complete prepared data"):
+        records.load_manifest(out)
 
 
 def test_the_shard_pattern_matches_every_shard_name_and_no_other_file():
