@@ -119,3 +119,31 @@ def test_a_resumed_run_plans_what_is_left_of_the_budget():
     for bad in (-1.0, float("nan")):
         with pytest.raises(ValueError, match="spent_seconds"):
             TrainingBudget(1.0, spent_seconds=bad)
+
+
+def test_a_restart_after_the_plan_froze_revises_it_for_a_tenth_of_the_budget():
+    # Frozen at 30 s; restarted at 40 s (a slower step from there): the plans are revised
+    # until 46 s, not frozen on the first pace after the restart. Paces in exact binary
+    # fractions of a second.
+    clock = Clock()
+    budget = TrainingBudget(1.0, clock=clock)
+    run(budget, clock, 0.125, 320)  # 40 s
+    assert budget.frozen
+    budget.restart(320)
+    # Settled after 30 updates (43.75 s), a pace at 360 (45 s): 8 updates/s, 15 s left.
+    assert run(budget, clock, 0.125, 40, first=320) == [(360, 360 + int(8 * 15 * 0.98))]
+    assert not budget.frozen
+    # Slower from 45 s: at 370 (47.5 s) 20 updates in 3.75 s since 350, 12.5 s left; frozen.
+    assert run(budget, clock, 0.25, 100, first=360) == [
+        (370, 370 + int(20 / 3.75 * 12.5 * 0.98))]
+    assert budget.frozen
+
+
+def test_a_stall_does_not_end_the_run():
+    # Ten updates that take 16 s (the machine busy elsewhere) after 4 s of training: the
+    # later half of the time holds only the last point, and the pace is taken over the stall
+    # (10 updates in 16 s), not over no time at all (which would plan the next update last).
+    clock = Clock()
+    budget = TrainingBudget(10.0, clock=clock)
+    run(budget, clock, 0.1, 40)  # 4 s
+    assert run(budget, clock, 1.6, 10, first=40) == [(50, 50 + int(10 / 16 * 580 * 0.98))]
