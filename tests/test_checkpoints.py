@@ -44,7 +44,8 @@ def save_steps(directory, steps, keep=3):
     return held
 
 
-@pytest.mark.parametrize("damage", ["junk text", "0xFF byte", "empty", "deleted", "stale"])
+@pytest.mark.parametrize("damage", ["junk text", "0xFF byte", "empty", "deleted", "stale",
+                                    "older newest"])
 def test_a_damaged_state_file_is_rebuilt_and_the_newest_checkpoint_restored(damage, tmp_path,
                                                                            caplog):
     # The state file is an index of the checkpoint files: whatever happens to it, the run
@@ -61,14 +62,18 @@ def test_a_damaged_state_file_is_rebuilt_and_the_newest_checkpoint_restored(dama
         open(state, "w").close()
     elif damage == "deleted":
         os.remove(state)
-    else:  # a kill between the files of ckpt-3 and the state update
+    elif damage == "stale":  # a kill between the files of ckpt-3 and the state update
         tf.compat.v1.train.update_checkpoint_state(
             directory, os.path.join(directory, "ckpt-2"),
             [os.path.join(directory, f"ckpt-{n}") for n in (1, 2)])
+    else:  # every checkpoint listed, an older one named the newest (written by hand)
+        open(state, "w").write('model_checkpoint_path: "ckpt-2"\n' + "".join(
+            f'all_model_checkpoint_paths: "ckpt-{n}"\n' for n in (1, 2, 3)))
     model, optimizer = new_model()
     with caplog.at_level(logging.WARNING):
         keeper = CheckpointKeeper(directory, model, optimizer, keep=3)
     assert "rebuilt from the 3 checkpoint file(s) there (newest ckpt-3)" in caplog.text
+    assert tf.train.latest_checkpoint(directory).endswith("ckpt-3")  # what other tools read
     assert keeper.restore().endswith("ckpt-3")
     np.testing.assert_array_equal(model.trainable_variables[0].numpy(), held[3])
     # Training goes on from there: the next save rotates out the oldest only.
@@ -179,7 +184,7 @@ def training_dir(path, tiny_model_dir, other_vocabulary=False, **changes):
         for piece in proto.pieces[4:]:
             piece.score = -piece.score
     (path / "spm.model").write_bytes(proto.SerializeToString())
-    model_settings = dict(TINY, max_length=64, **changes)
+    model_settings = dict(TINY, **{"max_length": 64, **changes})
     (path / "settings.json").write_text(json.dumps({"model": model_settings}))
     model = Transformer(**model_settings)
     model.build()
@@ -191,11 +196,12 @@ def training_dir(path, tiny_model_dir, other_vocabulary=False, **changes):
 
 def test_a_checkpoint_of_another_model_is_refused_in_one_line(tiny_model_dir, tmp_path):
     # --checkpoint=<another run's checkpoint>: with the same architecture and vocabulary (here
-    # only the dropout differs) its weights are used; with another vocabulary of the same size,
+    # only the dropout differs, and the longest input, which sinusoidal positions do not hold
+    # as weights) its weights are used; with another vocabulary of the same size,
     # or other layers, the weights would load and translate wrongly without a word; weights of
     # other shapes say so in one line, not under TensorFlow's warning per unread value.
     ours = training_dir(tmp_path / "ours", tiny_model_dir)
-    same = training_dir(tmp_path / "same", tiny_model_dir, dropout=0.3)
+    same = training_dir(tmp_path / "same", tiny_model_dir, dropout=0.3, max_length=128)
     model, _, path = load_model(str(tmp_path / "ours"), str(tmp_path / "same" / "checkpoints"))
     assert path == str(tmp_path / "same" / "checkpoints" / "ckpt-1")
     for loaded, theirs, own in zip(model.trainable_variables, same, ours):
