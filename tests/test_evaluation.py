@@ -3,9 +3,11 @@ import json
 import numpy as np
 import pytest
 import sacrebleu
+import tensorflow as tf
 
 from tfnmt.data import records
 from tfnmt.data.pipeline import make_dataset
+from tfnmt.data.special_tokens import EOS_ID
 from tfnmt.inference.evaluation import corpus_scores, evaluate_loss
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
@@ -185,13 +187,24 @@ def test_report_samples_are_readable_and_spread():
     assert pick_samples(pairs[:2]) == [0, 1] and pick_samples([]) == []
 
 
+class EndsEverywhere:
+    """A model's logits with EOS made the most likely token at every position."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, inputs, training=False):
+        logits = self.model(inputs, training=training)  # [B, T, V]
+        return logits + 100.0 * tf.one_hot(EOS_ID, tf.shape(logits)[-1])
+
+
 def test_dev_loss_is_the_mean_over_every_real_target_token_and_none_without_one(small_prepared):
     # float64 numpy from the model's logits, batch by batch: the smoothed target puts 1 - eps on
     # the label and eps / (V - 2) on every other token but padding (id 0); perplexity is exp of
     # the unsmoothed cross-entropy; accuracy counts argmax hits. All per real target token.
     model = Transformer(vocab_size=600, **get_preset("tiny", dropout=0.0))
     dev = make_dataset(small_prepared, "dev", 512, 64, shuffle=False)
-    eps, totals = 0.1, np.zeros(4)
+    eps, totals, ends = 0.1, np.zeros(4), 0
     for batch in dev:
         logits = model((batch["source"], batch["target_in"]), training=False).numpy()
         log_p = logits.astype(np.float64)
@@ -205,12 +218,16 @@ def test_dev_loss_is_the_mean_over_every_real_target_token_and_none_without_one(
         nll = -np.take_along_axis(log_p, labels[..., None], axis=-1)[..., 0]
         totals += [(-(q * log_p).sum(-1) * real).sum(), (nll * real).sum(),
                    ((logits.argmax(-1) == labels) & real).sum(), real.sum()]
+        ends += (labels == EOS_ID).sum()
     smoothed, nll, correct, tokens = totals
     assert sum(1 for _ in dev) > 1  # sums over several batches
     metrics = evaluate_loss(model, dev, label_smoothing=eps)
     assert metrics["loss"] == pytest.approx(smoothed / tokens, rel=1e-4)
     assert metrics["perplexity"] == pytest.approx(np.exp(nll / tokens), rel=1e-3)
     assert abs(metrics["accuracy"] - correct / tokens) <= 2 / tokens  # argmax ties may flip
+    # The untrained model's accuracy is about 0: a model whose argmax is EOS everywhere hits
+    # exactly the labels that are EOS, one per pair.
+    assert evaluate_loss(EndsEverywhere(model), dev)["accuracy"] == pytest.approx(ends / tokens)
     # A max_length shorter than every dev pair leaves no token: no value, rather than a loss of
     # 0 and a perplexity of 1 that would pass for perfect (and win --best_metric=loss).
     histogram = records.load_manifest(small_prepared)["splits"]["dev"]["length_histogram"]
