@@ -73,6 +73,21 @@ def test_sampling_is_reproducible_and_top_1_is_greedy(model_and_ids):
         SamplingSearch(10, temperature=0.0)
 
 
+def test_a_sentences_draws_do_not_depend_on_which_batch_mates_are_still_searched(
+        model_and_ids):
+    # Each row draws its own noise (seed, search, step, row): the first sentence stopped
+    # after one step leaves the draws, and so the outputs, of the others as they were.
+    model, source_ids = model_and_ids
+    limit = 12
+    together = sample_decode(model, source_ids, seed=5, max_length=limit)
+    first_stopped = sample_decode(model, source_ids, seed=5, max_length=[1] + [limit] * 3)
+    assert np.sum(first_stopped[0][0] != PAD_ID) == 1
+    for row in range(1, len(SOURCES)):
+        assert [t for t in first_stopped[0][row].numpy() if t != PAD_ID] == \
+            [t for t in together[0][row].numpy() if t != PAD_ID], row
+    np.testing.assert_allclose(first_stopped[1][1:], together[1][1:], rtol=1e-5)
+
+
 def test_each_search_of_a_sampling_module_draws_anew(tiny_model_dir):
     # Back-translation draws from many batches: translate.py makes a request of each, a module
     # a search of each chunk of a request. No two searches may share their noise: one
