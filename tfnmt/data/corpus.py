@@ -227,10 +227,13 @@ def check_files(spec):
 
 
 def _not_found_hint(path):
-    """Why a path given for a corpus may not be found, where that shows: a blank around it,
-    or a wildcard (the files are named one by one)."""
-    if path != path.strip() and os.path.exists(path.strip()):
-        return f" (a blank around the name: {path.strip()!r} exists)"
+    """Why a path given for a corpus may not be found, where that shows: a blank around it
+    (and whether the name without it exists), or a wildcard (the files are named one by
+    one)."""
+    if path != path.strip():
+        if os.path.exists(path.strip()):
+            return f" (a blank around the name: {path.strip()!r} exists)"
+        return " (a blank around the name)"
     if any(c in path for c in "*?["):
         return " (wildcards are not expanded: name each corpus, repeating the flag)"
     return ""
