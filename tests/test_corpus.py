@@ -160,6 +160,9 @@ def test_empty_sides_are_skipped_and_counted(tmp_path, caplog):
     assert list(corpus.read_corpus("files", "dev", str(path))) == pairs
     assert list(corpus.read_corpus("files", "dev", str(path))) == pairs
     assert caplog.text.count("skipped") == 1 and "files/dev: skipped 2 pairs" in caplog.text
+    caplog.clear()  # a second pass over the text says nothing
+    assert list(corpus.read_corpus("files", "test", str(path), log_skipped=False)) == pairs
+    assert "skipped" not in caplog.text
 
 
 def test_reverse_makes_the_second_side_the_source(tmp_path):
@@ -221,6 +224,9 @@ def test_corpus_paths_that_cannot_be_meant_as_given_say_why(tmp_path, monkeypatc
         corpus.check_files("train.*")
     with pytest.raises(corpus.CorpusError, match=r"^other.en: file not found$"):
         corpus.check_files("train.de,other.en")
+    with pytest.raises(corpus.CorpusError, match=r"^' other.en': file not found \(a blank "
+                       r"around the name\)$"):
+        corpus.check_files("train.de, other.en")  # no file by the name without it either
     # One file is a TSV: one side's file alone is refused at once, not at its first line read.
     with pytest.raises(corpus.CorpusError, match=r"^train.de: its first line holds no tab, and "
                        r"one file is read as a TSV \(source<TAB>target\): for a file per side "
@@ -228,3 +234,35 @@ def test_corpus_paths_that_cannot_be_meant_as_given_say_why(tmp_path, monkeypatc
         corpus.check_files("train.de")
     (tmp_path / "pairs.tsv").write_text("Ja.\tYes.\nohne Tab\n", encoding="utf-8")
     corpus.check_files("pairs.tsv")  # a later line without a tab is named when read
+
+
+def test_aligned_files_are_counted_by_their_lines_not_their_newlines(tmp_path):
+    # A last line without a newline (as many editors save) is a line: the two files below
+    # hold two pairs each, and one more line in one of them is counted as such.
+    source, target = tmp_path / "a.de", tmp_path / "a.en"
+    source.write_text("eins\nzwei", encoding="utf-8")
+    target.write_text("one\ntwo\n", encoding="utf-8")
+    corpus.check_files(f"{source},{target}")
+    assert list(corpus.read_files([str(source), str(target)])) == [("eins", "one"),
+                                                                    ("zwei", "two")]
+    target.write_text("one\ntwo\nthree", encoding="utf-8")
+    with pytest.raises(corpus.CorpusError, match=r"a.de has 2 lines but \S+a.en has 3: the "
+                                                 r"files are not line-aligned"):
+        corpus.check_files(f"{source},{target}")
+
+
+def test_the_input_fingerprint_holds_each_files_checksum(tmp_path):
+    # Two aligned files and a TSV, as the files of a run's splits: each file's own sha256
+    # (hashlib over its bytes), so that a change to either side of a pair makes prepared data
+    # rebuild; a file not there yet has none.
+    import hashlib
+
+    paths = {name: tmp_path / name for name in ("a.de", "a.en", "b.tsv")}
+    for name, path in paths.items():
+        path.write_text(f"{name}\n", encoding="utf-8")
+    files = {"train": [f"{paths['a.de']},{paths['a.en']}", str(paths["b.tsv"])],
+             "dev": str(tmp_path / "missing.tsv")}
+    assert corpus.input_fingerprint("files", files) == {"files": {
+        "dev": {str(tmp_path / "missing.tsv"): None},
+        "train": {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+                  for path in paths.values()}}}
