@@ -2,6 +2,7 @@
 Pearson correlations summed by hand in float64."""
 import math
 
+import numpy as np
 import pytest
 
 from tfnmt.data import alignment
@@ -140,3 +141,37 @@ def test_the_slip_is_placed_where_the_least_squares_split_puts_it(sides):
     best = min(range(1, 601), key=cost)
     assert alignment.change_point(*lengths, -1) == best
     assert abs(best - 234) <= 10
+
+
+def test_a_last_window_shorter_than_the_others_is_judged_too(sides, tmp_path):
+    # 1,600 pairs, a target line lost at line 1,001: only the last 600 pairs are out of step,
+    # and they are judged when the files end.
+    source, target = sides[0][:1600], sides[1][:1000] + sides[1][1001:1601]
+    src, tgt = write_lines(tmp_path / "a.de", source), write_lines(tmp_path / "a.en", target)
+    read = []
+    with pytest.raises(CorpusError, match=r"\(in lines 1,001-1,600, .* 1 line before them") \
+            as error:
+        for pair in read_aligned(src, tgt):
+            read.append(pair)
+    assert len(read) == 1600
+    at = int(str(error.value).split("at about line ")[1].split(":")[0].replace(",", ""))
+    assert abs(at - 1001) <= 10
+    # Fewer than MIN_WINDOW pairs after the last full window are not judged.
+    short = 1000 + alignment.MIN_WINDOW - 1
+    assert len(list(read_aligned(write_lines(tmp_path / "b.de", source[:short]),
+                                 write_lines(tmp_path / "b.en", target[:short])))) == short
+
+
+def test_a_weak_correlation_with_neighbours_is_no_evidence():
+    # Lengths that follow the next line's only weakly (about 0.27) and their own line's
+    # inversely (about -0.27): the shifted pairing fits better by more than MARGIN, but no
+    # pairing fits well, so nothing is said (the lines of unrelated files look like this).
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=1001)
+    y = 0.3 * x[:-1] - 0.3 * x[1:] + rng.normal(size=1000)  # y[i] = 0.3 x[i-1] - 0.3 x[i] + e
+    source = np.round(np.exp(3 + 0.4 * x[1:])).astype(int)
+    target = np.round(np.exp(3 + 0.4 * y)).astype(int)
+    logs = [math.log1p(n) for n in source], [math.log1p(n) for n in target]
+    given, shifted = pearson(*logs), pearson(logs[0][:-1], logs[1][1:])  # shift +1
+    assert shifted - given > alignment.MARGIN and 0.1 < shifted < alignment.SHIFTED_CORRELATION
+    assert alignment.out_of_step(list(source), list(target)) is None
