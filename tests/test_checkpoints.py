@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 from sentencepiece import sentencepiece_model_pb2
 
-from tfnmt.checkpoints import (ModelDirError, candidate_checkpoints, checkpoint_prefixes,
-                               load_model)
+from tfnmt.checkpoints import (ModelDirError, best_checkpoint, candidate_checkpoints,
+                               checkpoint_prefixes, load_model)
 from tfnmt.paths import latest_export
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
@@ -274,6 +274,23 @@ def test_auto_passes_over_an_average_older_than_the_run(tmp_path):
     assert names("auto") == ["averaged/ckpt-40", "best/ckpt-35", "checkpoints/ckpt-40",
                              "checkpoints/ckpt-30"]
     assert names("averaged") == ["averaged/ckpt-40", "averaged/ckpt-20"]
+
+
+def test_the_best_checkpoint_is_the_one_its_state_names_while_its_files_are_there(tmp_path):
+    # best/ holds one checkpoint in use; a run killed between writing a new best and recording
+    # it leaves two. The state decides; where its files are gone (removed by hand), the newest
+    # there (by number: 12 after 9) stands in, and an empty directory has none.
+    best = tmp_path / "best"
+    best.mkdir()
+    assert best_checkpoint(str(best)) is None
+    for n in (5, 9, 12):
+        (best / f"ckpt-{n}.index").write_bytes(b"")
+    (best / "best.json").write_text(json.dumps({"metric": "bleu", "checkpoint": "ckpt-9"}))
+    assert best_checkpoint(str(best)) == str(best / "ckpt-9")
+    (best / "ckpt-9.index").unlink()
+    assert best_checkpoint(str(best)) == str(best / "ckpt-12")
+    (best / "best.json").write_text("{")  # damaged: the files decide
+    assert best_checkpoint(str(best)) == str(best / "ckpt-12")
 
 
 def test_a_checkpoint_named_as_the_log_names_it_is_found_in_the_model_dir(tmp_path,
