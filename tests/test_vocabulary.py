@@ -8,11 +8,12 @@ import shutil
 import pytest
 import sentencepiece
 import tensorflow as tf
+from sentencepiece import sentencepiece_model_pb2
 
 from helpers import piece_counts
 from tfnmt.data import records, vocabulary
 from tfnmt.data.tokenizer import file_fingerprint
-from tfnmt.paths import VOCAB
+from tfnmt.paths import VOCAB, DamagedFileError
 
 SIDE_FILES = ["source.spm.model", "target.spm.model"]
 
@@ -68,7 +69,7 @@ def test_the_manifest_records_both_sides(separate_prepared):
                                     "target_vocab_size": 500}
 
 
-def test_a_shared_vocabulary_keeps_the_fingerprint_of_its_one_model(small_prepared):
+def test_a_shared_vocabulary_keeps_the_fingerprint_of_its_one_model(small_prepared, tmp_path):
     # Model_dirs and prepared data written before separate vocabularies existed stay valid.
     path = os.path.join(small_prepared, VOCAB)
     shared = vocabulary.Vocabulary(path, path)
@@ -77,7 +78,29 @@ def test_a_shared_vocabulary_keeps_the_fingerprint_of_its_one_model(small_prepar
     assert shared.fingerprint == records.load_manifest(small_prepared)["vocab"]["fingerprint"]
     assert shared.model_sizes() == {"vocab_size": 600}
     with open(path, "rb") as f:
-        assert vocabulary.as_protos(f.read()).shared
+        proto = f.read()
+    assert vocabulary.as_protos(proto).shared
+    # The same model with the paths of the machine that trained it (as a model file given with
+    # --vocab may hold): other bytes, one model, so still shared and of the one fingerprint.
+    model = sentencepiece_model_pb2.ModelProto.FromString(proto)
+    model.trainer_spec.model_prefix = "/elsewhere/spm"
+    with_paths = vocabulary.as_protos((proto, model.SerializeToString()))
+    assert with_paths.source != with_paths.target
+    assert with_paths.shared and with_paths.fingerprint == shared.fingerprint
+    copy = tmp_path / "copied.spm.model"
+    copy.write_bytes(model.SerializeToString())
+    copied = vocabulary.Vocabulary(path, str(copy))
+    assert copied.shared and copied.model_sizes() == {"vocab_size": 600}
+
+
+def test_a_model_file_without_pieces_is_named_as_damaged(tmp_path):
+    # An empty file parses as a SentencePiece model of no pieces: refused in one line, not
+    # left to fail inside tensorflow-text.
+    empty = tmp_path / "spm.model"
+    empty.write_bytes(b"")
+    with pytest.raises(DamagedFileError, match=r"spm.model is not a SentencePiece model \(it "
+                                               r"holds no pieces\)"):
+        vocabulary.read_protos(str(empty), str(empty))
 
 
 @pytest.mark.parametrize("name", SIDE_FILES)
@@ -126,6 +149,25 @@ def test_changing_the_layout_rebuilds_and_leaves_only_its_files(separate_prepare
     assert set(again["vocab"]["files"].values()) == set(SIDE_FILES)
     with open(os.path.join(out, records.MANIFEST)) as f:
         assert json.load(f)["settings"]["separate_vocabularies"] is True
+
+
+def test_writing_a_vocabulary_leaves_its_files_and_no_others(separate_prepared, small_prepared,
+                                                             tmp_path):
+    # A model_dir's vocabulary files say its layout: writing one layout over the other leaves
+    # that layout's files, byte for byte, and nothing else (no other layout's, no temporary).
+    def read(path):
+        with open(path, "rb") as f:
+            return f.read()
+
+    shared = read(os.path.join(small_prepared, VOCAB))
+    sides = [read(os.path.join(separate_prepared, name)) for name in SIDE_FILES]
+    directory = tmp_path / "model"
+    directory.mkdir()
+    for protos, files in ((shared, {VOCAB: shared}),
+                          (tuple(sides), dict(zip(SIDE_FILES, sides))),
+                          ((shared, shared), {VOCAB: shared})):
+        vocabulary.write_protos(str(directory), protos)
+        assert {name: read(directory / name) for name in os.listdir(directory)} == files
 
 
 def test_given_vocabularies_are_used_as_they_are(separate_prepared, small_corpus, tmp_path):
@@ -187,7 +229,8 @@ def test_train_py_tokenizes_with_the_given_models(separate_prepared, small_corpu
     assert list(split_ids(os.path.join(model_dir, "data"), "dev")) == expected
 
 
-def test_side_models_given_the_other_way_round_are_told_apart(separate_prepared, small_corpus):
+def test_side_models_given_the_other_way_round_are_told_apart(separate_prepared, small_prepared,
+                                                              small_corpus):
     # The small corpus is German -> English, and its two models were learned on one side each:
     # each language takes far fewer pieces with its own model. One model for both sides, or
     # the models in their order, are not taken for swapped.
@@ -204,6 +247,11 @@ def test_side_models_given_the_other_way_round_are_told_apart(separate_prepared,
     assert vocabulary.swapped_side_models(source, target, reversed_pairs) is not None
     assert vocabulary.swapped_side_models(target, source, reversed_pairs) is None
     assert vocabulary.swapped_side_models(source, source, pairs) is None
+    # A model of the target language given for the source beside one of both languages: the
+    # source side fits the other model far better, the target side does not. Not a swap.
+    shared = os.path.join(small_prepared, VOCAB)
+    assert piece_counts(shared, german) <= 0.75 * piece_counts(target, german)
+    assert vocabulary.swapped_side_models(target, shared, pairs) is None
     assert vocabulary.swapped_side_models(target, source, []) is None
 
 
