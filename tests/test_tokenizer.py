@@ -183,3 +183,44 @@ def test_normalization_follows_how_many_targets_nfkc_would_rewrite(targets, expe
     assert unicodedata.normalize("NFKC", SAME) == SAME
     rule, share = normalization_for(iter(targets))
     assert (rule, round(share, 6)) == expected
+
+
+def test_a_models_fingerprint_does_not_depend_on_where_it_was_trained(small_prepared):
+    # The same model trained from files in two directories (SentencePiece records the input
+    # files, the output prefix and a rule file's path): one fingerprint. What makes a model
+    # tokenize otherwise (a piece's score) changes it.
+    from tfnmt.data.tokenizer import fingerprint
+
+    with open(os.path.join(small_prepared, VOCAB), "rb") as f:
+        proto = f.read()
+    copies = []
+    for root in ("/a", "/b"):
+        model = sentencepiece_model_pb2.ModelProto.FromString(proto)
+        model.trainer_spec.model_prefix = f"{root}/spm"
+        model.trainer_spec.input.append(f"{root}/train.txt")
+        model.normalizer_spec.normalization_rule_tsv = f"{root}/rules.tsv"
+        model.denormalizer_spec.normalization_rule_tsv = f"{root}/rules.tsv"
+        copies.append(model.SerializeToString())
+    assert copies[0] != copies[1]
+    assert fingerprint(copies[0]) == fingerprint(copies[1]) == fingerprint(proto)
+    model.pieces[10].score += 1.0
+    assert fingerprint(model.SerializeToString()) != fingerprint(proto)
+
+
+def test_decoder_outputs_are_cut_at_their_first_eos_without_padding():
+    # Against a loop over the rows: the tokens before the first EOS, PAD left out (a finished
+    # search writes PAD after EOS; a stopped one may leave PAD inside).
+    from tfnmt.data.tokenizer import strip_output
+
+    rows = [[5, 6, EOS_ID, 7, PAD_ID], [EOS_ID, 5, 6, 7, 8], [5, PAD_ID, 6, 7, 8],
+            [PAD_ID, PAD_ID, PAD_ID, PAD_ID, PAD_ID], [9, 8, 7, EOS_ID, EOS_ID]]
+    expected = []
+    for row in rows:
+        kept = []
+        for token in row:
+            if token == EOS_ID:
+                break
+            if token != PAD_ID:
+                kept.append(token)
+        expected.append(kept)
+    assert strip_output(tf.constant(rows)).to_list() == expected
