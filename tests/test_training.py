@@ -141,10 +141,12 @@ def test_learned_positions_get_one_adam_step_of_their_summed_gradient():
     assert float(metrics["grad_norm"]) == pytest.approx(norm, rel=1e-5)
 
 
-@pytest.mark.parametrize("clip_ratio", [0.25, 4.0])
-def test_clip_norm_scales_the_update_to_the_global_norm(clip_ratio):
+@pytest.mark.parametrize("clip_ratio, loss_scale", [(0.25, None), (4.0, None), (0.25, 1024.0)])
+def test_clip_norm_scales_the_update_to_the_global_norm(clip_ratio, loss_scale):
     # With SGD at learning rate 1 a weight moves by minus the gradient it is given: the loop's
-    # gradient g scaled by min(1, clip / |g|), the reference computed here in float64.
+    # gradient g scaled by min(1, clip / |g|), the reference computed here in float64. Under
+    # fp16 loss scaling the gradients are scaled, and the norm reported and clipped to is
+    # still that of the unscaled ones.
     batch = {"source": np.array([[5, 6, 7, 3], [8, 9, 3, 0]], "int32"),
              "target_in": np.array([[2, 5, 6, 7], [2, 8, 9, 0]], "int32"),
              "target_out": np.array([[5, 6, 7, 3], [8, 9, 3, 0]], "int32")}
@@ -153,10 +155,12 @@ def test_clip_norm_scales_the_update_to_the_global_norm(clip_ratio):
     model.build()
     strategy = tf.distribute.get_strategy()
     optimizer = keras.optimizers.SGD(learning_rate=1.0)
+    if loss_scale:
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer, initial_scale=loss_scale)
     optimizer.build(model.trainable_variables)
     trainer = Trainer(model, optimizer, strategy)
     _, _, _, grads = strategy.run(trainer.replica_gradients, args=([batch],))
-    grads = [g.numpy().astype(np.float64) for g in grads]
+    grads = [g.numpy().astype(np.float64) / (loss_scale or 1.0) for g in grads]
     norm = np.sqrt(sum(np.sum(g * g) for g in grads))
     clip = trainer.clip_norm = clip_ratio * norm
     before = [v.numpy().astype(np.float64) for v in model.trainable_variables]
@@ -937,3 +941,25 @@ def test_pairs_left_out_by_max_length_are_told_how_they_could_be_kept(tmp_path):
     assert _longer_pairs_advice(fresh, str(checkpoints)).startswith("this run's model reads")
     sinusoidal_tune = {"model": {}, "init_from": {"model_dir": "source"}}
     assert _longer_pairs_advice(sinusoidal_tune, str(checkpoints)).startswith("this run's")
+
+
+def test_a_run_planned_shorter_than_its_warmup_warms_up_for_a_share_of_it(small_corpus,
+                                                                           train_data, tmp_path):
+    # A linear decay to zero over a time budget that fits fewer updates than the tiny preset's
+    # 800 warm-up updates: the warm-up becomes MAX_WARMUP_SHARE of the planned updates (the
+    # peak rate kept), saved with the plan, so the run is not all warm-up.
+    from tfnmt.training.experiment import MAX_WARMUP_SHARE
+
+    model_dir = tmp_path / "run"
+    result = python(*train_flags(small_corpus, train_data, str(model_dir), train_steps=None,
+                                 train_minutes=0.05, warmup_steps=None, lr_decay="linear",
+                                 log_every=2, checkpoint_every=1000, eval_every=0,
+                                 bleu_sentences=2, average_last=0, test_report="false"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = int(re.search(r"^planned ([\d,]+) updates for 0.05 minutes", result.stdout,
+                          re.M)[1].replace(",", ""))
+    assert steps < 800
+    train = json.load(open(model_dir / "settings.json"))["train"]
+    assert train["train_steps"] == steps
+    assert train["warmup_steps"] == max(1, int(MAX_WARMUP_SHARE * steps))
+    assert "end within its" not in result.stdout
