@@ -169,6 +169,27 @@ def test_small_matmul_is_a_v3_product_in_float32_and_v2_in_bfloat16(transpose_b)
         assert kind in kinds and not kinds & {"BatchMatMulV2", "BatchMatMulV3"} - {kind}, kinds
 
 
+def test_attention_dropout_drops_whole_weights_in_training_only():
+    # One key: every attention weight is 1, so with identity value and output projections a
+    # head's slice of the output is the key's value slice, scaled by 1 / keep probability where
+    # its weight was kept and 0 where it was dropped (not element by element).
+    heads, head_dim, rate = 4, 2, 0.5
+    layer = MultiHeadAttention(num_heads=heads, d_model=heads * head_dim, attention_dropout=rate)
+    query = np.random.default_rng(0).normal(size=(64, 8, heads * head_dim)).astype("float32")
+    value = np.random.default_rng(1).normal(size=(64, 1, heads * head_dim)).astype("float32")
+    layer(query, value)
+    layer.value_kernel.assign(np.eye(heads * head_dim))
+    layer.output_kernel.assign(np.eye(heads * head_dim))
+    np.testing.assert_allclose(layer(query, value, training=False),
+                               np.broadcast_to(value, query.shape), rtol=1e-6)
+    out = layer(query, value, training=True).numpy().reshape(64, 8, heads, head_dim)
+    kept_value = np.broadcast_to(value.reshape(64, 1, heads, head_dim) / (1 - rate), out.shape)
+    kept = np.all(np.isclose(out, kept_value, rtol=1e-5), axis=-1)  # [B, Tq, H]
+    dropped = np.all(out == 0, axis=-1)
+    assert np.all(kept != dropped)  # each head's slice is wholly kept or wholly dropped
+    assert 0.4 < dropped.mean() < 0.6  # 2,048 weights at rate 0.5: 9 standard deviations
+
+
 def test_heads_must_divide_d_model():
     with pytest.raises(ValueError, match="divisible"):
         MultiHeadAttention(num_heads=3, d_model=8)
