@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfnmt.layers.linear import (concatenated_kernels, linear, linear_many, linear_slices,
-                                 low_precision_matmuls, pretransposed_kernels, slice_bounds,
-                                 sliced_kernels)
+from tfnmt.layers.linear import (concatenated_kernels, kept_copies, linear, linear_many,
+                                 linear_slices, low_precision_matmuls, pretransposed_kernels,
+                                 slice_bounds, sliced_kernels)
 
 
 def test_matches_batched_matmul_and_its_gradients():
@@ -286,3 +286,80 @@ def test_sliced_kernels_give_the_product_in_column_blocks_made_once(transpose):
                         transpose_b=transpose)
     np.testing.assert_array_equal(tf.concat(low, axis=-1),
                                   tf.reshape(tf.cast(rounded, tf.float32), [2, 3, 70]))
+
+
+def _product_dtypes(function, *args):
+    return sorted(op.get_attr("T").name for op in
+                  tf.function(function).get_concrete_function(*args).graph.get_operations()
+                  if op.type == "MatMul")
+
+
+def test_an_enclosing_copy_in_another_precision_does_not_serve():
+    # A float32 scope's copies do not serve a low-precision scope inside it: the inner scope
+    # multiplies in its own precision.
+    kernel = tf.Variable(tf.random.normal([70, 8]))  # [V, D], transposed as a tied output layer
+    group = [tf.Variable(tf.random.normal([8, 8])) for _ in range(2)]
+    biases = [tf.Variable(tf.zeros([8])) for _ in range(2)]
+    x = tf.random.normal([3, 8])
+    scopes = {
+        "pretransposed": (lambda: pretransposed_kernels([kernel]),
+                          lambda x: [linear(x, kernel, transpose_kernel=True)]),
+        "sliced": (lambda: sliced_kernels([kernel], 2, transpose=True),
+                   lambda x: linear_slices(x, kernel, transpose_kernel=True)),
+        "concatenated": (lambda: concatenated_kernels([(group, biases)]),
+                         lambda x: linear_many(x, group, biases)),
+    }
+    for name, (scope, products) in scopes.items():
+        def inner_low(x):
+            with scope(), low_precision_matmuls([kernel] + group), scope():
+                return products(x)
+
+        assert set(_product_dtypes(inner_low, x)) == {"bfloat16"}, name
+        rounded = [tf.cast(tf.matmul(tf.cast(x, tf.bfloat16), tf.cast(k, tf.bfloat16),
+                                     transpose_b=k is kernel), tf.float32)
+                   for k in ([kernel] if name != "concatenated" else group)]
+        np.testing.assert_array_equal(tf.concat(tf.function(inner_low)(x), axis=-1),
+                                      tf.concat(rounded, axis=-1), err_msg=name)
+
+
+def test_a_group_partly_in_low_precision_stays_float32():
+    group = [tf.Variable(tf.random.normal([8, width])) for width in (8, 4)]
+    biases = [tf.Variable(tf.random.normal([width])) for width in (8, 4)]
+    x = tf.random.normal([3, 8])
+
+    def project(x):
+        with low_precision_matmuls(group[:1]), concatenated_kernels([(group, biases)]):
+            return linear_many(x, group, biases)
+
+    assert _product_dtypes(project, x) == ["float32"]  # one product, in float32
+    for out, kernel, bias in zip(tf.function(project)(x), group, biases):
+        np.testing.assert_allclose(out, x.numpy().astype(np.float64) @ kernel.numpy()
+                                   + bias.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_kept_copies_are_made_once_and_given_the_weights_again_eagerly():
+    kernel = tf.Variable(tf.random.normal([6, 4]))  # [V, D]
+    x = tf.random.normal([2, 4])
+    copies = {}
+    with kept_copies(copies), pretransposed_kernels([kernel]):
+        pass  # eagerly: makes the copy
+    (key, copy), = copies.items()
+    np.testing.assert_array_equal(copy, kernel.numpy().T)
+    kernel.assign(kernel * 2)
+    with kept_copies(copies), pretransposed_kernels([kernel]):
+        assert copies == {key: copy}  # the same variable, given the new weights
+        np.testing.assert_array_equal(copy, kernel.numpy().T)
+
+    @tf.function
+    def project(x):  # traced: reads the kept variable, makes no transpose
+        with kept_copies(copies), pretransposed_kernels([kernel]):
+            return linear(x, kernel, transpose_kernel=True)
+
+    np.testing.assert_allclose(project(x), x.numpy() @ kernel.numpy().T, rtol=1e-5, atol=1e-5)
+    graph = project.get_concrete_function(x).graph
+    assert not [op for op in graph.get_operations() if op.type == "Transpose"]
+
+
+def test_an_empty_inner_axis():
+    out = linear(tf.zeros([2, 0, 4]), tf.ones([4, 3]), tf.ones([3]))
+    assert out.shape == (2, 0, 3)
