@@ -46,6 +46,20 @@ def test_same_seed_same_mask_and_odd_sizes():
     assert dropout_keep_mask([0, 4], 0.25, seed).shape == (0, 4)
 
 
+@pytest.mark.parametrize("rate", [0.1, 0.5, "first element's bits"])
+def test_mask_follows_the_documented_rule(rate):
+    # Element i is dropped when its 16 bits (the i-th uint16 of the 32-bit draws, little-endian
+    # halves in order) fall below round(rate * 2^16): rebuilt in numpy from the same draws.
+    seed = tf.constant([4, 2], tf.int32)
+    shape = [5, 7]  # 35 elements: 18 draws, the last half unused
+    bits = tf.random.stateless_uniform([18], seed, minval=None, maxval=None, dtype=tf.uint32)
+    halves = bits.numpy().astype("<u4").view("<u2")[:35]
+    if isinstance(rate, str):  # the threshold equal to the first element's bits: it is kept
+        rate = halves[0] / 65536
+    expected = (halves >= round(rate * 65536)).reshape(shape)
+    np.testing.assert_array_equal(dropout_keep_mask(shape, rate, seed), expected)
+
+
 def test_gradient_is_the_same_mask():
     x = tf.random.normal([32, 16])
     seed = tf.constant([1, 2], tf.int32)
