@@ -285,3 +285,90 @@ def test_a_leading_tilde_in_a_path_flag_is_the_home_directory(tmp_path, monkeypa
         assert result.returncode == 1
         assert result.stderr.strip().splitlines()[-1] == f"train.py: {message}"
     assert not list((tmp_path / "work").iterdir())
+
+
+def _flag_files(directory):
+    """The files the refused command lines below name: text, Latin-1 and empty files, and a
+    training directory whose settings name no data."""
+    (directory / "one.de").write_text("Ein Haus.\n", encoding="utf-8")
+    (directory / "one.en").write_text("A house.\n", encoding="utf-8")
+    (directory / "latin1.en").write_bytes("Käse\n".encode("latin-1"))
+    (directory / "empty.en").write_text("")
+    (directory / "trained").mkdir()
+    (directory / "trained" / "settings.json").write_text('{"data": {}}')
+
+
+@pytest.mark.parametrize("program, flags, message", [
+    ("translate.py", ["--model_dir=m", "extra"], "unexpected arguments: extra"),
+    ("translate.py", [], "give exactly one of --model_dir and --export"),
+    ("translate.py", ["--model_dir=m", "--export=e"], "give exactly one of --model_dir and "
+                                                      "--export"),
+    ("translate.py", ["--export=e", "--plot_attention=plots"],
+     "--plot_attention needs --model_dir (weights come from the model)"),
+    ("translate.py", ["--model_dir=m", "--plot_attention=plots", "--n_best=2"],
+     "--plot_attention plots the first sentence's translation: drop --n_best, --score_targets "
+     "and --target_prefix"),
+    ("translate.py", ["--model_dir=m", "--plot_attention=one.en"],
+     "--plot_attention=one.en is a file, not a directory"),
+    ("translate.py", ["--export=e", "--sampling_topk=5"],
+     "sampling needs --model_dir (exports search with beams)"),
+    ("translate.py", ["--model_dir=m", "--sampling_topk=5", "--n_best=2"],
+     "sampling draws one translation per sentence: drop --n_best"),
+    ("translate.py", ["--model_dir=m", "--target_prefix=one.en", "--n_best=2"],
+     "--target_prefix gives one translation per line: drop --n_best and --score_targets"),
+    ("evaluate.py", ["--model_dir=m", "extra"], "unexpected arguments: extra"),
+    ("evaluate.py", ["--source=one.de", "--hypotheses=one.en", "--reference=one.en"],
+     "give --source (to translate) or --hypotheses (translated), not both"),
+    ("evaluate.py", ["--source=one.de"], "--source and --hypotheses need --reference"),
+    ("evaluate.py", ["--reference=one.en"],
+     "--reference needs --source (to translate) or --hypotheses"),
+    ("evaluate.py", ["--hypotheses=latin1.en", "--reference=one.en"],
+     "--hypotheses=latin1.en: not UTF-8 text (invalid continuation byte at byte 1)"),
+    ("evaluate.py", ["--hypotheses=empty.en", "--reference=empty.en"],
+     "--hypotheses and --reference are empty: nothing to score"),
+    ("evaluate.py", ["--model_dir=trained"], "trained/settings.json names no dataset (its "
+                                             "data.dataset): give --source and --reference"),
+    ("export.py", ["--model_dir=m", "extra"], "unexpected arguments: extra"),
+    ("export.py", ["--model_dir=m", "--quantization=int8"],
+     "--quantization needs --format=ctranslate2"),
+    ("train.py", ["--model_dir=m", "extra"], "unexpected arguments: extra"),
+    ("train.py", ["--model_dir=m", "--train_files=one.de,one.en"],
+     "--dataset=files needs --dev_files: evaluation reports dev BLEU"),
+    ("train.py", ["--model_dir=m", "--train_files=one.de,one.en", "--dev_files=one.de,one.en",
+                  "--train_weights=abc"], "--train_weights=abc: numbers, one per --train_files"),
+    ("train.py", ["--model_dir=m", "--vocab=one.model", "--separate_vocabularies"],
+     "--separate_vocabularies needs two --vocab models (source.model,target.model)"),
+])
+def test_contradictory_or_unusable_flags_are_refused_in_one_line(program, flags, message,
+                                                                 tmp_path):
+    # Each would otherwise be ignored, or fail later, after minutes of work; nothing is written.
+    from helpers import python
+
+    _flag_files(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    result = python(program, *flags, timeout=60, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == f"{program}: {message}"
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("program, flags, pattern", [
+    ("export.py", ["--model_dir=trained", "--export_dir=/sys/export"],
+     r"/sys/export: cannot write in it \((Permission denied|Read-only file system)\)"),
+    ("train.py", ["--model_dir=/sys/run"], r"--model_dir=/sys/run: cannot create it \("
+                                          r"(Operation not permitted|Permission denied|"
+                                          r"Read-only file system)\)"),
+    ("train.py", ["--model_dir=/sys"], r"--model_dir=/sys: cannot write in it \((Permission "
+                                       r"denied|Read-only file system)\): train.py keeps its "
+                                       r"settings, checkpoints and summaries there"),
+])
+def test_a_directory_that_cannot_be_written_is_refused_before_any_work(program, flags, pattern,
+                                                                       tmp_path):
+    # sysfs: no one creates files there, root neither (os.access would pass root).
+    from helpers import python
+
+    _flag_files(tmp_path)
+    result = python(program, *flags, timeout=60, cwd=tmp_path)
+    assert result.returncode == 1
+    assert re.fullmatch(f"{program}: {pattern}", result.stderr.strip().splitlines()[-1]), \
+        result.stderr[-2000:]
