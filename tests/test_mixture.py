@@ -21,12 +21,14 @@ def write_tsv(path, pairs):
 
 def test_pair_filter_drops_and_counts():
     pair_filter = PairFilter(max_length_ratio=2.0, duplicates=True, identical=True)
-    text = [("a b", "x y"), ("a b", "x y"), ("same", "same"), ("c", "z")]
+    text = [("a b", "x y"), ("a b", "x y"), ("same", "same"), ("c", "z"), ("Mai", "mai")]
     kept = [p for p in text if pair_filter.keep_text(*p)]
-    assert kept == [("a b", "x y"), ("c", "z")]
+    assert kept == [("a b", "x y"), ("c", "z"), ("Mai", "mai")]  # identical: the same text
     assert pair_filter.keep_ids([1, 2], [3, 4, 5, 6]) and not pair_filter.keep_ids([1], [3, 4, 5])
     assert not pair_filter.keep_ids([], [3, 4, 5])  # an empty side counts as one subword
-    assert pair_filter.dropped == {"length_ratio": 2, "duplicates": 1, "identical": 1}
+    assert not pair_filter.keep_ids([1, 2, 3, 4, 5], [6, 7])  # the source the longer side
+    assert pair_filter.keep_ids([1, 2], [3]) and pair_filter.keep_ids([1], [2, 3])  # at 2.0
+    assert pair_filter.dropped == {"length_ratio": 3, "duplicates": 1, "identical": 1}
     assert PairFilter().settings == {} and PairFilter(identical=True).settings == {
         "identical": True}
     with pytest.raises(ValueError, match=">= 1"):
