@@ -52,6 +52,7 @@ def test_keeps_the_best_weights_and_counts_evaluations_without_gain(tmp_path, me
     assert not resumed.should_stop
     resumed.update(len(values) + 1, {metric: values[0]})
     assert resumed.should_stop
+    assert not BestCheckpoint(directory, small_model(), metric, patience=0).should_stop  # never
 
 
 @pytest.mark.parametrize("unmeasured", [None, float("nan")])

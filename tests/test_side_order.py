@@ -87,6 +87,52 @@ def test_text_in_the_other_language_is_told_apart(small_corpus, tmp_path):
     assert side_order.read_profiles(path) is None
 
 
+def test_the_other_language_needs_the_margin_and_enough_text_on_every_side(small_corpus,
+                                                                         tmp_path):
+    train, dev = read_tsv(small_corpus["train"]), read_tsv(small_corpus["dev"])
+    german, english = [s for s, _ in dev], [t for _, t in dev]
+    side_order.write_profiles(str(tmp_path / "profiles.json"), train)
+    profiles = side_order.read_profiles(str(tmp_path / "profiles.json"))
+    # 60 English lines among 140 German ones fit the English side a little better, by less
+    # than the margin: not called English.
+    mixed = english[:60] + german[60:]
+    fits = side_fits(train, mixed)
+    assert 0 < fits["target"] - fits["source"] < side_order.OTHER_LANGUAGE_MARGIN
+    assert side_order.reads_like_other_side(profiles, mixed, "source") is None
+    assert side_order.reads_like_other_side(profiles, english, "source") is not None
+    # A profile of fewer than MIN_CHARACTER_PAIRS pairs says too little to judge by.
+    small = side_order.side_profiles(train[:1])
+    assert min(sum(c.values()) for c in small.values()) < side_order.MIN_CHARACTER_PAIRS
+    assert side_order.reads_like_other_side(small, english, "source") is None
+
+
+def test_profiles_files(small_corpus, tmp_path, monkeypatch):
+    train = read_tsv(small_corpus["train"], 20)
+    path = tmp_path / side_order.PROFILE_FILE
+    # Not JSON of two sides' counts: no profile (the check it serves is skipped).
+    for text in ("[]", '{"source": [], "target": {}}', '{"source": {"ab": "x"}, "target": {}}',
+                 '{"source": {}}'):
+        path.write_text(text)
+        assert side_order.read_profiles(str(path)) is None, text
+    # A model_dir's profile, once written, is kept (a resumed run's data does not replace it).
+    path.unlink()
+    settings = {"data": {"dataset": "files", "files": {"train": small_corpus["train"]}}}
+    assert side_order.keep_profiles(str(tmp_path), settings, sample=20) == str(path)
+    written = path.read_bytes()
+    assert json.loads(written) == {side: dict(counts) for side, counts in
+                                   side_order.side_profiles(train).items()}
+    assert side_order.keep_profiles(str(tmp_path), settings, sample=40) == str(path)
+    assert path.read_bytes() == written
+    # A write that fails (a full disk) leaves no file behind, whole or half.
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(side_order.json, "dump", full_disk)
+    with pytest.raises(OSError):
+        side_order.write_profiles(str(tmp_path / "other.json"), train)
+    assert sorted(os.listdir(tmp_path)) == [side_order.PROFILE_FILE]
+
+
 def test_translate_and_evaluate_say_input_in_the_other_language(small_corpus, tiny_model_dir,
                                                                tmp_path):
     # English given to a German->English model was translated without a word, and evaluate.py
