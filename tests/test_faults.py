@@ -234,6 +234,30 @@ def test_full_disk_stops_with_one_line(small_corpus, train_data, tmp_path):
     assert f"step {failed:6d}/12" in result.stdout  # it stopped at the failed save
 
 
+@pytest.mark.parametrize("export_format", ["saved_model", "ctranslate2"])
+def test_an_export_to_a_full_disk_publishes_nothing_and_says_so(export_format, tiny_model_dir,
+                                                                tmp_path):
+    # A 256 KiB file system (tmpfs in a private mount namespace): the export does not fit.
+    mount_point = tmp_path / "small_disk"
+    mount_point.mkdir()
+    export_dir = mount_point / "exports"
+    command = [sys.executable, os.path.join(ROOT, "export.py"), f"--model_dir={tiny_model_dir}",
+               f"--export_dir={export_dir}", f"--format={export_format}"]
+    result = subprocess.run(
+        ["unshare", "--map-root-user", "--mount", "sh", "-c",
+         f"mount -t tmpfs -o size=256k none {mount_point} && {' '.join(command)}; "
+         f"status=$?; find {mount_point} -mindepth 1; exit $status"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert last_line(result) == (f"export.py: nothing published: no space left on the device "
+                                 f"to write {export_dir} (free space and export again)")
+    assert "Traceback" not in result.stderr
+    # Nothing left on the disk: no version, no temporary directory.
+    left = {line for line in result.stdout.splitlines() if line.startswith(str(mount_point))}
+    assert left <= {str(export_dir)}, result.stdout
+
+
 @pytest.mark.parametrize("fault, expected", [
     ("directory", "--train_files: {dir} is a directory, not a file"),
     ("empty", "--train_files: {dir}/empty.tsv is empty"),

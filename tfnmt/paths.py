@@ -2,6 +2,7 @@
 entry point and module reads them from here); reading a model_dir's settings.json and listing
 its checkpoints, finding an export's newest version, whether a directory can be written in
 (without TensorFlow, so that the entry points check their flags and paths before loading it)."""
+import errno
 import json
 import os
 import re
@@ -38,6 +39,20 @@ def cannot_write_in(directory):
     os.close(descriptor)
     os.remove(probe)
     return None
+
+
+def is_disk_full(error):
+    """Whether an error means the disk is full.
+
+    Args:
+      error: an OSError or a TensorFlow error (tf.errors.OpError).
+
+    Returns:
+      True for ENOSPC/EDQUOT and TensorFlow's "No space left on device".
+    """
+    if isinstance(error, OSError):
+        return error.errno in (errno.ENOSPC, errno.EDQUOT)
+    return "No space left on device" in str(error)
 
 
 def checkpoint_prefixes(directory, name="ckpt"):

@@ -27,7 +27,7 @@ from absl import app, flags, logging  # noqa: E402
 from tfnmt import cli, cpu_kernels  # noqa: E402
 from tfnmt.inference.decoding_threads import PARALLEL_SEARCHES  # noqa: E402
 from tfnmt.paths import (CTRANSLATE2, DEFAULT_MODEL_DIR, EXPORT, cannot_write_in,  # noqa: E402
-                         read_settings)
+                         is_disk_full, read_settings)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory (settings.json, "
@@ -146,11 +146,20 @@ def main(argv):
     except FileExistsError as error:
         raise app.UsageError(str(error))
     except (ExportCheckError, OSError, tf.errors.OpError) as error:  # e.g. a full disk
-        print(f"export.py: nothing published: {str(error).splitlines()[0]}", file=sys.stderr)
+        print(f"export.py: nothing published: {failure(error, export_dir)}", file=sys.stderr)
         return 1
     matmuls = ("bfloat16 where the serving CPU times it faster, else float32"
                if FLAGS.matmul_dtype == "auto" else FLAGS.matmul_dtype)
     print(f"exported {path} to {final} (weight matmuls: {matmuls})")
+
+
+def failure(error, export_dir):
+    """Why an export failed, in one line: a full disk named as such (TensorFlow's message names
+    a temporary file that is gone by now), else the error's first line."""
+    if is_disk_full(error):
+        return (f"no space left on the device to write {export_dir} (free space and export "
+                "again)")
+    return str(error).splitlines()[0]
 
 
 def side_profiles(model_dir):
@@ -188,7 +197,7 @@ def export_ctranslate2(model, vocab, path, export_dir):
     except FileExistsError as error:
         raise app.UsageError(str(error))
     except (ctranslate2_export.CTranslate2ExportError, OSError) as error:
-        print(f"export.py: nothing published: {str(error).splitlines()[0]}", file=sys.stderr)
+        print(f"export.py: nothing published: {failure(error, export_dir)}", file=sys.stderr)
         return 1
     print(f"exported {path} to {final} (CTranslate2, weights in {quantization or 'float32'}); "
           f"translate with max_input_length={model.max_length} and max_decoding_length="

@@ -12,7 +12,6 @@ model_dir layout:
   train/, eval/      TensorBoard event files
   workers/<id>/      non-chief workers' checkpoints under multi_worker
 """
-import errno
 import os
 import re
 import time
@@ -24,7 +23,7 @@ from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes,
                                newest_readable_checkpoint)
 from tfnmt.data import data_dir_lock, pipeline, records, side_order, vocabulary
 from tfnmt.model.transformer import Transformer
-from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS, read_settings
+from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS, is_disk_full, read_settings
 from tfnmt.training import fine_tune
 from tfnmt.training.best import BestCheckpoint
 from tfnmt.training.budget import TrainingBudget
@@ -56,20 +55,6 @@ def _within_warmup(t, updates):
             "warm-up (--warmup_steps): its learning rate rises to the last one and never "
             "reaches its peak; a --warmup_steps of a tenth of the updates or so trains the "
             "model")
-
-
-def is_disk_full(error):
-    """Whether an error means the disk is full.
-
-    Args:
-      error: an OSError or tf.errors.OpError.
-
-    Returns:
-      True for ENOSPC/EDQUOT and TensorFlow's "No space left on device".
-    """
-    if isinstance(error, OSError):
-        return error.errno in (errno.ENOSPC, errno.EDQUOT)
-    return isinstance(error, tf.errors.OpError) and "No space left on device" in str(error)
 
 
 def _unwritable_file(error):
