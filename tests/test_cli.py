@@ -336,6 +336,7 @@ def _flag_files(directory):
      "--dataset=files needs --dev_files: evaluation reports dev BLEU"),
     ("train.py", ["--model_dir=m", "--train_files=one.de,one.en", "--dev_files=one.de,one.en",
                   "--train_weights=abc"], "--train_weights=abc: numbers, one per --train_files"),
+    ("train.py", ["--model_dir=m", "--init_optimizer"], "--init_optimizer needs --init_from"),
     ("train.py", ["--model_dir=m", "--vocab=one.model", "--separate_vocabularies"],
      "--separate_vocabularies needs two --vocab models (source.model,target.model)"),
 ])

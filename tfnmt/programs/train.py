@@ -365,8 +365,6 @@ def starting_settings():
     from tfnmt.training.settings import SettingsError
 
     if not FLAGS.init_from:
-        if FLAGS.init_optimizer:
-            raise SettingsError("--init_optimizer needs --init_from")
         return requested_settings()
     from tfnmt.training import fine_tune  # reads the source's checkpoints with TensorFlow
 
@@ -443,6 +441,8 @@ def main(argv):
     if FLAGS.separate_vocabularies and FLAGS.share_embeddings:
         raise app.UsageError("--share_embeddings needs one shared vocabulary: drop it or "
                              "--separate_vocabularies")
+    if FLAGS.init_optimizer and not FLAGS.init_from:
+        raise app.UsageError("--init_optimizer needs --init_from")
     check_paths()
     # The flags and settings are checked before TensorFlow loads: a refusal comes at once.
     from tfnmt.model.presets import check_sizes
