@@ -337,6 +337,11 @@ def _flag_files(directory):
     ("train.py", ["--model_dir=m", "--train_files=one.de,one.en", "--dev_files=one.de,one.en",
                   "--train_weights=abc"], "--train_weights=abc: numbers, one per --train_files"),
     ("train.py", ["--model_dir=m", "--init_optimizer"], "--init_optimizer needs --init_from"),
+    ("train.py", ["--model_dir=m", "--init_from=trained", "--vocab=one.model"],
+     "--vocab: a fine-tuned model keeps its source's vocabulary (--init_from): drop --vocab"),
+    ("train.py", ["--model_dir=m", "--vocab=de.model,en.model", "--share_embeddings"],
+     "--share_embeddings needs one shared vocabulary, and --vocab gives two: drop "
+     "--share_embeddings"),
     ("train.py", ["--model_dir=m", "--vocab=one.model", "--separate_vocabularies"],
      "--separate_vocabularies needs two --vocab models (source.model,target.model)"),
 ])
