@@ -320,6 +320,19 @@ def test_a_checkpoint_named_as_the_log_names_it_is_found_in_the_model_dir(tmp_pa
         candidate_checkpoints(str(model_dir), "ckpt-50")
     assert str(error.value) == (f"no checkpoint at ckpt-50; {model_dir} holds checkpoints/ckpt-30, "
                                 "checkpoints/ckpt-40, best/ckpt-35, averaged/ckpt-40")
+    # A kind the model_dir has none of names those it has; none at all says so.
+    shutil.rmtree(model_dir / "averaged")
+    with pytest.raises(ModelDirError) as error:
+        candidate_checkpoints(str(model_dir), "averaged")
+    assert str(error.value) == (f"{model_dir} has no averaged checkpoint; it holds "
+                                "checkpoints/ckpt-30, checkpoints/ckpt-40, best/ckpt-35")
+    for directory in ("checkpoints", "best"):
+        shutil.rmtree(model_dir / directory)
+    for which in ("auto", "latest", "best"):
+        with pytest.raises(ModelDirError) as error:
+            candidate_checkpoints(str(model_dir), which)
+        assert str(error.value) == (f"{model_dir} has no checkpoint yet (train.py writes them "
+                                    "as it trains, every --checkpoint_every updates)")
 
 
 def test_an_export_given_as_model_dir_is_named_as_one(tmp_path):

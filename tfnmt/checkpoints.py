@@ -209,8 +209,7 @@ def candidate_checkpoints(model_dir, which="auto"):
                 return [prefix]
             if found := checkpoint_prefixes(prefix):  # a directory of checkpoints: newest first
                 return found[::-1]
-        names = [os.path.relpath(p, model_dir) for sub in (CHECKPOINTS, BEST, AVERAGED)
-                 for p in checkpoint_prefixes(os.path.join(model_dir, sub))]
+        names = _held_checkpoints(model_dir)
         raise ModelDirError(f"no checkpoint at {which}" + (
             f"; {model_dir} holds {', '.join(names)}" if names else ""))
     averaged = checkpoint_prefixes(os.path.join(model_dir, AVERAGED))[::-1]
@@ -220,8 +219,19 @@ def candidate_checkpoints(model_dir, which="auto"):
     paths = {"averaged": averaged, "best": best, "latest": latest,
              "auto": current + best + latest}[which]
     if not paths:
-        raise ModelDirError(f"{model_dir} has no {which} checkpoint")
+        if names := _held_checkpoints(model_dir):
+            raise ModelDirError(f"{model_dir} has no {which} checkpoint; it holds "
+                                f"{', '.join(names)}")
+        raise ModelDirError(f"{model_dir} has no checkpoint yet (train.py writes them as it "
+                            "trains, every --checkpoint_every updates)")
     return paths
+
+
+def _held_checkpoints(model_dir):
+    """The model_dir's checkpoints, as paths relative to it: the run's, the best, the
+    averaged."""
+    return [os.path.relpath(p, model_dir) for sub in (CHECKPOINTS, BEST, AVERAGED)
+            for p in checkpoint_prefixes(os.path.join(model_dir, sub))]
 
 
 def _check_same_model(path, model_dir, model, protos):
