@@ -83,6 +83,26 @@ def test_a_vocabulary_the_text_cannot_give_is_one_clear_error(tmp_path):
     assert os.listdir(tmp_path) == []  # nothing half-made is left
 
 
+def test_an_input_error_while_learning_the_vocabulary_is_raised_as_it_was(tmp_path):
+    # A bad corpus line found while SentencePiece reads the text (a CorpusError naming its file
+    # and line) reaches the caller itself, not inside SentencePiece's RuntimeError.
+    from tfnmt.data.corpus import CorpusError
+    from tfnmt.data.tokenizer import train_sentencepiece
+
+    error = CorpusError("train.de:51: not UTF-8")
+
+    def sentences():
+        yield from ["Zimmer 1 ist frei.", "Room 1 is free."] * 25
+        raise error
+
+    with pytest.raises(CorpusError) as raised:
+        train_sentencepiece(sentences(), str(tmp_path / "spm.model"), vocab_size=100)
+    assert raised.value is error
+    assert os.listdir(tmp_path) == []  # nothing half-made is left
+    with pytest.raises(ValueError, match="model_type must be 'unigram' or 'bpe', got 'word'"):
+        train_sentencepiece(["a"], str(tmp_path / "spm.model"), model_type="word")
+
+
 def test_an_interrupted_vocabulary_leaves_no_files(tmp_path, monkeypatch):
     # Ctrl-C once SentencePiece has written its files, before the model is in place.
     from tfnmt.data import tokenizer
