@@ -248,6 +248,22 @@ def test_vocabulary_change_is_detected(small_prepared, tmp_path):
     assert manifest["vocab"]["size"] == 600
 
 
+def test_data_of_another_format_is_named_as_such(small_prepared, tmp_path):
+    # Prepared by a tfnmt whose records differ: refused as such (preparation then rebuilds it).
+    out = str(tmp_path / "copy")
+    copy_prepared(small_prepared, out)
+    with open(os.path.join(out, records.MANIFEST)) as f:
+        manifest = json.load(f)
+    manifest["settings"]["format"] = records.FORMAT_VERSION - 1
+    with open(os.path.join(out, records.MANIFEST), "w") as f:
+        json.dump(manifest, f)
+    with pytest.raises(records.PreparedDataError) as error:
+        records.load_manifest(out)
+    assert str(error.value) == (f"{os.path.join(out, records.MANIFEST)} is of format "
+                                f"{records.FORMAT_VERSION - 1}, this tfnmt reads "
+                                f"{records.FORMAT_VERSION}")
+
+
 def test_changed_input_triggers_rebuild(small_corpus, tmp_path):
     out = str(tmp_path / "prep")
     files = {"train": str(tmp_path / "train.tsv")}
