@@ -308,6 +308,9 @@ def _flag_files(directory):
     ("translate.py", ["--model_dir=m", "--plot_attention=plots", "--n_best=2"],
      "--plot_attention plots the first sentence's translation: drop --n_best, --score_targets "
      "and --target_prefix"),
+    ("translate.py", ["--model_dir=m", "--plot_attention=plots", "--target_prefix=one.en"],
+     "--plot_attention plots the first sentence's translation: drop --n_best, --score_targets "
+     "and --target_prefix"),
     ("translate.py", ["--model_dir=m", "--plot_attention=one.en"],
      "--plot_attention=one.en is a file, not a directory"),
     ("translate.py", ["--export=e", "--sampling_topk=5"],
@@ -320,7 +323,12 @@ def _flag_files(directory):
      "--score_targets trained: is a directory, not a file"),
     ("translate.py", ["--model_dir=m", "--target_prefix=one.en", "--n_best=2"],
      "--target_prefix gives one translation per line: drop --n_best and --score_targets"),
+    ("translate.py", ["--model_dir=m", "--target_prefix=one.en", "--score_targets=one.en"],
+     "--target_prefix gives one translation per line: drop --n_best and --score_targets"),
     ("evaluate.py", ["--model_dir=m", "extra"], "unexpected arguments: extra"),
+    ("evaluate.py", ["--hypotheses=one.en", "--reference=one.en", "--batch_size=8"],
+     "--batch_size is for translating, and --hypotheses scores translations made elsewhere: "
+     "drop --batch_size"),
     ("evaluate.py", ["--source=one.de", "--hypotheses=one.en", "--reference=one.en"],
      "give --source (to translate) or --hypotheses (translated), not both"),
     ("evaluate.py", ["--source=one.de"], "--source and --hypotheses need --reference"),
