@@ -1,7 +1,8 @@
 """Names of the files in a model_dir, and where the embedded corpus lives, in one place (every
 entry point and module reads them from here); reading a model_dir's settings.json and listing
-its checkpoints, finding an export's newest version, whether a directory can be written in
-(without TensorFlow, so that the entry points check their flags and paths before loading it)."""
+its checkpoints, finding an export's newest version, whether a directory can be written in,
+whether an error means a full disk (without TensorFlow, so that the entry points check their
+flags and paths before loading it)."""
 import errno
 import json
 import os
