@@ -6,6 +6,7 @@ import logging
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -245,8 +246,9 @@ def test_an_export_to_a_full_disk_publishes_nothing_and_says_so(export_format, t
                f"--export_dir={export_dir}", f"--format={export_format}"]
     result = subprocess.run(
         ["unshare", "--map-root-user", "--mount", "sh", "-c",
-         f"mount -t tmpfs -o size=256k none {mount_point} && {' '.join(command)}; "
-         f"status=$?; find {mount_point} -mindepth 1; exit $status"],
+         f"mount -t tmpfs -o size=256k none {shlex.quote(str(mount_point))} && "
+         f"{shlex.join(command)}; status=$?; find {shlex.quote(str(mount_point))} -mindepth 1; "
+         "exit $status"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 1, result.stderr[-3000:]
