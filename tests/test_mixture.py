@@ -24,11 +24,15 @@ def test_pair_filter_drops_and_counts():
     text = [("a b", "x y"), ("a b", "x y"), ("same", "same"), ("c", "z"), ("Mai", "mai")]
     kept = [p for p in text if pair_filter.keep_text(*p)]
     assert kept == [("a b", "x y"), ("c", "z"), ("Mai", "mai")]  # identical: the same text
+    # Sides may hold a tab (two-file corpora): pairs that differ only in where it falls are
+    # not duplicates.
+    assert pair_filter.keep_text("a\tb", "c") and pair_filter.keep_text("a", "b\tc")
+    assert not pair_filter.keep_text("a", "b\tc")
     assert pair_filter.keep_ids([1, 2], [3, 4, 5, 6]) and not pair_filter.keep_ids([1], [3, 4, 5])
     assert not pair_filter.keep_ids([], [3, 4, 5])  # an empty side counts as one subword
     assert not pair_filter.keep_ids([1, 2, 3, 4, 5], [6, 7])  # the source the longer side
     assert pair_filter.keep_ids([1, 2], [3]) and pair_filter.keep_ids([1], [2, 3])  # at 2.0
-    assert pair_filter.dropped == {"length_ratio": 3, "duplicates": 1, "identical": 1}
+    assert pair_filter.dropped == {"length_ratio": 3, "duplicates": 2, "identical": 1}
     assert PairFilter().settings == {} and PairFilter(identical=True).settings == {
         "identical": True}
     with pytest.raises(ValueError, match=">= 1"):

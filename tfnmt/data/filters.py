@@ -48,7 +48,11 @@ class PairFilter:
             self.dropped["identical"] += 1
             return False
         if self.duplicates:
-            digest = hashlib.blake2b(f"{source}\t{target}".encode(), digest_size=16).digest()
+            # The source's length first: a side may hold a tab (two-file corpora), so no
+            # separator between the two would tell ("a\tb", "c") from ("a", "b\tc").
+            source_bytes = source.encode()
+            digest = hashlib.blake2b(len(source_bytes).to_bytes(8, "little") + source_bytes
+                                     + target.encode(), digest_size=16).digest()
             if digest in self._seen:
                 self.dropped["duplicates"] += 1
                 return False
