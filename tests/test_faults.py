@@ -20,7 +20,7 @@ from helpers import ROOT, built_once, imported_modules, python, started, train_f
 from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes, load_model,
                                newest_readable_checkpoint)
 from tfnmt.data import records
-from tfnmt.paths import VOCAB, DamagedFileError, read_settings
+from tfnmt.paths import VOCAB, DamagedFileError, made_directory, read_settings
 from tfnmt.training.stop_signals import StopSignals
 
 FAST = dict(log_every=2, checkpoint_every=2, eval_every=0, bleu_sentences=2, average_last=0,
@@ -241,7 +241,7 @@ def test_an_export_to_a_full_disk_publishes_nothing_and_says_so(export_format, t
     # A 256 KiB file system (tmpfs in a private mount namespace): the export does not fit.
     mount_point = tmp_path / "small_disk"
     mount_point.mkdir()
-    export_dir = mount_point / "exports"
+    export_dir = mount_point / "exports" / "de-en"  # neither directory exists yet
     command = [sys.executable, os.path.join(ROOT, "export.py"), f"--model_dir={tiny_model_dir}",
                f"--export_dir={export_dir}", f"--format={export_format}"]
     result = subprocess.run(
@@ -255,9 +255,31 @@ def test_an_export_to_a_full_disk_publishes_nothing_and_says_so(export_format, t
     assert last_line(result) == (f"export.py: nothing published: no space left on the device "
                                  f"to write {export_dir} (free space and export again)")
     assert "Traceback" not in result.stderr
-    # Nothing left on the disk: no version, no temporary directory.
-    left = {line for line in result.stdout.splitlines() if line.startswith(str(mount_point))}
-    assert left <= {str(export_dir)}, result.stdout
+    # Nothing left on the disk: no version, no temporary directory, none of the directories
+    # the export made.
+    left = [line for line in result.stdout.splitlines() if line.startswith(str(mount_point))]
+    assert left == [], result.stdout
+
+
+def test_directories_made_for_a_failed_write_are_removed_when_left_empty(tmp_path):
+    def fail_in(directory, write=None):
+        with pytest.raises(OSError, match="the write failed"):
+            with made_directory(directory):
+                assert os.path.isdir(directory)
+                if write:
+                    (write / "other").write_text("written meanwhile")
+                raise OSError("the write failed")
+
+    fail_in(tmp_path / "a" / "b" / "c")  # all three made, all three removed
+    assert os.listdir(tmp_path) == []
+    (tmp_path / "kept").mkdir()
+    fail_in(tmp_path / "kept" / "new")  # only what it made
+    assert os.listdir(tmp_path) == ["kept"] and os.listdir(tmp_path / "kept") == []
+    fail_in(tmp_path / "x" / "y", write=tmp_path / "x")  # x holds a file: y goes, x stays
+    assert os.listdir(tmp_path / "x") == ["other"]
+    with made_directory(tmp_path / "ok" / "dir"):  # a block that succeeds keeps them
+        pass
+    assert os.path.isdir(tmp_path / "ok" / "dir")
 
 
 @pytest.mark.parametrize("fault, expected", [

@@ -1,8 +1,9 @@
 """Names of the files in a model_dir, and where the embedded corpus lives, in one place (every
 entry point and module reads them from here); reading a model_dir's settings.json and listing
 its checkpoints, finding an export's newest version, whether a directory can be written in,
-whether an error means a full disk (without TensorFlow, so that the entry points check their
-flags and paths before loading it)."""
+making one that a failed write removes again, whether an error means a full disk (without
+TensorFlow, so that the entry points check their flags and paths before loading it)."""
+import contextlib
 import errno
 import json
 import os
@@ -54,6 +55,34 @@ def is_disk_full(error):
     if isinstance(error, OSError):
         return error.errno in (errno.ENOSPC, errno.EDQUOT)
     return "No space left on device" in str(error)
+
+
+@contextlib.contextmanager
+def made_directory(directory):
+    """Creates `directory` and its missing parents for the work of a `with` block, and removes
+    those it created again if the block fails and leaves them empty (a failed export leaves no
+    empty export_dir behind).
+
+    Example:
+      with made_directory(export_dir):
+          write_version(export_dir)  # raises: export_dir is gone again if this made it
+    """
+    directory = os.path.abspath(directory)
+    missing = []  # deepest first
+    while not os.path.exists(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    if missing:
+        os.makedirs(missing[0])
+    try:
+        yield
+    except BaseException:
+        for path in missing:
+            try:
+                os.rmdir(path)  # only when empty: another process may have written in it
+            except OSError:
+                break
+        raise
 
 
 def checkpoint_prefixes(directory, name="ckpt"):

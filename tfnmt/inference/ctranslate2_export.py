@@ -42,6 +42,7 @@ import numpy as np
 
 from tfnmt.layers.embedding import sinusoid_table
 from tfnmt.data.vocabulary import as_protos, write_protos
+from tfnmt.paths import made_directory
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")
@@ -206,23 +207,23 @@ def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=T
             return spec
 
     parent = os.path.dirname(output_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".ctranslate2-", dir=parent)
-    try:
-        model_dir = os.path.join(staging, "model")
-        _Converter().convert(model_dir, quantization=quantization)
-        write_protos(model_dir, protos)
-        if check:
-            _check(model_dir, protos.source)
-        try:  # a rename never replaces a directory with files in it
-            os.rename(model_dir, output_dir)
-        except OSError as error:
-            if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                raise
-            raise FileExistsError(f"{output_dir} was written by another export while this one "
-                                  "was; give another --export_dir or remove it") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with made_directory(parent):
+        staging = tempfile.mkdtemp(prefix=".ctranslate2-", dir=parent)
+        try:
+            model_dir = os.path.join(staging, "model")
+            _Converter().convert(model_dir, quantization=quantization)
+            write_protos(model_dir, protos)
+            if check:
+                _check(model_dir, protos.source)
+            try:  # a rename never replaces a directory with files in it
+                os.rename(model_dir, output_dir)
+            except OSError as error:
+                if error.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                raise FileExistsError(f"{output_dir} was written by another export while this "
+                                      "one was; give another --export_dir or remove it") from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return output_dir
 
 

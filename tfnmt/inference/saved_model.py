@@ -10,7 +10,7 @@ import shutil
 
 from tfnmt.inference.decoding_threads import write_search_settings
 from tfnmt.inference.serving import PREFIXES, SCORE_TARGETS, SIGNATURE_INPUT
-from tfnmt.paths import next_version
+from tfnmt.paths import made_directory, next_version
 
 
 SIGNATURES = ("serving_default", "translate_n_best", "translate_with_prefix", "score")
@@ -55,7 +55,13 @@ def export_saved_model(module, export_dir, version=None, check=True, extra_files
     final = os.path.join(export_dir, str(version))
     if os.path.exists(final):
         raise FileExistsError(f"{final} exists; versions are never overwritten")
-    os.makedirs(export_dir, exist_ok=True)
+    with made_directory(export_dir):
+        return _publish(module, export_dir, version, chosen, check, extra_files)
+
+
+def _publish(module, export_dir, version, chosen, check, extra_files):
+    """`export`'s work in an existing export_dir: writes, checks and renames the version."""
+    final = os.path.join(export_dir, str(version))
     remove_abandoned_exports(export_dir)
     temporary = os.path.join(export_dir, f".tmp-{version}-{os.getpid()}")
     try:
