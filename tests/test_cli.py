@@ -180,11 +180,12 @@ from tfnmt import cli
 
 if sys.argv[2] == "kept":
     cli.keep_interrupts()
+    cli.stop_on_sigterm()
 
 
 class Finalized:
     def __del__(self):
-        signal.raise_signal(signal.SIGINT)  # Ctrl-C while a finalizer runs
+        signal.raise_signal(getattr(signal, sys.argv[3]))  # Ctrl-C, SIGTERM in a finalizer
         for _ in range(1000):  # Python's handler raises KeyboardInterrupt in here
             pass
 
@@ -195,17 +196,19 @@ try:
     while time.monotonic() < deadline:
         pass
     print("went on")
-except KeyboardInterrupt:
-    print("interrupted")
+except KeyboardInterrupt as interrupt:
+    print("stopped:", type(interrupt).__name__)
 """
 
 
 @pytest.mark.parametrize("kept", [True, False])
-def test_ctrl_c_in_a_finalizer_stops_the_program(kept):
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_in_a_finalizer_stops_the_program(kept, signal_name):
     # Python prints a KeyboardInterrupt raised in a __del__ as "Exception ignored in ..." and
     # goes on: a Ctrl-C landing in one of TensorFlow's finalizers let train.py run to its end.
-    # The entry points (cli.run) raise it again outside the finalizer; plain Python (the
-    # reference) loses it.
+    # The entry points (cli.run) raise it again outside the finalizer, and raise SIGTERM as a
+    # KeyboardInterrupt of its own kind, so that a program cleans up as for Ctrl-C. Plain
+    # Python (the reference) loses a Ctrl-C there, and dies at once of SIGTERM.
     import signal
     import subprocess
     import sys
@@ -214,12 +217,18 @@ def test_ctrl_c_in_a_finalizer_stops_the_program(kept):
 
     # SIGINT acting as at a terminal (a test runner started in the background ignores it).
     result = subprocess.run([sys.executable, "-c", FINALIZER_INTERRUPTED, ROOT,
-                             "kept" if kept else "plain"], capture_output=True, text=True,
-                            timeout=60,
+                             "kept" if kept else "plain", signal_name], capture_output=True,
+                            text=True, timeout=60,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    assert result.stdout.strip() == ("interrupted" if kept else "went on")
+    if kept:
+        kind = "KeyboardInterrupt" if signal_name == "SIGINT" else "Terminated"
+        assert (result.returncode, result.stdout.strip()) == (0, f"stopped: {kind}")
+    elif signal_name == "SIGINT":
+        assert (result.returncode, result.stdout.strip()) == (0, "went on")
+    else:
+        assert (result.returncode, result.stdout) == (-signal.SIGTERM, "")
     # Python's note on the lost exception, which the entry points leave out.
-    assert ("Exception ignored" in result.stderr) is not kept
+    assert ("Exception ignored" in result.stderr) is (signal_name == "SIGINT" and not kept)
 
 
 

@@ -678,10 +678,13 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
     assert "holds no sentence pairs" in error and "Traceback" not in error
 
 
-def test_ctrl_c_tells_how_many_input_lines_the_output_file_holds(exported, small_corpus,
-                                                                  tmp_path):
-    # Stopped while it waits for more input, translate.py says how far its --output got, so
-    # that a long job can go on from the next line (windows are written whole).
+@pytest.mark.parametrize("signal_name, said", [("SIGINT", "interrupted"),
+                                               ("SIGTERM", "stopped by SIGTERM")])
+def test_ctrl_c_tells_how_many_input_lines_the_output_file_holds(signal_name, said, exported,
+                                                                  small_corpus, tmp_path):
+    # Stopped while it waits for more input, by Ctrl-C or by SIGTERM (a batch job's time
+    # limit), translate.py says how far its --output got, so that a long job can go on from
+    # the next line (windows are written whole).
     import signal
 
     with open(small_corpus["dev"], encoding="utf-8") as f:
@@ -702,14 +705,15 @@ def test_ctrl_c_tells_how_many_input_lines_the_output_file_holds(exported, small
             while time.monotonic() < deadline and process.poll() is None and not any(
                     line.startswith("translate.py: 64 lines (") for line in list(errors)):
                 time.sleep(0.05)
-            process.send_signal(signal.SIGINT)  # as it waits for the next window's lines
+            signum = getattr(signal, signal_name)
+            process.send_signal(signum)  # as it waits for the next window's lines
             process.wait(timeout=240)
     finally:
         process.kill()
     reader.join(timeout=60)
-    assert process.returncode == 130, "".join(errors)[-3000:]
+    assert process.returncode == 128 + signum, "".join(errors)[-3000:]
     assert errors[-1].rstrip("\n") == (
-        f"translate.py: interrupted; {output} holds the output of the first 64 input lines")
+        f"translate.py: {said}; {output} holds the output of the first 64 input lines")
     assert len(output.read_text(encoding="utf-8").splitlines()) == 64
 
 

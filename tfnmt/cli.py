@@ -117,6 +117,22 @@ def _parse_flags(argv):
     return argv
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what `kill`, Kubernetes and Slurm send before they kill a job), raised where
+    Ctrl-C raises KeyboardInterrupt: a program cleans up and says what it leaves as for Ctrl-C,
+    then exits 143 (128 + SIGTERM) instead of dying at once. Training's own handler
+    (`stop_signals.StopSignals`) takes both signals over while it trains."""
+
+
+def stop_on_sigterm():
+    """Makes SIGTERM raise `Terminated` in the main thread (unless the process ignores it)."""
+    def terminate(signum, frame):
+        raise Terminated()
+
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, terminate)
+
+
 def keep_interrupts():
     """Makes a Ctrl-C that lands in a finalizer stop the program.
 
@@ -129,8 +145,9 @@ def keep_interrupts():
     """
     previous = sys.unraisablehook
 
-    def interrupt_later():
-        timer = threading.Timer(0.05, _thread.interrupt_main)
+    def interrupt_later(kind):
+        signum = signal.SIGTERM if issubclass(kind, Terminated) else signal.SIGINT
+        timer = threading.Timer(0.05, _thread.interrupt_main, args=(signum,))
         timer.daemon = True
         timer.start()
 
@@ -138,11 +155,11 @@ def keep_interrupts():
         try:
             if unraisable.exc_type is not None and issubclass(unraisable.exc_type,
                                                               KeyboardInterrupt):
-                interrupt_later()
+                interrupt_later(unraisable.exc_type)
             else:
                 previous(unraisable)
-        except KeyboardInterrupt:  # the one raised again, or another Ctrl-C, reached us here
-            interrupt_later()
+        except KeyboardInterrupt as interrupt:  # the one raised again, or another, got here
+            interrupt_later(type(interrupt))
 
     sys.unraisablehook = hook
 
@@ -153,7 +170,8 @@ def run(main, doc=None, training=False):
     (`text_lines.OutputError`) printed as one line, `<program>: <message>`, and exit code 1
     (absl would print the module's help before a UsageError, and a hint after a flag error);
     Ctrl-C outside what a program handles itself prints `<program>: interrupted` (exit 130),
-    also where it lands in a finalizer (`keep_interrupts`).
+    also where it lands in a finalizer (`keep_interrupts`); SIGTERM the same, as
+    `<program>: stopped by SIGTERM` (exit 143; `Terminated`).
     First the process gets its memory allocator (tfnmt/allocator.py; may re-execute the process
     once), for training its CPU kernels (tfnmt/cpu_kernels.py), and a filter for what
     TensorFlow's libraries print when it is imported (tfnmt/tensorflow_start.py).
@@ -182,6 +200,7 @@ def run(main, doc=None, training=False):
     KERNELS = cpu_kernels.use_onednn() if training else cpu_kernels.describe()
     tensorflow_start.install()
     keep_interrupts()
+    stop_on_sigterm()
 
     def main_with_one_line_usage_errors(argv):
         try:
@@ -189,11 +208,13 @@ def run(main, doc=None, training=False):
         except (app.UsageError, DamagedFileError, OutputError) as error:
             print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
             return 1
-        except KeyboardInterrupt as interrupt:  # Ctrl-C: one line, not a traceback
+        except KeyboardInterrupt as interrupt:  # Ctrl-C or SIGTERM: one line, no traceback
             # A program may say what its interrupted work left (`KeyboardInterrupt(text)`).
-            print(f"{os.path.basename(sys.argv[0])}: interrupted"
+            terminated = isinstance(interrupt, Terminated)
+            print(f"{os.path.basename(sys.argv[0])}: "
+                  + ("stopped by SIGTERM" if terminated else "interrupted")
                   + (f"; {interrupt}" if str(interrupt) else ""), file=sys.stderr)
-            return 128 + signal.SIGINT
+            return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
         finally:
             # The program's work is written and flushed by now. Python's collections while it
             # tears the interpreter down walk every object TensorFlow's traced graphs left

@@ -265,12 +265,12 @@ def main(argv):
     except BrokenPipeError:  # the reader went away (`| head`): stop as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
-    except KeyboardInterrupt:  # Ctrl-C: what the output file holds, to go on from there
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM: what the output file holds
         if FLAGS.output == "-" or not writer.written:
             raise
         of_total = "" if total is None else f" of {total:,}"
-        raise KeyboardInterrupt(f"{FLAGS.output} holds the output of the first {lines_read:,}"
-                                f"{of_total} input lines") from None
+        raise type(interrupt)(f"{FLAGS.output} holds the output of the first {lines_read:,}"
+                              f"{of_total} input lines") from None
     finally:
         writer.close()
 
