@@ -296,7 +296,8 @@ def test_the_best_checkpoint_is_the_one_its_state_names_while_its_files_are_ther
 def test_a_checkpoint_named_as_the_log_names_it_is_found_in_the_model_dir(tmp_path,
                                                                          monkeypatch):
     # `--checkpoint=ckpt-40` (train.py logs "ckpt-40 at step 40"): not a path from the
-    # working directory, so looked for in checkpoints/, best/ and averaged/, in that order.
+    # working directory, so looked for in checkpoints/, best/ and averaged/, in that order;
+    # `best/ckpt-35` (as the error below lists them) in the model_dir.
     model_dir = tmp_path / "run"
     for directory, numbers in (("checkpoints", (30, 40)), ("averaged", (40,)), ("best", (35,))):
         os.makedirs(model_dir / directory)
@@ -306,7 +307,9 @@ def test_a_checkpoint_named_as_the_log_names_it_is_found_in_the_model_dir(tmp_pa
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     for name, found in (("ckpt-40", "checkpoints/ckpt-40"), ("ckpt-35", "best/ckpt-35"),
-                        (str(model_dir / "averaged" / "ckpt-40"), "averaged/ckpt-40")):
+                        (str(model_dir / "averaged" / "ckpt-40"), "averaged/ckpt-40"),
+                        ("averaged/ckpt-40", "averaged/ckpt-40"),
+                        ("checkpoints/ckpt-30", "checkpoints/ckpt-30")):
         assert [os.path.relpath(p, model_dir)
                 for p in candidate_checkpoints(str(model_dir), name)] == [found]
     # A directory of checkpoints gives them newest first (as "latest" does its own).

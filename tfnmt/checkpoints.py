@@ -189,11 +189,11 @@ def candidate_checkpoints(model_dir, which="auto"):
       which: "latest" (the run's checkpoints, newest first), "averaged", "best" (the one
         with the best dev metric), "auto" (averaged ones made at the run's newest update, then
         the best, then the latest ones) or a checkpoint path prefix; a relative prefix that is
-        not a path from here is looked for in the model_dir's checkpoints/, best/ and
-        averaged/ (`ckpt-2000`); a directory of checkpoints (`runs/de-en/best`) gives them,
-        newest first. An average
-        made before the run was resumed and trained on without averaging is older than the
-        model: "auto" passes over it.
+        not a path from here is looked for in the model_dir (`best/ckpt-2000`, as the errors
+        list them) and its checkpoints/, best/ and averaged/ (`ckpt-2000`); a directory of
+        checkpoints (`runs/de-en/best`) gives them, newest first. An average made before the
+        run was resumed and trained on without averaging is older than the model: "auto"
+        passes over it.
 
     Returns:
       Checkpoint prefixes, best first.
@@ -202,7 +202,7 @@ def candidate_checkpoints(model_dir, which="auto"):
       ModelDirError: none found.
     """
     if which not in ("auto", "latest", "averaged", "best"):
-        places = [which] if os.path.isabs(which) else [which] + [
+        places = [which] if os.path.isabs(which) else [which, os.path.join(model_dir, which)] + [
             os.path.join(model_dir, sub, which) for sub in (CHECKPOINTS, BEST, AVERAGED)]
         for prefix in places:
             if tf.io.gfile.exists(prefix + ".index"):

@@ -34,7 +34,7 @@ flags.DEFINE_string("export", None, "Translate with this SavedModel (version dir
                     "instead of a checkpoint.")
 flags.DEFINE_string("checkpoint", "auto", "auto (averaged at the newest update, else best, else "
                     "latest) | latest | averaged | best | a checkpoint path or directory, or a "
-                    "name such as ckpt-2000 in the model_dir.")
+                    "checkpoint in the model_dir (ckpt-2000, best/ckpt-2000).")
 flags.DEFINE_enum("split", "test", ["dev", "test"], "Split of the model's dataset to score "
                   "(not with --source or --hypotheses, which give your own).")
 flags.DEFINE_string("source", None, "Source sentences, one per line (with --reference).")

@@ -35,7 +35,7 @@ flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory (setting
 flags.DEFINE_string("checkpoint", "auto", "'auto' (the averaged checkpoint of the newest "
                     "update if there is one, else the best, else the latest), 'latest', "
                     "'averaged', 'best' (best dev metric), a checkpoint path prefix or "
-                    "directory, or a name such as ckpt-2000 in the model_dir.")
+                    "directory, or one in the model_dir (ckpt-2000, best/ckpt-2000).")
 flags.DEFINE_enum("format", "saved_model", ["saved_model", "ctranslate2"], "saved_model: for "
                   "TensorFlow Serving (default); ctranslate2: for the CTranslate2 engine.")
 flags.DEFINE_string("export_dir", None, "Where versions are written (default <model_dir>/export); "

@@ -42,7 +42,7 @@ flags.DEFINE_string("export", None, "SavedModel version directory, or an export_
                     "version); beam settings are the export's own.")
 flags.DEFINE_string("checkpoint", "auto", "With --model_dir: auto (averaged at the newest update, "
                     "else best, else latest) | latest | averaged | best | a checkpoint path or "
-                    "directory, or a name such as ckpt-2000 in the model_dir.")
+                    "directory, or one in the model_dir (ckpt-2000, best/ckpt-2000).")
 flags.DEFINE_string("input", "-", "Input file, one sentence per line ('-': stdin; .gz: "
                     "compressed).")
 flags.DEFINE_string("output", "-", "Output file ('-': stdout; .gz: compressed).")
