@@ -261,6 +261,42 @@ def test_an_export_to_a_full_disk_publishes_nothing_and_says_so(export_format, t
     assert left == [], result.stdout
 
 
+def test_a_test_file_gone_bad_during_training_costs_only_the_test_report(small_corpus,
+                                                                        tmp_path):
+    # The test split is read at the end of the run: a file that cannot be read by then (here
+    # a directory in its place) leaves the run trained and evaluated on dev, with a line saying
+    # why; the same command, once the file is back, makes the report.
+    test_tsv = tmp_path / "test.tsv"
+    test_tsv.write_text("".join(open(small_corpus["dev"], encoding="utf-8").readlines()[:8]),
+                        encoding="utf-8")
+    model_dir = tmp_path / "run"
+    flags = train_flags(small_corpus, None, str(model_dir), test_files=str(test_tsv),
+                        train_steps=8, eval_every=0, average_last=0)
+    process = started(*flags)
+    try:
+        for line in process.stdout:
+            if line.startswith("starting from scratch"):
+                test_tsv.unlink()
+                test_tsv.mkdir()
+                break
+        out, err = process.communicate(timeout=240)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err[-3000:]
+    assert "Traceback" not in err
+    assert (f"no test report: {test_tsv}: Is a directory; run the same command again for it"
+            in out.splitlines())
+    report = json.load(open(model_dir / "report.json"))
+    assert report["dev_greedy"]["bleu"] is not None and report["test"] is None
+    test_tsv.rmdir()
+    test_tsv.write_text("".join(open(small_corpus["dev"], encoding="utf-8").readlines()[:8]),
+                        encoding="utf-8")
+    again = python(*flags)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "\ntest (8 sentences, beam 4, length penalty 0.6, " in again.stdout, again.stdout
+    assert json.load(open(model_dir / "report.json"))["test"]["sentences"] == 8
+
+
 def test_directories_made_for_a_failed_write_are_removed_when_left_empty(tmp_path):
     def fail_in(directory, write=None):
         with pytest.raises(OSError, match="the write failed"):

@@ -34,6 +34,15 @@ def sha256_file(path):
     return digest.hexdigest()
 
 
+def _sha256_if_readable(path):
+    """`sha256_file`, or None for a path that is gone or cannot be read (reading the text
+    then says what is wrong with it)."""
+    try:
+        return sha256_file(path)
+    except OSError:
+        return None
+
+
 def input_fingerprint(dataset, files=None, tfds_data_dir=None):
     """What the raw text is, so that a changed input makes `prepare` rebuild.
 
@@ -47,7 +56,7 @@ def input_fingerprint(dataset, files=None, tfds_data_dir=None):
         tsv_paths = [os.path.join(EMBEDDED_DIR, f"{s}.tsv.gz") for s in SPLITS]
         return {"embedded": {os.path.basename(p): sha256_file(p) for p in tsv_paths}}
     if dataset == "files":  # a split's spec: "a.tsv", "a.de,a.en", or a list of such (train)
-        return {"files": {split: {p: sha256_file(p) if os.path.exists(p) else None
+        return {"files": {split: {p: _sha256_if_readable(p)
                                   for spec in train_specs({"train": specs})
                                   for p in (spec or "").split(",") if p}
                           for split, specs in sorted((files or {}).items())}}

@@ -580,7 +580,9 @@ def final_report(settings, dev_metrics):
             result = report.test_report(translator, settings, alpha=alpha,
                                         bleu_tokenize=bleu_tokenize)
     except (CorpusError, OSError) as error:  # training succeeded: say why, keep its results
-        print(f"no test report: {error}", flush=True)
+        if isinstance(error, OSError) and error.filename and error.strerror:
+            error = f"{error.filename}: {error.strerror}"
+        print(f"no test report: {error}; run the same command again for it", flush=True)
         end = None  # a run started again tries once more
     report.write_report(FLAGS.model_dir, {"dev_greedy": dev_metrics, "test": result,
                                           "end": end})
