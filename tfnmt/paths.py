@@ -73,7 +73,7 @@ def made_directory(directory):
         missing.append(directory)
         directory = os.path.dirname(directory)
     if missing:
-        os.makedirs(missing[0])
+        os.makedirs(missing[0], exist_ok=True)  # another process may make it meanwhile
     try:
         yield
     except BaseException:
