@@ -894,6 +894,41 @@ def test_two_workers_train_to_identical_weights(small_corpus, train_data, tmp_pa
         np.testing.assert_array_equal(chief.get_tensor(name), worker.get_tensor(name))
 
 
+def test_a_worker_lost_mid_run_stops_the_other_in_one_line(small_corpus, train_data, tmp_path):
+    # A cluster's worker killed while training (SIGKILL: a machine lost) fails the other's next
+    # collective: it stops with one line naming the lost worker and its newest checkpoint, not
+    # with TensorFlow's traceback.
+    model_dir = str(tmp_path / "run")
+    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
+    args = train_flags(small_corpus, train_data, model_dir, strategy="multi_worker",
+                       train_steps=5000, checkpoint_every=4, log_every=4, eval_every=0,
+                       average_last=0)
+    processes = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(tf_config),
+                           PYTHONUNBUFFERED="1")
+        processes.append(subprocess.Popen([sys.executable, *args], cwd=ROOT, env=environment,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+    chief, worker = processes
+    try:
+        for line in chief.stdout:
+            if line.startswith("step      8/"):
+                break
+        worker.kill()
+        _, err = chief.communicate(timeout=240)
+    finally:
+        for process in processes:
+            process.kill()
+            process.communicate()
+    assert chief.returncode == 1 and "Traceback" not in err, err[-3000:]
+    assert re.fullmatch(
+        rf"train\.py: worker 1 of the cluster stopped or cannot be reached; the newest intact "
+        rf"checkpoint is {re.escape(model_dir)}/checkpoints/ckpt-\d+ \(start every worker's "
+        r"command again to resume from it\)", err.strip().splitlines()[-1]), err[-3000:]
+
+
 def test_a_seeded_run_does_not_depend_on_whether_its_data_was_prepared(small_prepared, tmp_path,
                                                                      monkeypatch):
     # TFDS builds a dataset the first time it is used and draws Python random numbers as it

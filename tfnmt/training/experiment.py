@@ -38,6 +38,11 @@ from tfnmt.training.stop_signals import SIGNALS, StopSignals
 from tfnmt.training.summaries import mark_run_start, write_hparams
 from tfnmt.training.trainer import CheckpointKeeper, Trainer, TrainingError, average_checkpoints
 
+# How a collective of a cluster fails when another worker has stopped (its sockets closed, or
+# gone silent past the coordination service's heartbeat).
+PEER_LOST = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+             tf.errors.DeadlineExceededError)
+
 POLICIES = {"none": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 # A time-budgeted run that fits few updates warms up for at most this share of them (the
 # `cpu` preset's 800 of 2,200 updates is 36%).
@@ -55,6 +60,16 @@ def _within_warmup(t, updates):
             "warm-up (--warmup_steps): its learning rate rises to the last one and never "
             "reaches its peak; a --warmup_steps of a tenth of the updates or so trains the "
             "model")
+
+
+def _lost_peers(error, strategy):
+    """The tasks other than this one that a cluster's failed collective names ("worker 1",
+    "chief 0"), or "a task" where it names none."""
+    resolver = strategy.cluster_resolver
+    named = dict.fromkeys(re.findall(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)", str(error)))
+    peers = [f"{job} {task}" for job, task in named
+             if (job, int(task)) != (resolver.task_type, resolver.task_id)]
+    return ", ".join(peers) if peers else "a task"
 
 
 def _unwritable_file(error):
@@ -81,8 +96,8 @@ def run(settings, strategy, log=print):
       than the chief).
 
     Raises:
-      TrainingError: a full disk, damaged prepared data or a diverged fp16 loss (one line;
-        the checkpoints written so far are kept).
+      TrainingError: a full disk, damaged prepared data, a diverged fp16 loss or a cluster
+        worker lost (one line; the checkpoints written so far are kept).
       SettingsError: the model_dir's model was trained with another vocabulary.
     """
     model_dir = settings["model_dir"]
@@ -103,9 +118,15 @@ def run(settings, strategy, log=print):
                             f"{newest or 'none'} (run again: the damaged split is rewritten "
                             "and training resumes)") from None
     except (OSError, tf.errors.OpError) as error:
+        newest = newest_readable_checkpoint(checkpoint_dir)
+        if isinstance(error, PEER_LOST) and isinstance(
+                strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            raise TrainingError(f"{_lost_peers(error, strategy)} of the cluster stopped or "
+                                "cannot be reached; the newest intact checkpoint is "
+                                f"{newest or 'none'} (start every worker's command again to "
+                                "resume from it)") from None
         if not is_disk_full(error):
             raise
-        newest = newest_readable_checkpoint(checkpoint_dir)
         raise TrainingError(f"no space left on the device to write {_unwritable_file(error)}; "
                             f"the newest intact checkpoint is {newest or 'none'} (free space "
                             "and run again to resume from it)") from None
