@@ -877,8 +877,10 @@ def test_two_workers_train_to_identical_weights(small_corpus, train_data, tmp_pa
     # Either worker's failure shows in the other's (a collective aborted): show both.
     failed = "\n".join(f"worker {index} (exit {p.returncode}):\n{err[-2500:]}"
                         for index, (p, (_, err)) in enumerate(zip(processes, outputs)))
-    for p, (out, _) in zip(processes, outputs):
+    for index, (p, (out, _)) in enumerate(zip(processes, outputs)):
         assert p.returncode == 0, failed
+        assert out.startswith(f"joining the cluster as worker {index} of 2 training processes "
+                              "(waits until each has started)\n")
         assert "2 replica(s)" in out and "step      6/6" in out and "eval step 3:" in out
     # The chief evaluates the final weights and reports; the other worker only says it is done.
     assert "dev sacreBLEU" in outputs[0][0] and "dev sacreBLEU" not in outputs[1][0]

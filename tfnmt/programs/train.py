@@ -508,6 +508,13 @@ def main(argv):
     from tfnmt.training.stop_signals import TrainingInterrupted
     from tfnmt.training.trainer import TrainingError
 
+    if FLAGS.strategy == "multi_worker":  # the strategy waits until every process has joined
+        from tfnmt.training import cluster
+
+        config = cluster.read_tf_config()
+        print(f"joining the cluster as {config['task']['type']} {config['task']['index']} of "
+              f"{cluster.training_processes(config)} training processes (waits until each has "
+              "started)", flush=True)
     strategy = distribute.make_strategy(FLAGS.strategy)
     fast_ops.set_plain_ops(FLAGS.plain_ops)
     print(f"memory allocator: {cli.ALLOCATOR}; CPU kernels: {cli.KERNELS}"
