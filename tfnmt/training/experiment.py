@@ -118,15 +118,16 @@ def run(settings, strategy, log=print):
                             f"{newest or 'none'} (run again: the damaged split is rewritten "
                             "and training resumes)") from None
     except (OSError, tf.errors.OpError) as error:
-        newest = newest_readable_checkpoint(checkpoint_dir)
         if isinstance(error, PEER_LOST) and isinstance(
                 strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            newest = newest_readable_checkpoint(checkpoint_dir)
             raise TrainingError(f"{_lost_peers(error, strategy)} of the cluster stopped or "
                                 "cannot be reached; the newest intact checkpoint is "
                                 f"{newest or 'none'} (start every worker's command again to "
                                 "resume from it)") from None
         if not is_disk_full(error):
             raise
+        newest = newest_readable_checkpoint(checkpoint_dir)
         raise TrainingError(f"no space left on the device to write {_unwritable_file(error)}; "
                             f"the newest intact checkpoint is {newest or 'none'} (free space "
                             "and run again to resume from it)") from None
