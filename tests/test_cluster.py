@@ -1,5 +1,6 @@
-"""TF_CONFIG, read and checked without TensorFlow (tfnmt/training/cluster.py), and train.py's
-refusal of one that cannot place the process in a training cluster."""
+"""TF_CONFIG, read and checked without TensorFlow (tfnmt/training/cluster.py), train.py's
+refusal of one that cannot place the process in a training cluster, and the settings a cluster's
+workers compare with the chief's (tfnmt/training/cluster_sync.py)."""
 import json
 
 import pytest
@@ -95,3 +96,31 @@ def test_train_py_refuses_a_cluster_it_cannot_join_before_tensorflow_loads(
     assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr[-2000:]
     assert "tensorflow" not in imported_modules(result.stderr)
     assert not (tmp_path / "run").exists()
+
+
+def test_workers_settings_are_compared_without_their_paths():
+    from tfnmt.training import cluster_sync
+
+    def settings(root, **train):
+        return {"model_dir": f"{root}/runs/x", "preset": "tiny",
+                "data": {"data_dir": f"{root}/data", "files": {"train": f"{root}/train.tsv"},
+                         "tfds_data_dir": None, "vocab": [f"{root}/spm.model"],
+                         "max_length": 64, "vocab_size": 600},
+                "model": {"d_model": 64, "max_length": 64},
+                "train": {"lr_scale": 1.0, "train_steps": 12, **train},
+                "init_from": {"model_dir": f"{root}/runs/base",
+                              "checkpoint": f"{root}/runs/base/best/ckpt-8", "optimizer": False}}
+
+    chief = cluster_sync.comparable(settings("/shared"))
+    # The same files mounted elsewhere on the worker's machine: the same settings.
+    assert cluster_sync.differences(cluster_sync.comparable(settings("/mnt/nfs")), chief) == []
+    other = settings("/mnt/nfs", lr_scale=3.0, clip_norm=1.0)
+    other["data"]["max_length"] = other["model"]["max_length"] = 80  # one flag sets both
+    other["init_from"]["checkpoint"] = "/mnt/nfs/runs/base/checkpoints/ckpt-8"
+    other["init_from"]["optimizer"] = True
+    assert cluster_sync.differences(cluster_sync.comparable(other), chief) == [
+        ["clip_norm", 1.0, None], ["init_from", "checkpoints/ckpt-8", "best/ckpt-8"],
+        ["init_optimizer", True, False], ["lr_scale", 3.0, 1.0], ["max_length", 80, 64]]
+    assert cluster_sync._describe([["clip_norm", 1.0, None], ["lr_scale", 3.0, 1.0]],
+                                  "here", "on the chief") == (
+        "--clip_norm=1.0 here, (not given) on the chief; --lr_scale=3.0 here, 1.0 on the chief")

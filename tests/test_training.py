@@ -5,6 +5,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -854,40 +855,83 @@ def free_ports(count):
     return ports
 
 
-def test_two_workers_train_to_identical_weights(small_corpus, train_data, tmp_path):
-    model_dir = str(tmp_path / "run")
-    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
-    # An evaluation at step 3 with early stopping on: every worker takes the chief's decision
-    # (a collective of both workers), here to go on.
-    args = train_flags(small_corpus, train_data, model_dir, strategy="multi_worker",
-                       train_steps=6, checkpoint_every=3, eval_every=3, average_last=0,
-                       bleu_sentences=4, early_stopping=2)
+def start_cluster(commands, **environment):
+    """One train.py process per command line, the workers of one local cluster (worker 0 the
+    chief), their output piped."""
+    workers = [f"127.0.0.1:{port}" for port in free_ports(len(commands))]
     processes = []
-    for index in range(2):
+    for index, args in enumerate(commands):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(tf_config))
-        processes.append(subprocess.Popen([sys.executable, *args], cwd=ROOT, env=environment,
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(tf_config),
+                   **environment)
+        processes.append(subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True))
+    return processes
+
+
+def finish_cluster(processes):
+    """[(stdout, stderr)] of each process once all have ended; asserts that each succeeded
+    (either worker's failure shows in the other's: a collective aborted, so both are shown)."""
     try:
         outputs = [p.communicate(timeout=300) for p in processes]
     finally:
         for p in processes:
             p.kill()
-    # Either worker's failure shows in the other's (a collective aborted): show both.
     failed = "\n".join(f"worker {index} (exit {p.returncode}):\n{err[-2500:]}"
                         for index, (p, (_, err)) in enumerate(zip(processes, outputs)))
-    for index, (p, (out, _)) in enumerate(zip(processes, outputs)):
-        assert p.returncode == 0, failed
+    assert all(p.returncode == 0 for p in processes), failed
+    return outputs
+
+
+def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_data,
+                                                            tmp_path):
+    model_dir = str(tmp_path / "run")
+    # An evaluation at step 3 with early stopping on: every worker takes the chief's decision
+    # (a collective of both workers), here to go on.
+    args = train_flags(small_corpus, train_data, model_dir, strategy="multi_worker",
+                       train_steps=6, checkpoint_every=3, eval_every=3, average_last=0,
+                       bleu_sentences=4, early_stopping=2)
+    chief, worker = start_cluster([args, args], PYTHONUNBUFFERED="1")
+    chief_lines = []
+    for line in chief.stdout:
+        chief_lines.append(line)
+        if line.startswith("dev sacreBLEU"):  # the chief's final evaluation is done
+            break
+    # The worker, done at step 6, waits until the chief has reported (had it ended, the chief's
+    # coordination service would log mid-report that it crashed).
+    assert worker.poll() is None, worker.communicate()
+    (chief_out, _), (worker_out, _) = finish_cluster([chief, worker])
+    for index, out in enumerate(["".join(chief_lines) + chief_out, worker_out]):
         assert out.startswith(f"joining the cluster as worker {index} of 2 training processes "
                               "(waits until each has started)\n")
         assert "2 replica(s)" in out and "step      6/6" in out and "eval step 3:" in out
     # The chief evaluates the final weights and reports; the other worker only says it is done.
-    assert "dev sacreBLEU" in outputs[0][0] and "dev sacreBLEU" not in outputs[1][0]
-    assert outputs[1][0].strip().splitlines()[-1] == (
+    assert "dev sacreBLEU" not in worker_out
+    assert worker_out.strip().splitlines()[-1] == (
         "worker 1 done at step 6; the chief reports the run's dev scores")
-    chief = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints", "ckpt-6"))
-    worker = tf.train.load_checkpoint(os.path.join(model_dir, "workers", "1", "ckpt-6"))
+
+    # Started with another flag, a worker stops the cluster before any work: every process
+    # names the setting (else the worker with fewer updates would end, and the other wait).
+    other = start_cluster([args + ["--train_steps=9"], args + ["--train_steps=12"]])
+    (_, chief_err), (_, worker_err) = [p.communicate(timeout=120) for p in other]
+    assert [p.returncode for p in other] == [1, 1], chief_err + worker_err
+    assert chief_err.strip().splitlines()[-1] == (
+        "train.py: worker 1 was started with other settings than this chief: --train_steps=12 "
+        "there, 9 here (start every worker with the same flags)")
+    assert worker_err.strip().splitlines()[-1] == (
+        "train.py: this worker was started with other settings than the chief: "
+        "--train_steps=12 here, 9 on the chief (start every worker with the same flags)")
+
+    # Every worker resumes from the chief's checkpoint, even one whose own copy is gone (a new
+    # machine), and the workers' weights stay one model.
+    shutil.rmtree(os.path.join(model_dir, "workers", "1"))
+    outputs = finish_cluster(start_cluster([args + ["--train_steps=9"]] * 2))
+    for out, _ in outputs:
+        assert f"resumed from {model_dir}/checkpoints/ckpt-6 at step 6\n" in out, out
+        assert "step      9/9" in out, out
+    chief = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints", "ckpt-9"))
+    worker = tf.train.load_checkpoint(os.path.join(model_dir, "workers", "1", "ckpt-9"))
     # Every tensor: weights (stored under the optimizer's shorter object path) and Adam slots.
     names = [n for n in chief.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
     assert len(names) > 100 and sorted(names) == sorted(

@@ -504,7 +504,7 @@ def main(argv):
     from tfnmt.data.corpus import CorpusError
     from tfnmt.data.data_dir_lock import DataDirInUseError
     from tfnmt.data.pipeline import BatchingError
-    from tfnmt.training import distribute, experiment
+    from tfnmt.training import cluster_sync, distribute, experiment
     from tfnmt.training.stop_signals import TrainingInterrupted
     from tfnmt.training.trainer import TrainingError
 
@@ -527,10 +527,14 @@ def main(argv):
     except TrainingInterrupted as interrupted:  # Ctrl-C or SIGTERM: the last update is saved
         print(interrupted, flush=True)
         return 128 + interrupted.signum  # as a shell reports a process the signal ended
-    if metrics is None:  # a worker other than the chief: the chief reports
+    if metrics is None:  # a worker other than the chief: the chief reports, then all leave
+        if not cluster_sync.leave_together(strategy):
+            raise app.UsageError("the chief stopped before the end of its report (its output "
+                                 "says why); this worker's training is complete")
         return 0
     print(dev_line(settings, metrics), flush=True)
     final_report(settings, metrics)
+    cluster_sync.leave_together(strategy)  # a worker gone by now has nothing left to do
 
 
 def dev_line(settings, metrics):

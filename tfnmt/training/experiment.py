@@ -10,7 +10,8 @@ model_dir layout:
   averaged/          the average of the last N checkpoints (--average_last)
   best/              the checkpoint with the best dev metric (--best_metric) and best.json
   train/, eval/      TensorBoard event files
-  workers/<id>/      non-chief workers' checkpoints under multi_worker
+  workers/<id>/      non-chief workers' own checkpoints under multi_worker (every worker
+                     resumes from checkpoints/)
 """
 import os
 import re
@@ -24,7 +25,7 @@ from tfnmt.checkpoints import (DirectoryLock, checkpoint_prefixes,
 from tfnmt.data import data_dir_lock, pipeline, records, side_order, vocabulary
 from tfnmt.model.transformer import Transformer
 from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS, is_disk_full, read_settings
-from tfnmt.training import fine_tune
+from tfnmt.training import cluster_sync, fine_tune
 from tfnmt.training.best import BestCheckpoint
 from tfnmt.training.budget import TrainingBudget
 from tfnmt.training.distribute import (PreReducedAdam, batch_iterator, resolve_mixed_precision,
@@ -102,8 +103,10 @@ def run(settings, strategy, log=print):
     """
     model_dir = settings["model_dir"]
     is_chief, task_id = task_role(strategy)
-    checkpoint_dir = (os.path.join(model_dir, CHECKPOINTS) if is_chief
-                      else os.path.join(model_dir, "workers", str(task_id)))
+    # Every process resumes from the chief's checkpoints (the newest named below); a cluster's
+    # other workers save their own copies too (each process takes part in a save).
+    resume_dir = os.path.join(model_dir, CHECKPOINTS)
+    checkpoint_dir = resume_dir if is_chief else os.path.join(model_dir, "workers", str(task_id))
     data_dir = settings["data"].get("data_dir") or os.path.join(model_dir, "data")
     try:
         with DirectoryLock(checkpoint_dir):  # one writer per checkpoint directory
@@ -113,21 +116,21 @@ def run(settings, strategy, log=print):
         damaged = records.damaged_shards(data_dir, manifest)
         if not damaged:
             raise
-        newest = newest_readable_checkpoint(checkpoint_dir)
+        newest = newest_readable_checkpoint(resume_dir)
         raise TrainingError(f"{damaged[0][1]}; stopped with the newest intact checkpoint "
                             f"{newest or 'none'} (run again: the damaged split is rewritten "
                             "and training resumes)") from None
     except (OSError, tf.errors.OpError) as error:
         if isinstance(error, PEER_LOST) and isinstance(
                 strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            newest = newest_readable_checkpoint(checkpoint_dir)
+            newest = newest_readable_checkpoint(resume_dir)
             raise TrainingError(f"{_lost_peers(error, strategy)} of the cluster stopped or "
                                 "cannot be reached; the newest intact checkpoint is "
                                 f"{newest or 'none'} (start every worker's command again to "
                                 "resume from it)") from None
         if not is_disk_full(error):
             raise
-        newest = newest_readable_checkpoint(checkpoint_dir)
+        newest = newest_readable_checkpoint(resume_dir)
         raise TrainingError(f"no space left on the device to write {_unwritable_file(error)}; "
                             f"the newest intact checkpoint is {newest or 'none'} (free space "
                             "and run again to resume from it)") from None
@@ -148,6 +151,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     model_dir = settings["model_dir"]
     t = settings["train"]
     is_chief, task_id = task_role(strategy)
+    cluster_sync.agree_on_settings(strategy, settings)  # a cluster's workers: the chief's
     # Seed before any tokenizer exists: tf.random.set_seed deletes their TF resources.
     keras.utils.set_random_seed(t["seed"])
     os.makedirs(model_dir, exist_ok=True)
@@ -174,7 +178,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     model, optimizer, schedule = _build(settings, strategy, precision)
     keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
                               t["keep_checkpoints"] if is_chief else 1)
-    restored = keeper.restore()
+    restored = keeper.restore(None if is_chief else os.path.join(model_dir, CHECKPOINTS))
     source = settings.get("init_from")
     if restored:
         log(f"resumed from {restored} at step {int(optimizer.iterations.numpy())}")

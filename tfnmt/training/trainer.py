@@ -10,6 +10,7 @@ import tensorflow as tf
 from tfnmt import fast_ops
 from tfnmt.checkpoints import ModelDirError, remove_interrupted_saves, repair_checkpoint_state
 from tfnmt.data.special_tokens import PAD_ID
+from tfnmt.paths import checkpoint_prefixes
 from tfnmt.training.losses import masked_loss_sum, masked_projected_loss_sum
 from tfnmt.training.stop_signals import TrainingInterrupted
 
@@ -302,11 +303,17 @@ class CheckpointKeeper:
                                                   step_counter=optimizer.iterations,
                                                   checkpoint_name="ckpt")
 
-    def restore(self):
+    def restore(self, directory=None):
         """Restores the newest good checkpoint; returns its path, or None to start fresh.
         `restored_budget_seconds` is then its training seconds of a time budget still being
-        planned, else None (no budget, its plan stayed, or a checkpoint without the value)."""
-        for path in reversed(self.manager.checkpoints):
+        planned, else None (no budget, its plan stayed, or a checkpoint without the value).
+
+        Args:
+          directory: restore from this directory's checkpoints rather than the keeper's own (a
+            cluster worker resumes from the chief's: its own copy may be missing or older).
+        """
+        paths = self.manager.checkpoints if directory is None else checkpoint_prefixes(directory)
+        for path in reversed(paths):
             try:
                 self.checkpoint.read(path).assert_existing_objects_matched().expect_partial()
                 reader = tf.train.load_checkpoint(path)
@@ -317,9 +324,9 @@ class CheckpointKeeper:
             except (tf.errors.OpError, ValueError, AssertionError, IndexError, KeyError) as error:
                 logging.warning("checkpoint %s does not read back (%s); trying the previous one",
                                 path, str(error).splitlines()[0][:200])
-        if self.manager.checkpoints:
-            raise ModelDirError(f"no checkpoint in {self.manager.directory} reads back; none "
-                                "was changed (move them away to start this run over)")
+        if paths:
+            raise ModelDirError(f"no checkpoint in {directory or self.manager.directory} reads "
+                                "back; none was changed (move them away to start this run over)")
         return None
 
     def save(self, step):

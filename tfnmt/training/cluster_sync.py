@@ -1,0 +1,139 @@
+"""What the processes of a `multi_worker` cluster agree on outside the training collectives,
+through the key-value store and barriers of TensorFlow's coordination service:
+
+- at the start, the settings: each worker compares its own with the chief's, and a worker
+  started with other flags (another --lr_scale, --train_steps, preset) stops the cluster in one
+  line. Without this a cluster trains on: each worker updates its copy of the weights with its
+  own settings from the shared gradients, and the copies drift apart silently;
+- at the end, leaving together: a worker whose training is done waits while the chief
+  evaluates and reports (else the chief's coordination service logs, mid-report, that the
+  worker "crashed").
+
+Paths may differ between machines (a shared file system mounted elsewhere); what they hold is
+compared where it is read (the prepared data's manifest, the checkpoints).
+"""
+import json
+import os
+
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+from tfnmt.training.cluster import TRAINING_JOBS
+from tfnmt.training.distribute import task_role
+from tfnmt.training.settings import SettingsError
+
+SETTINGS_KEY = "tfnmt/settings"
+VERDICT_KEY = "tfnmt/settings_verdict/{}/{}"
+OUTCOME_KEY = "tfnmt/settings_outcome"
+END_BARRIER = "tfnmt/end"
+# How long a worker waits at the end for the chief's evaluation and test report.
+END_WAIT_MS = 7 * 24 * 3600 * 1000
+# Settings that are paths on this machine (what they hold is compared where it is read).
+_PATHS = {("model_dir",), ("data", "data_dir"), ("data", "tfds_data_dir"), ("data", "files"),
+          ("data", "vocab")}
+
+
+def in_cluster(strategy):
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
+def comparable(settings):
+    """`settings` (a run's resolved settings) without what may differ between machines, as
+    {"section.key": value}; an --init_from checkpoint is named relative to its model_dir."""
+    flat = {}
+
+    def walk(node, path):
+        for key, value in node.items():
+            if path + (key,) in _PATHS:
+                continue
+            if isinstance(value, dict):
+                walk(value, path + (key,))
+            else:
+                flat[".".join(path + (key,))] = value
+
+    walk({k: v for k, v in settings.items() if k != "init_from"}, ())
+    source = settings.get("init_from")
+    if source:
+        flat["init_from"] = os.path.relpath(source["checkpoint"], source["model_dir"])
+        flat["init_optimizer"] = source["optimizer"]
+    return json.loads(json.dumps(flat))  # as the chief's read back: lists, not tuples
+
+
+def differences(mine, chiefs):
+    """[flag name, this worker's value, the chief's value] of each setting whose values differ
+    (None where a side does not have it); a flag that sets two (--max_length) named once."""
+    found = {}
+    for key in sorted(set(mine) | set(chiefs)):
+        if mine.get(key) != chiefs.get(key):
+            found.setdefault(key.rsplit(".", 1)[-1], [mine.get(key), chiefs.get(key)])
+    return [[name, *values] for name, values in sorted(found.items())]
+
+
+def _describe(found, worker, chief):
+    """`found` (`differences`) in words, the worker's value called `worker` ("here", "there")
+    and the chief's `chief`."""
+    return "; ".join(f"--{name}={_shown(mine)} {worker}, {_shown(chiefs)} {chief}"
+                     for name, mine, chiefs in found)
+
+
+def _shown(value):
+    return "(not given)" if value is None else value
+
+
+def _other_tasks(strategy):
+    spec = strategy.cluster_resolver.cluster_spec().as_dict()
+    me = (strategy.cluster_resolver.task_type, strategy.cluster_resolver.task_id)
+    return [(job, index) for job in TRAINING_JOBS for index in range(len(spec.get(job, [])))
+            if (job, index) != me]
+
+
+def agree_on_settings(strategy, settings):
+    """Under `multi_worker`, refuses to train unless every worker has the chief's settings: the
+    chief publishes its settings, each worker compares them with its own and publishes what
+    differs, and the chief publishes the outcome, which every process then acts on.
+
+    Raises:
+      SettingsError: on every process, naming the workers and the flags that differ.
+    """
+    if not in_cluster(strategy):
+        return
+    ctx = context.context()
+    is_chief, _ = task_role(strategy)
+    resolver = strategy.cluster_resolver
+    me = f"{resolver.task_type} {resolver.task_id}"
+    mine = comparable(settings)
+    if is_chief:
+        ctx.set_config_key_value(SETTINGS_KEY, json.dumps(mine, sort_keys=True))
+        refused = []
+        for job, index in _other_tasks(strategy):  # each get waits for that worker's verdict
+            found = json.loads(ctx.get_config_key_value(VERDICT_KEY.format(job, index)))
+            if found:
+                refused.append([f"{job} {index}", found])
+        ctx.set_config_key_value(OUTCOME_KEY, json.dumps(refused))
+    else:
+        found = differences(mine, json.loads(ctx.get_config_key_value(SETTINGS_KEY)))
+        ctx.set_config_key_value(VERDICT_KEY.format(resolver.task_type, resolver.task_id),
+                                 json.dumps(found))
+        if found:
+            raise SettingsError("this worker was started with other settings than the "
+                                f"chief: {_describe(found, 'here', 'on the chief')} (start "
+                                "every worker with the same flags)")
+        refused = json.loads(ctx.get_config_key_value(OUTCOME_KEY))
+    if refused:
+        chief, there = ("this chief", "here") if is_chief else ("the chief", "on the chief")
+        raise SettingsError("; ".join(
+            f"{task} was started with other settings than {chief}: "
+            f"{_describe(found, 'there', there)}" for task, found in refused if task != me)
+            + " (start every worker with the same flags)")
+
+
+def leave_together(strategy):
+    """Under `multi_worker`, returns once every process has called it (the workers once the
+    chief has reported): True, or False where another process stopped before it did."""
+    if not in_cluster(strategy):
+        return True
+    try:
+        context.context().wait_at_barrier(END_BARRIER, END_WAIT_MS)
+        return True
+    except tf.errors.OpError:
+        return False
