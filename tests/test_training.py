@@ -899,8 +899,13 @@ def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_
         if line.startswith("dev sacreBLEU"):  # the chief's final evaluation is done
             break
     # The worker, done at step 6, waits until the chief has reported (had it ended, the chief's
-    # coordination service would log mid-report that it crashed).
-    assert worker.poll() is None, worker.communicate()
+    # coordination service would log mid-report that it crashed): held here, the chief keeps it.
+    chief.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            worker.wait(timeout=4)
+    finally:
+        chief.send_signal(signal.SIGCONT)
     (chief_out, _), (worker_out, _) = finish_cluster([chief, worker])
     for index, out in enumerate(["".join(chief_lines) + chief_out, worker_out]):
         assert out.startswith(f"joining the cluster as worker {index} of 2 training processes "
