@@ -1,5 +1,6 @@
 """The training loop: distribution, accumulation, checkpoints, averaging, train.py itself."""
 import collections
+import contextlib
 import json
 import math
 import os
@@ -855,9 +856,10 @@ def free_ports(count):
     return ports
 
 
-def start_cluster(commands, **environment):
+@contextlib.contextmanager
+def running_cluster(commands, **environment):
     """One train.py process per command line, the workers of one local cluster (worker 0 the
-    chief), their output piped."""
+    chief), their output piped; all killed on leaving (a cluster worker ignores SIGTERM)."""
     workers = [f"127.0.0.1:{port}" for port in free_ports(len(commands))]
     processes = []
     for index, args in enumerate(commands):
@@ -868,17 +870,18 @@ def start_cluster(commands, **environment):
             [sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)))
-    return processes
+    try:
+        yield processes
+    finally:
+        for p in processes:
+            p.kill()
+            p.wait()
 
 
 def finish_cluster(processes):
     """[(stdout, stderr)] of each process once all have ended; asserts that each succeeded
     (either worker's failure shows in the other's: a collective aborted, so both are shown)."""
-    try:
-        outputs = [p.communicate(timeout=300) for p in processes]
-    finally:
-        for p in processes:
-            p.kill()
+    outputs = [p.communicate(timeout=300) for p in processes]
     failed = "\n".join(f"worker {index} (exit {p.returncode}):\n{err[-2500:]}"
                         for index, (p, (_, err)) in enumerate(zip(processes, outputs)))
     assert all(p.returncode == 0 for p in processes), failed
@@ -895,18 +898,18 @@ def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_
                        bleu_sentences=4, early_stopping=2)
     # The length penalty chosen on dev at the end: the chief's report takes seconds.
     first = [arg for arg in args if not arg.startswith("--alpha=")]
-    chief, worker = start_cluster([first, first], PYTHONUNBUFFERED="1")
-    chief_lines = []
-    for line in chief.stdout:
-        chief_lines.append(line)
-        if line.startswith("dev sacreBLEU"):  # the chief's final evaluation is done
-            break
-    # The worker, done at step 6, waits until the chief has reported (had it ended, the chief's
-    # coordination service would log mid-report that it crashed): a chief stopped mid-report
-    # (Ctrl-C here) is what its worker then says.
-    chief.send_signal(signal.SIGINT)
-    (chief_out, chief_err), (worker_out, worker_err) = [p.communicate(timeout=120)
-                                                        for p in (chief, worker)]
+    with running_cluster([first, first], PYTHONUNBUFFERED="1") as (chief, worker):
+        chief_lines = []
+        for line in chief.stdout:
+            chief_lines.append(line)
+            if line.startswith("dev sacreBLEU"):  # the chief's final evaluation is done
+                break
+        # The worker, done at step 6, waits until the chief has reported (had it ended, the
+        # chief's coordination service would log mid-report that it crashed): a chief stopped
+        # mid-report (Ctrl-C here) is what its worker then says.
+        chief.send_signal(signal.SIGINT)
+        (chief_out, chief_err), (worker_out, worker_err) = [p.communicate(timeout=120)
+                                                            for p in (chief, worker)]
     assert (chief.returncode, chief_err.strip().splitlines()[-1]) == (
         130, "train.py: interrupted"), chief_err[-2500:]
     assert (worker.returncode, worker_err.strip().splitlines()[-1]) == (
@@ -923,8 +926,8 @@ def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_
 
     # Started with another flag, a worker stops the cluster before any work: every process
     # names the setting (else the worker with fewer updates would end, and the other wait).
-    other = start_cluster([args + ["--train_steps=9"], args + ["--train_steps=12"]])
-    (_, chief_err), (_, worker_err) = [p.communicate(timeout=120) for p in other]
+    with running_cluster([args + ["--train_steps=9"], args + ["--train_steps=12"]]) as other:
+        (_, chief_err), (_, worker_err) = [p.communicate(timeout=120) for p in other]
     assert [p.returncode for p in other] == [1, 1], chief_err + worker_err
     assert chief_err.strip().splitlines()[-1] == (
         "train.py: worker 1 was started with other settings than this chief: --train_steps=12 "
@@ -936,7 +939,8 @@ def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_
     # Every worker resumes from the chief's checkpoint, even one whose own copy is gone (a new
     # machine), and the workers' weights stay one model.
     shutil.rmtree(os.path.join(model_dir, "workers", "1"))
-    outputs = finish_cluster(start_cluster([args + ["--train_steps=9"]] * 2))
+    with running_cluster([args + ["--train_steps=9"]] * 2) as processes:
+        outputs = finish_cluster(processes)
     for out, _ in outputs:
         assert f"resumed from {model_dir}/checkpoints/ckpt-6 at step 6\n" in out, out
         assert "step      9/9" in out, out
@@ -955,29 +959,15 @@ def test_a_worker_lost_mid_run_stops_the_other_in_one_line(small_corpus, train_d
     # collective: it stops with one line naming the lost worker and its newest checkpoint, not
     # with TensorFlow's traceback.
     model_dir = str(tmp_path / "run")
-    workers = [f"127.0.0.1:{port}" for port in free_ports(2)]
     args = train_flags(small_corpus, train_data, model_dir, strategy="multi_worker",
                        train_steps=5000, checkpoint_every=4, log_every=4, eval_every=0,
                        average_last=0)
-    processes = []
-    for index in range(2):
-        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(tf_config),
-                           PYTHONUNBUFFERED="1")
-        processes.append(subprocess.Popen([sys.executable, *args], cwd=ROOT, env=environment,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))
-    chief, worker = processes
-    try:
+    with running_cluster([args, args], PYTHONUNBUFFERED="1") as (chief, worker):
         for line in chief.stdout:
             if line.startswith("step      8/"):
                 break
         worker.kill()
         _, err = chief.communicate(timeout=240)
-    finally:
-        for process in processes:
-            process.kill()
-            process.communicate()
     assert chief.returncode == 1 and "Traceback" not in err, err[-3000:]
     assert re.fullmatch(
         rf"train\.py: worker 1 of the cluster stopped or cannot be reached; the newest intact "
