@@ -6,6 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from helpers import built_once, piece_counts, python, train_flags
 from tfnmt.checkpoints import load_model
@@ -245,7 +246,8 @@ def test_a_model_with_separate_vocabularies_passes_both_on(separate_prepared, sm
                 "train": {"seed": 7}, "init_from": {"model_dir": str(source_dir)}}
     os.makedirs(settings["model_dir"])
     data_dir = os.path.join(settings["model_dir"], "data")
-    manifest, vocabulary = experiment._prepare_data(settings, True, data_dir)
+    manifest, vocabulary = experiment._prepare_data(settings, tf.distribute.get_strategy(),
+                                                    data_dir)
     assert manifest["vocab"]["fingerprint"] == vocabulary.fingerprint == \
         records.load_manifest(separate_prepared)["vocab"]["fingerprint"]
     for name in SIDE_FILES:

@@ -106,17 +106,17 @@ def test_a_run_reading_the_data_keeps_another_from_changing_it(small_corpus, tmp
     release(out)  # this process's hold (each prepare leaves one, until release or exit)
 
 
-def test_a_worker_waits_for_the_data_of_its_own_settings(small_corpus, small_prepared):
-    # A cluster's other workers read what the chief prepares; a manifest the directory held
-    # before (other settings, while the chief still rebuilds) is not their data.
-    from tfnmt.training.experiment import _wait_for_data
+def test_a_worker_takes_only_the_data_of_its_own_settings(small_corpus, small_prepared):
+    # A cluster's other workers read what the chief has prepared, if it is the data of their
+    # own settings and corpus files as they see them.
+    from tfnmt.training.experiment import _prepared_by_chief
 
     wanted = records.data_settings(dataset="files", files=small_corpus, vocab_size=600,
                                    train_shards=4)
-    assert _wait_for_data(small_prepared, wanted, small_corpus, timeout=0) == \
+    assert _prepared_by_chief(small_prepared, wanted, small_corpus) == \
         records.load_manifest(small_prepared)
     with pytest.raises(records.PreparedDataError, match="other settings than this worker's"):
-        _wait_for_data(small_prepared, dict(wanted, vocab_size=500), small_corpus, timeout=0)
+        _prepared_by_chief(small_prepared, dict(wanted, vocab_size=500), small_corpus)
 
 
 def test_a_missing_input_file_leaves_the_prepared_data_usable(small_corpus, tmp_path):
@@ -322,12 +322,12 @@ def test_a_moved_corpus_keeps_its_prepared_data(small_corpus, tmp_path):
                               train_shards=1)
     assert [c["examples"] for c in rebuilt["splits"]["train"]["corpora"]] == [400, 600]
     # A cluster's worker waits for its own order of the corpora too.
-    from tfnmt.training.experiment import _wait_for_data
+    from tfnmt.training.experiment import _prepared_by_chief
 
     wanted = records.data_settings(dataset="files", files=new, vocab_size=600, train_shards=1)
-    assert _wait_for_data(out, wanted, swapped, timeout=0) == rebuilt
+    assert _prepared_by_chief(out, wanted, swapped) == rebuilt
     with pytest.raises(records.PreparedDataError, match="other settings than this worker's"):
-        _wait_for_data(out, wanted, new, timeout=0)
+        _prepared_by_chief(out, wanted, new)
     with open(new["train"][0], "a", encoding="utf-8") as f:
         f.write("Noch ein Satz.\tOne more sentence.\n")
     assert not records.moved_corpus(rebuilt, swapped)

@@ -954,6 +954,25 @@ def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_
         np.testing.assert_array_equal(chief.get_tensor(name), worker.get_tensor(name))
 
 
+def test_a_cluster_whose_chief_cannot_prepare_the_data_stops_in_one_line(small_corpus,
+                                                                         tmp_path):
+    # The other worker waits for the chief's data as long as that takes, and stops with the
+    # chief's error where it fails (it waited on the data_dir, and then failed on its own).
+    with open(small_corpus["train"], "rb") as f:
+        lines = f.read().splitlines(keepends=True)
+    corpus = tmp_path / "train.tsv"
+    corpus.write_bytes(b"".join(lines[:100] + [b"Ein \xff Satz.\tA sentence.\n"] + lines[100:]))
+    args = train_flags(dict(small_corpus, train=str(corpus)), None, str(tmp_path / "run"),
+                       strategy="multi_worker")
+    with running_cluster([args, args]) as processes:
+        (_, chief_err), (_, worker_err) = [p.communicate(timeout=120) for p in processes]
+    error = f"{corpus}:101: invalid UTF-8 (invalid start byte at byte 4)"
+    assert chief_err.strip().splitlines()[-1] == f"train.py: {error}", chief_err[-2500:]
+    assert worker_err.strip().splitlines()[-1] == (
+        f"train.py: the chief could not prepare the data: {error}"), worker_err[-2500:]
+    assert [p.returncode for p in processes] == [1, 1]
+
+
 def test_a_worker_lost_mid_run_stops_the_other_in_one_line(small_corpus, train_data, tmp_path):
     # A cluster's worker killed while training (SIGKILL: a machine lost) fails the other's next
     # collective: it stops with one line naming the lost worker and its newest checkpoint, not
@@ -999,7 +1018,7 @@ def test_a_seeded_run_does_not_depend_on_whether_its_data_was_prepared(small_pre
     draws = []
     for prepare in (preparing, lambda *args, **kwargs: manifest):
         monkeypatch.setattr(records, "prepare", prepare)
-        experiment._prepare_data(settings, True, small_prepared)
+        experiment._prepare_data(settings, tf.distribute.get_strategy(), small_prepared)
         draws.append((random.random(), float(np.random.rand()),
                       keras.random.uniform([3], seed=None).numpy().tolist()))
     assert draws[0] == draws[1]

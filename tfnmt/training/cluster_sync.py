@@ -5,6 +5,8 @@ through the key-value store and barriers of TensorFlow's coordination service:
   started with other flags (another --lr_scale, --train_steps, preset) stops the cluster in one
   line. Without this a cluster trains on: each worker updates its copy of the weights with its
   own settings from the shared gradients, and the copies drift apart silently;
+- the chief's work that the others wait for (preparing the data): they wait as long as it
+  takes, and stop with the chief's error where it fails;
 - at the end, leaving together: a worker whose training is done waits while the chief
   evaluates and reports (else the chief's coordination service logs, mid-report, that the
   worker "crashed").
@@ -21,6 +23,7 @@ from tensorflow.python.eager import context
 from tfnmt.training.cluster import TRAINING_JOBS
 from tfnmt.training.distribute import task_role
 from tfnmt.training.settings import SettingsError
+from tfnmt.training.trainer import TrainingError
 
 SETTINGS_KEY = "tfnmt/settings"
 VERDICT_KEY = "tfnmt/settings_verdict/{}/{}"
@@ -125,6 +128,39 @@ def agree_on_settings(strategy, settings):
             f"{task} was started with other settings than {chief}: "
             f"{_describe(found, 'there', there)}" for task, found in refused if task != me)
             + " (start every worker with the same flags)")
+
+
+def chief_first(strategy, what, work):
+    """Runs `work` on the chief alone (under `multi_worker`; else simply runs it) while the
+    other workers wait for it, however long it takes.
+
+    Args:
+      strategy: the training strategy.
+      what: the work in words ("prepare the data"), for the others' error.
+      work: called without arguments.
+
+    Returns:
+      work()'s result on the chief (or a single process); None on the other workers.
+
+    Raises:
+      TrainingError: on the other workers, where `work` failed on the chief (its error).
+    """
+    if not in_cluster(strategy):
+        return work()
+    ctx = context.context()
+    key = f"tfnmt/chief_first/{what}"
+    if task_role(strategy)[0]:
+        try:
+            result = work()
+        except BaseException as error:
+            ctx.set_config_key_value(key, json.dumps(str(error) or type(error).__name__))
+            raise
+        ctx.set_config_key_value(key, json.dumps(None))
+        return result
+    failure = json.loads(ctx.get_config_key_value(key))  # waits for the chief
+    if failure is not None:
+        raise TrainingError(f"the chief could not {what}: {failure}")
+    return None
 
 
 def leave_together(strategy):

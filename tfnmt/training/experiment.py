@@ -15,7 +15,6 @@ model_dir layout:
 """
 import os
 import re
-import time
 
 import keras
 import tensorflow as tf
@@ -158,7 +157,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     precision = resolve_mixed_precision(t["mixed_precision"])  # before any work: may refuse
     max_length = settings["data"]["max_length"]
     pipeline.bucket_batch_sizes([max_length + 1], t["batch_tokens"])  # refuses before any work
-    manifest, vocab = _prepare_data(settings, is_chief, data_dir)
+    manifest, vocab = _prepare_data(settings, strategy, data_dir)
     pipeline.check_pairs_fit(manifest, "train", max_length)  # before settings.json is written
     sampler = _subword_sampler(vocab, t)  # so is this: it may refuse the vocabulary's type
     sizes = f"{vocab.source.vocab_size:,d}" if vocab.shared else \
@@ -372,12 +371,13 @@ def _chief_decides(strategy, is_chief, stop):
     return float(strategy.reduce(tf.distribute.ReduceOp.SUM, vote, axis=None)) > 0
 
 
-def _prepare_data(settings, is_chief, data_dir):
+def _prepare_data(settings, strategy, data_dir):
     """Prepares (chief) or waits for (other workers) the TFRecords; checks that a trained
     model's vocabulary is the data's and copies the vocabulary into the model_dir. Records the
     vocabulary in `settings` (its fingerprint; the model's vocabulary sizes). Returns
     (manifest, `Vocabulary`)."""
     model_dir, d = settings["model_dir"], settings["data"]
+    is_chief, _ = task_role(strategy)
     separate = d.get("separate_vocabularies", False)
     saved = read_settings(model_dir)
     # A trained model's vocabulary is its own: data rebuilt for it is tokenized with it.
@@ -393,12 +393,10 @@ def _prepare_data(settings, is_chief, data_dir):
     data = dict(dataset=d["dataset"], files=d.get("files"), tfds_data_dir=d.get("tfds_data_dir"),
                 vocab_size=d["vocab_size"], vocab_type=d["vocab_type"], vocab_paths=vocab_paths,
                 filters=data_filters(d), separate=separate, reverse=d.get("reverse", False))
-    if is_chief:
-        manifest = records.prepare(data_dir, model_vocab=model_vocab if model_fingerprint else None,
-                                   **data)
-    else:
-        manifest = _wait_for_data(data_dir, records.data_settings(**data), data["files"],
-                                  settings["train"].get("data_wait_secs", 1800))
+    manifest = cluster_sync.chief_first(strategy, "prepare the data", lambda: records.prepare(
+        data_dir, model_vocab=model_vocab if model_fingerprint else None, **data))
+    if manifest is None:  # a cluster's other worker, once the chief has prepared the data
+        manifest = _prepared_by_chief(data_dir, records.data_settings(**data), data["files"])
     # Seeded again: preparing data (TFDS builds the dataset on its first use) draws Python
     # random numbers, and a seeded run must not depend on whether its data existed before.
     # Before the tokenizers: tf.random.set_seed deletes the resources of existing ones.
@@ -527,23 +525,14 @@ def _build(settings, strategy, precision):
     return model, optimizer, schedule
 
 
-def _wait_for_data(data_dir, wanted, files, timeout):
-    """The manifest of data_dir once the chief has prepared the data of settings `wanted` (from
-    `files`) there (data prepared before for other settings is not it)."""
-    deadline = time.time() + timeout
-    while True:
-        try:
-            manifest = records.load_manifest(data_dir)
-            if records.prepared_for(manifest, wanted, files):
-                return manifest
-            error = records.PreparedDataError(f"{data_dir} holds data prepared with other "
-                                              "settings than this worker's")
-        except records.PreparedDataError as not_ready:
-            error = not_ready
-        if time.time() > deadline:
-            raise error
-        time.sleep(2)
-
+def _prepared_by_chief(data_dir, wanted, files):
+    """The manifest of data_dir, which the chief has prepared, if it is the data of settings
+    `wanted` from `files` as this worker sees them (else PreparedDataError)."""
+    manifest = records.load_manifest(data_dir)
+    if not records.prepared_for(manifest, wanted, files):
+        raise records.PreparedDataError(f"{data_dir} holds data prepared with other settings "
+                                        "than this worker's")
+    return manifest
 
 
 def _format_metrics(step, metrics, weights=None):
