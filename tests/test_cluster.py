@@ -47,6 +47,9 @@ def test_a_task_in_its_cluster_passes(config):
      "'host1:12345'"),
     ({"cluster": {"worker": ["host1:12345", 7]}, "task": {"type": "worker", "index": 0}},
      "TF_CONFIG's cluster job 'worker' must be a list"),
+    ({"cluster": {"worker": ["host1:12345", "host2"]}, "task": {"type": "worker", "index": 0}},
+     "TF_CONFIG's cluster job 'worker' must be a list of \"host:port\" addresses, got "
+     "['host1:12345', 'host2']"),
     ({"cluster": {"ps": ["p:1"]}, "task": {"type": "ps", "index": 0}},
      "TF_CONFIG's \"cluster\" names no \"worker\" (or \"chief\") addresses"),
     ({"cluster": dict(TWO_WORKERS, chief=["c:1", "c:2"]), "task": {"type": "chief", "index": 0}},
@@ -96,6 +99,31 @@ def test_train_py_refuses_a_cluster_it_cannot_join_before_tensorflow_loads(
     assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr[-2000:]
     assert "tensorflow" not in imported_modules(result.stderr)
     assert not (tmp_path / "run").exists()
+
+
+def test_train_py_refuses_a_port_in_use_before_tensorflow_loads(tmp_path):
+    # A worker of an earlier run still running (cluster workers outlive SIGTERM) holds the
+    # port: TensorFlow failed with a traceback ("Could not start gRPC server").
+    import socket
+
+    from helpers import imported_modules, python
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        tf_config = {"cluster": {"worker": [address, "127.0.0.1:1"]},
+                     "task": {"type": "worker", "index": 0}}
+        result = python("train.py", f"--model_dir={tmp_path / 'run'}", "--strategy=multi_worker",
+                        env={"PYTHONPROFILEIMPORTTIME": "1", "TF_CONFIG": json.dumps(tf_config)},
+                        timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"train.py: TF_CONFIG gives this process (worker 0) the address {address}, and its port "
+        "is in use on this machine: by another program, by another task of the cluster given "
+        "the same address, or by a worker of an earlier run still running (a cluster worker "
+        "outlives SIGTERM); stop it, or give another port"), result.stderr[-2000:]
+    assert "tensorflow" not in imported_modules(result.stderr)
 
 
 def test_workers_settings_are_compared_without_their_paths():

@@ -412,6 +412,7 @@ def resolve_cluster_strategy():
             FLAGS.strategy = "multi_worker"
         if FLAGS.strategy == "multi_worker":
             cluster.check_training_task(config)
+            cluster.check_own_port_free(config)
     except cluster.ClusterConfigError as error:
         raise app.UsageError(str(error))
 
@@ -498,6 +499,8 @@ def main(argv):
                              f"{t['average_last']} checkpoints, and --keep_checkpoints="
                              f"{t['keep_checkpoints']} keeps {t['keep_checkpoints']}: raise "
                              "--keep_checkpoints")
+    import tensorflow as tf
+
     from tfnmt import fast_ops
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.data import records
@@ -515,7 +518,14 @@ def main(argv):
         print(f"joining the cluster as {config['task']['type']} {config['task']['index']} of "
               f"{cluster.training_processes(config)} training processes (waits until each has "
               "started)", flush=True)
-    strategy = distribute.make_strategy(FLAGS.strategy)
+    try:
+        strategy = distribute.make_strategy(FLAGS.strategy)
+    except tf.errors.UnknownError as error:  # its port taken since resolve_cluster_strategy
+        if "Could not start gRPC server" not in str(error):
+            raise
+        from tfnmt.training import cluster
+
+        raise app.UsageError(cluster.port_in_use(cluster.read_tf_config())) from None
     fast_ops.set_plain_ops(FLAGS.plain_ops)
     print(f"memory allocator: {cli.ALLOCATOR}; CPU kernels: {cli.KERNELS}"
           + ("; stock ops (--plain_ops)" if FLAGS.plain_ops else ""), flush=True)

@@ -5,8 +5,11 @@ loads (TensorFlow would fail later with a traceback, or wait for workers that ne
     TF_CONFIG='{"cluster": {"worker": ["host1:12345", "host2:12345"]},
                 "task": {"type": "worker", "index": 0}}'
 """
+import errno
 import json
 import os
+import re
+import socket
 
 # The cluster jobs whose processes train (a "chief", if any, is the first of them).
 TRAINING_JOBS = ("chief", "worker")
@@ -65,8 +68,8 @@ def check_training_task(config):
     if not isinstance(cluster, dict):
         raise ClusterConfigError(f"TF_CONFIG needs a \"cluster\", {example}")
     for job, addresses in cluster.items():
-        if not isinstance(addresses, list) or not all(isinstance(a, str) and a
-                                                      for a in addresses):
+        if not isinstance(addresses, list) or not all(
+                isinstance(a, str) and re.fullmatch(r".+:\d+", a) for a in addresses):
             raise ClusterConfigError(f"TF_CONFIG's cluster job {job!r} must be a list of "
                                      f"\"host:port\" addresses, got {addresses!r}")
     if not training_processes(config):
@@ -89,3 +92,33 @@ def check_training_task(config):
     if isinstance(index, bool) or not str(index).isdigit() or int(index) >= count:
         raise ClusterConfigError(f"TF_CONFIG's task index {index!r} is not a position in its "
                                  f"cluster's {job!r} list of {count} (0 to {count - 1})")
+
+
+def check_own_port_free(config):
+    """Raises ClusterConfigError where this process's port (its address in `config`, which
+    `check_training_task` passed) is taken on this machine: TensorFlow's server would fail to
+    start with a traceback ("Could not start gRPC server")."""
+    port = int(own_address(config).rsplit(":", 1)[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds
+        try:
+            probe.bind(("", port))
+        except OSError as error:
+            if error.errno != errno.EADDRINUSE:
+                return  # TensorFlow says what else is wrong
+            raise ClusterConfigError(port_in_use(config)) from None
+
+
+def own_address(config):
+    """This process's "host:port" in `config` (which `check_training_task` passed)."""
+    return config["cluster"][config["task"]["type"]][int(config["task"]["index"])]
+
+
+def port_in_use(config):
+    """The refusal of a process whose port another process on this machine has taken."""
+    task, address = config["task"], own_address(config)
+    return (f"TF_CONFIG gives this process ({task['type']} {task['index']}) the address "
+            f"{address}, and its port is in use on this machine: by another program, by "
+            "another task of the cluster given the same address, or by a worker of an earlier "
+            "run still running (a cluster worker outlives SIGTERM); stop it, or give another "
+            "port")
