@@ -108,6 +108,7 @@ def run(settings, strategy, log=print):
     checkpoint_dir = resume_dir if is_chief else os.path.join(model_dir, "workers", str(task_id))
     data_dir = settings["data"].get("data_dir") or os.path.join(model_dir, "data")
     try:
+        cluster_sync.agree_on_settings(strategy, settings)  # before anything is written
         with DirectoryLock(checkpoint_dir):  # one writer per checkpoint directory
             return _run(settings, strategy, log, checkpoint_dir, data_dir)
     except tf.errors.DataLossError:  # TensorFlow names no file: find the shard that is damaged
@@ -150,7 +151,6 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     model_dir = settings["model_dir"]
     t = settings["train"]
     is_chief, task_id = task_role(strategy)
-    cluster_sync.agree_on_settings(strategy, settings)  # a cluster's workers: the chief's
     # Seed before any tokenizer exists: tf.random.set_seed deletes their TF resources.
     keras.utils.set_random_seed(t["seed"])
     os.makedirs(model_dir, exist_ok=True)
