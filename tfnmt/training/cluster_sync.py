@@ -37,6 +37,7 @@ _PATHS = {("model_dir",), ("data", "data_dir"), ("data", "tfds_data_dir"), ("dat
 
 
 def in_cluster(strategy):
+    """Whether `strategy` trains a cluster of processes (`multi_worker`)."""
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
 
 
