@@ -888,6 +888,18 @@ def finish_cluster(processes):
     return outputs
 
 
+def assert_workers_agree(model_dir, name):
+    """Asserts that checkpoint `name` of the chief and worker 1's copy hold the same numbers."""
+    chief = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints", name))
+    worker = tf.train.load_checkpoint(os.path.join(model_dir, "workers", "1", name))
+    # Every tensor: weights (stored under the optimizer's shorter object path) and Adam slots.
+    keys = [k for k in chief.get_variable_to_shape_map() if k != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+    assert len(keys) > 100 and sorted(keys) == sorted(
+        k for k in worker.get_variable_to_shape_map() if k != "_CHECKPOINTABLE_OBJECT_GRAPH")
+    for key in keys:
+        np.testing.assert_array_equal(chief.get_tensor(key), worker.get_tensor(key))
+
+
 def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_data,
                                                             tmp_path):
     model_dir = str(tmp_path / "run")
@@ -924,6 +936,8 @@ def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_
     assert worker_out.strip().splitlines()[-1] == (
         "worker 1 done at step 6; the chief reports the run's dev scores")
 
+    assert_workers_agree(model_dir, "ckpt-6")
+
     # Started with another flag, a worker stops the cluster before any work: every process
     # names the setting (else the worker with fewer updates would end, and the other wait).
     with running_cluster([args + ["--train_steps=9"], args + ["--train_steps=12"]]) as other:
@@ -944,14 +958,7 @@ def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_
     for out, _ in outputs:
         assert f"resumed from {model_dir}/checkpoints/ckpt-6 at step 6\n" in out, out
         assert "step      9/9" in out, out
-    chief = tf.train.load_checkpoint(os.path.join(model_dir, "checkpoints", "ckpt-9"))
-    worker = tf.train.load_checkpoint(os.path.join(model_dir, "workers", "1", "ckpt-9"))
-    # Every tensor: weights (stored under the optimizer's shorter object path) and Adam slots.
-    names = [n for n in chief.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH"]
-    assert len(names) > 100 and sorted(names) == sorted(
-        n for n in worker.get_variable_to_shape_map() if n != "_CHECKPOINTABLE_OBJECT_GRAPH")
-    for name in names:
-        np.testing.assert_array_equal(chief.get_tensor(name), worker.get_tensor(name))
+    assert_workers_agree(model_dir, "ckpt-9")
 
 
 def test_a_cluster_whose_chief_cannot_prepare_the_data_stops_in_one_line(small_corpus,
