@@ -121,8 +121,7 @@ def run(settings, strategy, log=print):
                             f"{newest or 'none'} (run again: the damaged split is rewritten "
                             "and training resumes)") from None
     except (OSError, tf.errors.OpError) as error:
-        if isinstance(error, PEER_LOST) and isinstance(
-                strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        if isinstance(error, PEER_LOST) and cluster_sync.in_cluster(strategy):
             newest = newest_readable_checkpoint(resume_dir)
             raise TrainingError(f"{_lost_peers(error, strategy)} of the cluster stopped or "
                                 "cannot be reached; the newest intact checkpoint is "
@@ -307,8 +306,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     else:
         # A signal stops at the next update, saved (one process; a cluster's workers would
         # have to agree on the step, so their signals act as usual).
-        single_process = not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        with StopSignals(SIGNALS if single_process else ()) as stop:
+        with StopSignals(() if cluster_sync.in_cluster(strategy) else SIGNALS) as stop:
             try:
                 step = trainer(iterator, t["train_steps"], keeper=keeper, stats=stats,
                                evaluate=evaluate, log_every=t["log_every"],
@@ -365,7 +363,7 @@ def _early_stop_reason(best):
 def _chief_decides(strategy, is_chief, stop):
     """The chief's early-stopping decision, on every worker (each evaluates, but the chief's
     count is the one kept on disk; workers that disagreed would wait for each other forever)."""
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    if not cluster_sync.in_cluster(strategy):
         return stop
     vote = strategy.run(lambda: tf.constant(1.0 if stop and is_chief else 0.0))
     return float(strategy.reduce(tf.distribute.ReduceOp.SUM, vote, axis=None)) > 0
