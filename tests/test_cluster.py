@@ -1,7 +1,8 @@
 """TF_CONFIG, read and checked without TensorFlow (tfnmt/training/cluster.py), train.py's
-refusal of one that cannot place the process in a training cluster, and the settings a cluster's
-workers compare with the chief's (tfnmt/training/cluster_sync.py)."""
+refusal of one that cannot place the process in a training cluster, and the settings and
+directories a cluster's workers compare with the chief's (tfnmt/training/cluster_sync.py)."""
 import json
+import os
 
 import pytest
 
@@ -152,3 +153,32 @@ def test_workers_settings_are_compared_without_their_paths():
     assert cluster_sync._describe([["clip_norm", 1.0, None], ["lr_scale", 3.0, 1.0]],
                                   "here", "on the chief") == (
         "--clip_norm=1.0 here, (not given) on the chief; --lr_scale=3.0 here, 1.0 on the chief")
+
+
+def test_workers_find_the_chiefs_file_only_in_the_directories_they_share(tmp_path):
+    from tfnmt.training import cluster_sync
+
+    model_dir, data_dir = str(tmp_path / "shared" / "run"), str(tmp_path / "shared" / "data")
+    settings = {"model_dir": model_dir, "data": {"data_dir": None}}
+    assert cluster_sync.shared_directories(settings) == [("model_dir", model_dir)]
+    settings["data"]["data_dir"] = data_dir  # a --data_dir apart from the model_dir: it too
+    directories = cluster_sync.shared_directories(settings)
+    assert directories == [("model_dir", model_dir), ("data_dir", data_dir)]
+    token = "host-123-456"
+    chiefs = {"token": token, "written": cluster_sync._write_shared_files(directories, token)}
+    assert chiefs["written"] == ["model_dir", "data_dir"]
+    # The same directories through another path (a mount point elsewhere): found.
+    os.symlink(tmp_path / "shared", tmp_path / "mnt")
+    assert cluster_sync._unseen([("model_dir", str(tmp_path / "mnt" / "run")),
+                                 ("data_dir", str(tmp_path / "mnt" / "data"))], chiefs) == []
+    # Another data_dir (a worker's local disk), or one holding an earlier run's file: not.
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / cluster_sync.SHARED_FILE.format(token)).write_text("host-123-455")
+    assert cluster_sync._unseen([("model_dir", model_dir), ("data_dir", str(local))],
+                                chiefs) == [["data_dir", str(local)]]
+    # A directory the chief could not write in (a read-only prepared --data_dir) is not judged.
+    assert cluster_sync._unseen([("model_dir", model_dir), ("data_dir", str(local))],
+                                dict(chiefs, written=["model_dir"])) == []
+    cluster_sync._remove_shared_files(directories, token)
+    assert os.listdir(model_dir) == [] and os.listdir(data_dir) == []

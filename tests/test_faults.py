@@ -135,9 +135,9 @@ def test_a_shard_damaged_during_training_is_named(corpus, copied):
     assert result.returncode == 1
     assert re.fullmatch(
         rf"train\.py: {re.escape(copied)}/data/train-\d+-of-\d+\.tfrecord is damaged \(its "
-        rf"checksum differs from the manifest's\); stopped with the newest intact checkpoint "
-        rf"{re.escape(copied)}/checkpoints/ckpt-6 \(run again: the damaged split is rewritten "
-        r"and training resumes\)", last_line(result)), last_line(result)
+        rf"checksum differs from the manifest's\); stopped: the newest intact checkpoint is "
+        rf"{re.escape(copied)}/checkpoints/ckpt-6 \(run again to resume from it: the damaged "
+        r"split is rewritten\)", last_line(result)), last_line(result)
     assert "Traceback" not in result.stderr
 
 

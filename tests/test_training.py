@@ -939,16 +939,28 @@ def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_
     assert_workers_agree(model_dir, "ckpt-6")
 
     # Started with another flag, a worker stops the cluster before any work: every process
-    # names the setting (else the worker with fewer updates would end, and the other wait).
-    with running_cluster([args + ["--train_steps=9"], args + ["--train_steps=12"]]) as other:
-        (_, chief_err), (_, worker_err) = [p.communicate(timeout=120) for p in other]
-    assert [p.returncode for p in other] == [1, 1], chief_err + worker_err
-    assert chief_err.strip().splitlines()[-1] == (
+    # names the setting (else the worker with fewer updates would end, and the other wait). So
+    # does a worker whose --model_dir is not the chief's (its local disk): it would start from
+    # scratch while the chief resumes; its settings, read from elsewhere, are not compared.
+    local = str(tmp_path / "local")
+    commands = [args + ["--train_steps=9"], args + ["--train_steps=12"],
+                args + ["--train_steps=10", f"--model_dir={local}"]]
+    with running_cluster(commands) as other:
+        errors = [p.communicate(timeout=120)[1] for p in other]
+    assert [p.returncode for p in other] == [1, 1, 1], "".join(errors)
+    shared = "every worker needs its --model_dir and --data_dir on a file system shared with " \
+             "the chief"
+    assert [err.strip().splitlines()[-1] for err in errors] == [
         "train.py: worker 1 was started with other settings than this chief: --train_steps=12 "
-        "there, 9 here (start every worker with the same flags)")
-    assert worker_err.strip().splitlines()[-1] == (
+        f"there, 9 here; worker 2 does not find the files of this chief's --model_dir="
+        f"{model_dir} in its --model_dir={local} (start every worker with the same flags; "
+        f"{shared})",
         "train.py: this worker was started with other settings than the chief: "
-        "--train_steps=12 here, 9 on the chief (start every worker with the same flags)")
+        "--train_steps=12 here, 9 on the chief (start every worker with the same flags)",
+        f"train.py: this worker does not find the files of the chief's --model_dir={model_dir} "
+        f"in its --model_dir={local} ({shared})"]
+    assert os.listdir(local) == [] and not any(  # the chief's file was removed
+        name.startswith(".cluster-") for name in os.listdir(model_dir))
 
     # Every worker resumes from the chief's checkpoint, even one whose own copy is gone (a new
     # machine), and the workers' weights stay one model.
@@ -999,6 +1011,17 @@ def test_a_worker_lost_mid_run_stops_the_other_in_one_line(small_corpus, train_d
         rf"train\.py: worker 1 of the cluster stopped or cannot be reached; the newest intact "
         rf"checkpoint is {re.escape(model_dir)}/checkpoints/ckpt-\d+ \(start every worker's "
         r"command again to resume from it\)", err.strip().splitlines()[-1]), err[-3000:]
+
+
+def test_a_stopped_run_names_the_checkpoint_to_resume_from_or_that_there_is_none(tmp_path):
+    from tfnmt.training import experiment
+
+    assert experiment._resume_point(str(tmp_path)) == ("no checkpoint has been written yet", "")
+    model = tf.Module()
+    model.w = tf.Variable(1.0)
+    tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt-4"))
+    assert experiment._resume_point(str(tmp_path)) == (
+        f"the newest intact checkpoint is {tmp_path}/ckpt-4", " to resume from it")
 
 
 def test_a_seeded_run_does_not_depend_on_whether_its_data_was_prepared(small_prepared, tmp_path,

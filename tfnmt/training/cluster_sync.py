@@ -1,10 +1,13 @@
 """What the processes of a `multi_worker` cluster agree on outside the training collectives,
 through the key-value store and barriers of TensorFlow's coordination service:
 
-- at the start, the settings: each worker compares its own with the chief's, and a worker
-  started with other flags (another --lr_scale, --train_steps, preset) stops the cluster in one
-  line. Without this a cluster trains on: each worker updates its copy of the weights with its
-  own settings from the shared gradients, and the copies drift apart silently;
+- at the start, the settings and the directories: each worker compares its own settings with
+  the chief's, and looks in its --model_dir (and --data_dir) for a file the chief has just
+  written in its own; a worker started with other flags (another --lr_scale, --train_steps,
+  preset), or whose directories are not the chief's (a local disk instead of the shared file
+  system), stops the cluster in one line. Without this a cluster trains on: each worker updates
+  its copy of the weights with its own settings from the shared gradients (or from weights
+  that were not restored), and the copies drift apart silently;
 - the chief's work that the others wait for (preparing the data): they wait as long as it
   takes, and stop with the chief's error where it fails;
 - at the end, leaving together: a worker whose training is done waits while the chief
@@ -16,6 +19,8 @@ compared where it is read (the prepared data's manifest, the checkpoints).
 """
 import json
 import os
+import socket
+import time
 
 import tensorflow as tf
 from tensorflow.python.eager import context
@@ -26,6 +31,9 @@ from tfnmt.training.settings import SettingsError
 from tfnmt.training.trainer import TrainingError
 
 SETTINGS_KEY = "tfnmt/settings"
+# The file (named with the run's token) that the chief writes in its directories for the
+# others to find in theirs: a name never looked up before, which no file system cache holds.
+SHARED_FILE = ".cluster-{}"
 VERDICT_KEY = "tfnmt/settings_verdict/{}/{}"
 OUTCOME_KEY = "tfnmt/settings_outcome"
 END_BARRIER = "tfnmt/end"
@@ -91,13 +99,83 @@ def _other_tasks(strategy):
             if (job, index) != me]
 
 
-def agree_on_settings(strategy, settings):
-    """Under `multi_worker`, refuses to train unless every worker has the chief's settings: the
-    chief publishes its settings, each worker compares them with its own and publishes what
-    differs, and the chief publishes the outcome, which every process then acts on.
+def shared_directories(settings):
+    """[(flag, path)] of the directories every worker must share with the chief: the
+    model_dir, and a --data_dir given apart from it."""
+    directories = [("model_dir", settings["model_dir"])]
+    if settings["data"].get("data_dir"):
+        directories.append(("data_dir", settings["data"]["data_dir"]))
+    return directories
+
+
+def _write_shared_files(directories, token):
+    """Writes the file named by `token` in each directory; returns the flags of those written
+    (a read-only --data_dir that holds prepared data is not written, nor compared)."""
+    written = []
+    for flag, path in directories:
+        try:
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, SHARED_FILE.format(token)), "w") as f:
+                f.write(token)
+            written.append(flag)
+        except OSError:
+            pass
+    return written
+
+
+def _remove_shared_files(directories, token):
+    for _, path in directories:
+        try:
+            os.remove(os.path.join(path, SHARED_FILE.format(token)))
+        except OSError:
+            pass
+
+
+def _unseen(directories, chiefs):
+    """[flag, path] of the `directories` (this worker's) that do not hold the file the chief
+    wrote in its own (`chiefs`: what the chief published)."""
+    unseen = []
+    for flag, path in directories:
+        if flag not in chiefs["written"]:
+            continue
+        try:
+            with open(os.path.join(path, SHARED_FILE.format(chiefs["token"]))) as f:
+                seen = f.read() == chiefs["token"]
+        except OSError:
+            seen = False
+        if not seen:
+            unseen.append([flag, path])
+    return unseen
+
+
+def _refusal(verdicts, chief, chiefs_value, tasks_value, chiefs_directories):
+    """One line of every [task, verdict] in `verdicts`: the settings that differ (the task's
+    value described as `tasks_value`, the chief's as `chiefs_value`) and the directories it does
+    not share with `chief` ("this chief", "the chief")."""
+    clauses, advice = [], []
+    for task, verdict in verdicts:
+        if verdict["settings"]:
+            clauses.append(f"{task} was started with other settings than {chief}: "
+                           f"{_describe(verdict['settings'], tasks_value, chiefs_value)}")
+            advice.append("start every worker with the same flags")
+        for flag, path in verdict["unseen"]:
+            clauses.append(f"{task} does not find the files of {chief}'s "
+                           f"--{flag}={chiefs_directories[flag]} in its --{flag}={path}")
+            advice.append("every worker needs its --model_dir and --data_dir on a file system "
+                          "shared with the chief")
+    return "; ".join(clauses) + f" ({'; '.join(dict.fromkeys(advice))})"
+
+
+def agree_on_start(strategy, settings):
+    """Under `multi_worker`, refuses to train unless every worker has the chief's settings and
+    sees the chief's model_dir (and data_dir): the chief writes a file in those directories and
+    publishes its settings and the file's name; each worker compares the settings with its own,
+    looks for the file in its directories and publishes what differs; the chief removes the
+    files and publishes the outcome, which every process then acts on.
 
     Raises:
-      SettingsError: on every process, naming the workers and the flags that differ.
+      SettingsError: on every process, naming the workers, the flags that differ and the
+        directories not shared.
     """
     if not in_cluster(strategy):
         return
@@ -106,29 +184,41 @@ def agree_on_settings(strategy, settings):
     resolver = strategy.cluster_resolver
     me = f"{resolver.task_type} {resolver.task_id}"
     mine = comparable(settings)
+    directories = shared_directories(settings)
     if is_chief:
-        ctx.set_config_key_value(SETTINGS_KEY, json.dumps(mine, sort_keys=True))
-        refused = []
-        for job, index in _other_tasks(strategy):  # each get waits for that worker's verdict
-            found = json.loads(ctx.get_config_key_value(VERDICT_KEY.format(job, index)))
-            if found:
-                refused.append([f"{job} {index}", found])
+        token = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
+        written = _write_shared_files(directories, token)
+        try:
+            ctx.set_config_key_value(SETTINGS_KEY, json.dumps(
+                {"settings": mine, "token": token, "written": written,
+                 "directories": dict(directories)}, sort_keys=True))
+            refused = []
+            for job, index in _other_tasks(strategy):  # each get waits for that verdict
+                verdict = json.loads(ctx.get_config_key_value(VERDICT_KEY.format(job, index)))
+                if verdict["settings"] or verdict["unseen"]:
+                    refused.append([f"{job} {index}", verdict])
+        finally:
+            _remove_shared_files(directories, token)
         ctx.set_config_key_value(OUTCOME_KEY, json.dumps(refused))
+        chiefs_directories = dict(directories)
     else:
-        found = differences(mine, json.loads(ctx.get_config_key_value(SETTINGS_KEY)))
+        chiefs = json.loads(ctx.get_config_key_value(SETTINGS_KEY))
+        unseen = _unseen(directories, chiefs)
+        # A worker that does not see the chief's model_dir resolves its settings from another
+        # (a new run's beside the chief's resumed one): their differences would only mislead.
+        verdict = {"settings": [] if "model_dir" in dict(unseen) else
+                   differences(mine, chiefs["settings"]), "unseen": unseen}
         ctx.set_config_key_value(VERDICT_KEY.format(resolver.task_type, resolver.task_id),
-                                 json.dumps(found))
-        if found:
-            raise SettingsError("this worker was started with other settings than the "
-                                f"chief: {_describe(found, 'here', 'on the chief')} (start "
-                                "every worker with the same flags)")
+                                 json.dumps(verdict))
+        if verdict["settings"] or verdict["unseen"]:
+            raise SettingsError(_refusal([["this worker", verdict]], "the chief", "on the chief",
+                                         "here", chiefs["directories"]))
         refused = json.loads(ctx.get_config_key_value(OUTCOME_KEY))
+        chiefs_directories = chiefs["directories"]
+    refused = [[task, verdict] for task, verdict in refused if task != me]
     if refused:
-        chief, there = ("this chief", "here") if is_chief else ("the chief", "on the chief")
-        raise SettingsError("; ".join(
-            f"{task} was started with other settings than {chief}: "
-            f"{_describe(found, 'there', there)}" for task, found in refused if task != me)
-            + " (start every worker with the same flags)")
+        chief, chiefs_value = ("this chief", "here") if is_chief else ("the chief", "on the chief")
+        raise SettingsError(_refusal(refused, chief, chiefs_value, "there", chiefs_directories))
 
 
 def chief_first(strategy, what, work):

@@ -108,7 +108,7 @@ def run(settings, strategy, log=print):
     checkpoint_dir = resume_dir if is_chief else os.path.join(model_dir, "workers", str(task_id))
     data_dir = settings["data"].get("data_dir") or os.path.join(model_dir, "data")
     try:
-        cluster_sync.agree_on_settings(strategy, settings)  # before anything is written
+        cluster_sync.agree_on_start(strategy, settings)  # before the checkpoints are written
         with DirectoryLock(checkpoint_dir):  # one writer per checkpoint directory
             return _run(settings, strategy, log, checkpoint_dir, data_dir)
     except tf.errors.DataLossError:  # TensorFlow names no file: find the shard that is damaged
@@ -116,25 +116,31 @@ def run(settings, strategy, log=print):
         damaged = records.damaged_shards(data_dir, manifest)
         if not damaged:
             raise
-        newest = newest_readable_checkpoint(resume_dir)
-        raise TrainingError(f"{damaged[0][1]}; stopped with the newest intact checkpoint "
-                            f"{newest or 'none'} (run again: the damaged split is rewritten "
-                            "and training resumes)") from None
+        intact, resume = _resume_point(resume_dir)
+        raise TrainingError(f"{damaged[0][1]}; stopped: {intact} (run again{resume}: the "
+                            "damaged split is rewritten)") from None
     except (OSError, tf.errors.OpError) as error:
         if isinstance(error, PEER_LOST) and cluster_sync.in_cluster(strategy):
-            newest = newest_readable_checkpoint(resume_dir)
+            intact, resume = _resume_point(resume_dir)
             raise TrainingError(f"{_lost_peers(error, strategy)} of the cluster stopped or "
-                                "cannot be reached; the newest intact checkpoint is "
-                                f"{newest or 'none'} (start every worker's command again to "
-                                "resume from it)") from None
+                                f"cannot be reached; {intact} (start every worker's command "
+                                f"again{resume})") from None
         if not is_disk_full(error):
             raise
-        newest = newest_readable_checkpoint(resume_dir)
+        intact, resume = _resume_point(resume_dir)
         raise TrainingError(f"no space left on the device to write {_unwritable_file(error)}; "
-                            f"the newest intact checkpoint is {newest or 'none'} (free space "
-                            "and run again to resume from it)") from None
+                            f"{intact} (free space and run again{resume})") from None
     finally:
         data_dir_lock.release(data_dir)  # prepared (and held) by the chief in _prepare_data
+
+
+def _resume_point(resume_dir):
+    """("the newest intact checkpoint is <path>", " to resume from it") for a line that stops
+    a run, or ("no checkpoint has been written yet", "") where there is none."""
+    newest = newest_readable_checkpoint(resume_dir)
+    if newest is None:
+        return "no checkpoint has been written yet", ""
+    return f"the newest intact checkpoint is {newest}", " to resume from it"
 
 
 def _replicas_changed(t, replicas):
@@ -526,7 +532,13 @@ def _build(settings, strategy, precision):
 def _prepared_by_chief(data_dir, wanted, files):
     """The manifest of data_dir, which the chief has prepared, if it is the data of settings
     `wanted` from `files` as this worker sees them (else PreparedDataError)."""
-    manifest = records.load_manifest(data_dir)
+    try:
+        manifest = records.load_manifest(data_dir)
+    except records.PreparedDataError as error:
+        raise records.PreparedDataError(
+            f"the chief has prepared the data, and this worker finds: {error} (every worker "
+            "needs its --model_dir and --data_dir on a file system shared with the chief)"
+            ) from None
     if not records.prepared_for(manifest, wanted, files):
         raise records.PreparedDataError(f"{data_dir} holds data prepared with other settings "
                                         "than this worker's")
