@@ -85,6 +85,16 @@ def test_a_config_that_cannot_place_the_task_is_refused(config, message):
                             "a cluster need --train_steps"),
     ("auto", {"cluster": TWO_WORKERS, "task": {"type": "worker", "index": 5}}, [],
      "train.py: TF_CONFIG's task index 5 is not a position"),
+    # A strategy of one process where TF_CONFIG names a cluster (as a Kubernetes TFJob sets it
+    # in every pod): each process trained a model of its own.
+    ("mirrored", {"cluster": dict(TWO_WORKERS, chief=["host0:1"]),
+                  "task": {"type": "worker", "index": 1}}, [],
+     "train.py: --strategy=mirrored trains in this process alone, and TF_CONFIG names a cluster "
+     "of 3 training processes: give --strategy=multi_worker (or auto) to train on the cluster, "
+     "or unset TF_CONFIG"),
+    ("one_device", {"cluster": TWO_WORKERS, "task": {"type": "worker", "index": 0}}, [],
+     "train.py: --strategy=one_device trains in this process alone, and TF_CONFIG names a "
+     "cluster of 2"),
 ])
 def test_train_py_refuses_a_cluster_it_cannot_join_before_tensorflow_loads(
         strategy, tf_config, flags, message, tmp_path):

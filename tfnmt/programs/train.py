@@ -399,10 +399,20 @@ def resolve_cluster_strategy():
     """--strategy=auto becomes multi_worker where TF_CONFIG names several training processes
     (what distribute.make_strategy chooses), decided here, before TensorFlow loads, so that every
     rule of a cluster run applies to it (no time budget: the workers must agree on the number of
-    updates); a TF_CONFIG that cannot place this process in its cluster is refused in one line."""
+    updates); a TF_CONFIG that cannot place this process in its cluster is refused in one line,
+    and so is a cluster of several processes with a strategy that trains in one process."""
     from tfnmt.training import cluster
 
     if FLAGS.strategy not in ("auto", "multi_worker"):
+        try:
+            processes = cluster.training_processes(cluster.read_tf_config())
+        except cluster.ClusterConfigError:
+            return  # read by the cluster strategies only
+        if processes > 1:  # each process would train a model of its own
+            raise app.UsageError(f"--strategy={FLAGS.strategy} trains in this process alone, "
+                                 f"and TF_CONFIG names a cluster of {processes} training "
+                                 "processes: give --strategy=multi_worker (or auto) to train "
+                                 "on the cluster, or unset TF_CONFIG")
         return
     try:
         config = cluster.read_tf_config()
