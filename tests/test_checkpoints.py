@@ -403,3 +403,33 @@ def test_settings_that_describe_no_model_are_refused_in_one_line(tiny_model_dir,
         with pytest.raises(DamagedFileError, match=r"settings.json holds model settings no "
                            r"Transformer takes \(colour\): restore it"):
             resolve_settings({"model": {}, "data": {}, "train": {}}, set(), model_dir)
+
+
+def test_a_file_system_without_locks_is_used_unlocked_with_a_warning(tmp_path, monkeypatch,
+                                                                       caplog):
+    # NFS without its lock service (ENOLCK), Lustre mounted without flock (ENOSYS): train.py
+    # stopped there with flock's traceback at the checkpoints' lock; it trains, and says what
+    # the lock would have refused.
+    import errno
+    import fcntl
+
+    from tfnmt.checkpoints import DirectoryLock
+    from tfnmt.data import data_dir_lock
+
+    def no_locks(file, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    checkpoints, data = str(tmp_path / "run" / "checkpoints"), str(tmp_path / "run" / "data")
+    with caplog.at_level(logging.WARNING):
+        with DirectoryLock(checkpoints):
+            with open(os.path.join(checkpoints, ".lock")) as f:
+                assert f.read() == f"pid {os.getpid()}\n"
+        with data_dir_lock.preparing(data) as claim:
+            claim("it holds other data")
+        data_dir_lock.release(data)
+    assert caplog.messages == [
+        f"{checkpoints}: cannot lock it (No locks available): a second training run in this "
+        "model_dir would not be refused",
+        f"{data}: cannot lock it (No locks available); runs sharing it must not prepare it at "
+        "the same time"]

@@ -73,7 +73,9 @@ class DirectoryLock:
     """An exclusive lock on `directory` (a `.lock` file in it, flock'ed) for the time of a
     `with` block: a second process that tries to write the same checkpoints gets ModelDirError
     at once, naming the process that holds it. The operating system releases it when the
-    holder exits, however it exits.
+    holder exits, however it exits. On a file system without locks (NFS without its lock
+    service, Lustre mounted without flock, some FUSE file systems) the directory is used
+    unlocked, with a warning.
 
     Args:
       directory: the directory to lock (created if missing).
@@ -99,6 +101,9 @@ class DirectoryLock:
             self._file.close()
             raise ModelDirError(f"{self.directory} is in use by {holder} (one training run "
                                 "per model_dir)") from None
+        except OSError as error:  # ENOLCK, ENOSYS, EOPNOTSUPP: no locks on this file system
+            logging.warning("%s: cannot lock it (%s): a second training run in this model_dir "
+                            "would not be refused", self.directory, error.strerror)
         self._file.seek(0)
         self._file.truncate()
         self._file.write(f"pid {os.getpid()}\n")
