@@ -26,6 +26,11 @@ def test_threads_the_user_set_and_a_gpu_keep_the_default(tmp_path):
     for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
         assert decoding_threads(2, 2, {name: "2"}, NO_GPU) is None
     assert decoding_threads(2, 2, {"TF_NUM_INTRAOP_THREADS": ""}, NO_GPU) == (1, 2)
+    # Set by tfnmt for a CPU limit (tfnmt/cpu_quota.py), they give way: the limit's 4 cores
+    # are shared out.
+    limited = {"TF_NUM_INTRAOP_THREADS": "4", "TF_NUM_INTEROP_THREADS": "4",
+               "TFNMT_THREADS_SET": "1"}
+    assert decoding_threads(2, 4, limited, NO_GPU) == (2, 4)
     (tmp_path / "nvidia0").touch()
     assert decoding_threads(2, 2, {}, (str(tmp_path / "nvidia[0-9]*"),)) is None
 

@@ -9,13 +9,15 @@ import threading
 
 from absl import app, flags
 
-from tfnmt import allocator, cpu_kernels, paths, tensorflow_start
+from tfnmt import allocator, cpu_kernels, cpu_quota, paths, tensorflow_start
 from tfnmt.paths import DamagedFileError
 from tfnmt.text_lines import OutputError
 
-# What use_fast_allocator() and use_onednn() chose for this process (set by run()).
+# What use_fast_allocator(), use_onednn() and limit_threads() chose for this process (set by
+# run()); THREADS None: TensorFlow's default, a thread per core.
 ALLOCATOR = "system"
 KERNELS = "TensorFlow's default"
+THREADS = None
 
 
 def define_beam_stop_flag(scope=""):
@@ -175,8 +177,9 @@ def run(main, doc=None, training=False):
     also where it lands in a finalizer (`keep_interrupts`); SIGTERM the same, as
     `<program>: stopped by SIGTERM` (exit 143; `Terminated`).
     First the process gets its memory allocator (tfnmt/allocator.py; may re-execute the process
-    once), for training its CPU kernels (tfnmt/cpu_kernels.py), and a filter for what
-    TensorFlow's libraries print when it is imported (tfnmt/tensorflow_start.py).
+    once), for training its CPU kernels (tfnmt/cpu_kernels.py), threads for the cores a CPU
+    limit gives (tfnmt/cpu_quota.py), and a filter for what TensorFlow's libraries print when
+    it is imported (tfnmt/tensorflow_start.py).
 
     Args:
       main: the entry point's main(argv).
@@ -185,7 +188,7 @@ def run(main, doc=None, training=False):
       training: the program trains (oneDNN's kernels where they train faster); programs that
         only decode keep TensorFlow's default kernels.
     """
-    global ALLOCATOR, KERNELS
+    global ALLOCATOR, KERNELS, THREADS
     if doc:
         sys.modules["__main__"].__doc__ = doc
     _list_program_flags_in_help()
@@ -200,6 +203,7 @@ def run(main, doc=None, training=False):
         print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
         sys.exit(1)
     KERNELS = cpu_kernels.use_onednn() if training else cpu_kernels.describe()
+    THREADS = cpu_quota.limit_threads()
     tensorflow_start.install()
     keep_interrupts()
     stop_on_sigterm()

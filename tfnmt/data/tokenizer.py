@@ -19,6 +19,7 @@ import unicodedata
 
 import tensorflow as tf
 
+from tfnmt.cpu_quota import usable_cores
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401 (re-exported)
 
 
@@ -159,7 +160,7 @@ def _train(spm, sentences, prefix, vocab_size, model_type, max_sentences,
         model_type=model_type, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
         byte_fallback=True, character_coverage=0.9999, **rule,
         input_sentence_size=max_sentences, shuffle_input_sentence=True,
-        seed_sentencepiece_size=seed_sentencepiece_size, num_threads=os.cpu_count() or 1,
+        seed_sentencepiece_size=seed_sentencepiece_size, num_threads=usable_cores(),
         minloglevel=2)
 
 

@@ -15,12 +15,12 @@ import glob
 import json
 import os
 
+from tfnmt.cpu_quota import SET_BY_TFNMT, THREAD_VARIABLES, usable_cores
+
 # Searches a batch is split into on a CPU by default (`TranslationModule`'s parallel_searches).
 PARALLEL_SEARCHES = 2
 # Inside a SavedModel version directory: {"parallel_searches": N}.
 SEARCH_FILE = os.path.join("assets.extra", "tfnmt_search.json")
-# Set by a user, these win (TensorFlow reads them when it sizes its pools).
-THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
 
 def write_search_settings(path, parallel_searches):
@@ -59,7 +59,8 @@ def decoding_threads(searches, cores, environ, gpu_files):
     Args:
       searches: the searches a batch is split into (None: not known).
       cores: the CPU cores the process may use.
-      environ: the process environment: a user's `THREAD_VARIABLES` win.
+      environ: the process environment: a user's `THREAD_VARIABLES` win (not those
+        `cpu_quota.limit_threads` set).
       gpu_files: glob patterns of GPU device files: where one exists, a chunk is one search
         (`serving.search_bounds`).
 
@@ -70,8 +71,9 @@ def decoding_threads(searches, cores, environ, gpu_files):
     """
     if searches is None or searches < 2 or cores < 2:
         return None
-    if any(environ.get(name) for name in THREAD_VARIABLES) \
-            or any(glob.glob(pattern) for pattern in gpu_files):
+    user_threads = any(environ.get(name) for name in THREAD_VARIABLES) \
+        and not environ.get(SET_BY_TFNMT)
+    if user_threads or any(glob.glob(pattern) for pattern in gpu_files):
         return None
     return max(1, cores // searches), cores
 
@@ -90,9 +92,7 @@ def use_decoding_threads(searches):
 
     from tfnmt.inference.serving import GPU_DEVICE_FILES
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else os.cpu_count() or 1
-    threads = decoding_threads(searches, cores, os.environ, GPU_DEVICE_FILES)
+    threads = decoding_threads(searches, usable_cores(), os.environ, GPU_DEVICE_FILES)
     if threads is None:
         return None
     try:

@@ -538,6 +538,7 @@ def main(argv):
         raise app.UsageError(cluster.port_in_use(cluster.read_tf_config())) from None
     fast_ops.set_plain_ops(FLAGS.plain_ops)
     print(f"memory allocator: {cli.ALLOCATOR}; CPU kernels: {cli.KERNELS}"
+          + (f"; TensorFlow threads: {cli.THREADS}" if cli.THREADS else "")
           + ("; stock ops (--plain_ops)" if FLAGS.plain_ops else ""), flush=True)
     try:
         metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
