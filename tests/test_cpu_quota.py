@@ -28,11 +28,11 @@ def machine(tmp_path, monkeypatch):
 
 
 def test_cgroup_v2_takes_the_smallest_limit_on_the_process_path(machine):
-    # A Kubernetes pod limited to 2 CPUs, its container unlimited within it; the node's
-    # kubepods slice above both is unlimited.
+    # A Kubernetes pod limited to 2 CPUs, its container unlimited within it; the kubepods
+    # slice above both limited to 4.
     where = machine("0::/kubepods/pod1/container\n", {
         "cgroup.controllers": "cpu memory\n",
-        "kubepods/cpu.max": "max 100000\n",
+        "kubepods/cpu.max": "400000 100000\n",
         "kubepods/pod1/cpu.max": "200000 100000\n",
         "kubepods/pod1/container/cpu.max": "max 100000\n"})
     assert cpu_quota.quota_cpus(*where) == 2.0
