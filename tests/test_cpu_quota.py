@@ -48,6 +48,15 @@ def test_a_container_reads_its_own_cgroup_at_the_mount_root(machine):
         assert cpu_quota.usable_cores(*where) == 2
 
 
+def test_a_hybrid_hierarchy_reads_cgroup_v2_where_it_is_mounted(machine):
+    # systemd's hybrid layout: v1 controllers under the root, the v2 hierarchy under unified/.
+    where = machine("4:memory:/user.slice\n0::/user.slice/job.scope\n", {
+        "memory/user.slice/memory.limit_in_bytes": "1073741824\n",
+        "unified/cgroup.controllers": "cpu\n",
+        "unified/user.slice/job.scope/cpu.max": "300000 100000\n"})
+    assert cpu_quota.quota_cpus(*where) == 3.0
+
+
 def test_cgroup_v1_reads_the_cfs_quota_of_the_cpu_controller(machine):
     where = machine("5:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n", {
         "memory/docker/abc/memory.limit_in_bytes": "1073741824\n",
