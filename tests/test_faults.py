@@ -235,6 +235,33 @@ def test_full_disk_stops_with_one_line(small_corpus, train_data, tmp_path):
     assert f"step {failed:6d}/12" in result.stdout  # it stopped at the failed save
 
 
+def test_the_embedded_corpus_is_read_in_a_read_only_home(tmp_path):
+    # A container's read-only home: TFDS's default directory (~/tensorflow_datasets) cannot be
+    # written, and `python train.py` stopped with a traceback (OSError: Read-only file system)
+    # preparing the embedded corpus there; it is prepared in the temporary directory instead.
+    import gzip
+
+    from tfnmt.paths import EMBEDDED_DIR
+
+    home, temporary = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    temporary.mkdir()
+    code = ("from tfnmt.data import corpus; "
+            "print(sum(1 for _ in corpus.read_corpus('embedded', 'dev')))")
+    env = {k: v for k, v in os.environ.items() if k != "TFDS_DATA_DIR"}
+    result = subprocess.run(
+        ["unshare", "--map-root-user", "--mount", "sh", "-c",
+         f"mount -t tmpfs -o ro,size=64k none {shlex.quote(str(home))} && "
+         f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(env, HOME=str(home), TMPDIR=str(temporary), TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    with gzip.open(os.path.join(EMBEDDED_DIR, "dev.tsv.gz"), "rt", encoding="utf-8") as f:
+        assert int(result.stdout.split()[-1]) == sum(1 for _ in f)
+    built = list(temporary.glob("tfnmt-tensorflow_datasets-*"))
+    assert len(built) == 1 and "tfnmt_de_en" in os.listdir(built[0])
+
+
 @pytest.mark.parametrize("export_format", ["saved_model", "ctranslate2"])
 def test_an_export_to_a_full_disk_publishes_nothing_and_says_so(export_format, tiny_model_dir,
                                                                 tmp_path):

@@ -11,10 +11,11 @@ import itertools
 import logging
 import os
 import socket
+import tempfile
 import zlib
 
 from tfnmt.data.alignment import AlignmentWatch, describe
-from tfnmt.paths import EMBEDDED_DIR
+from tfnmt.paths import EMBEDDED_DIR, cannot_write_in
 
 EMBEDDED = "embedded"
 EMBEDDED_TFDS_NAME = "tfnmt_de_en"
@@ -278,6 +279,10 @@ def tfds_split_name(split):
 
 
 TFDS_READ_BATCH = 1024  # pairs read from a TFDS dataset at once
+# Where the embedded corpus is prepared for TFDS when TFDS's default directory cannot be
+# written (in the temporary directory).
+LOCAL_TFDS_DIR = f"tfnmt-tensorflow_datasets-{os.getuid()}" if hasattr(os, "getuid") \
+    else "tfnmt-tensorflow_datasets"
 
 
 def read_tfds(name, split, data_dir=None, download=True):
@@ -306,6 +311,12 @@ def read_tfds(name, split, data_dir=None, download=True):
         builder = tfds.builder(name, data_dir=data_dir)
     except Exception as error:  # tfds raises its own DatasetNotFoundError and friends
         raise CorpusError(f"unknown dataset {name!r}: {error}".splitlines()[0]) from None
+    if getattr(builder, "LOCAL", False) and data_dir is None and not builder.is_prepared() \
+            and cannot_write_in(builder.data_dir):
+        # TFDS's default directory in a read-only home (a container's): the embedded corpus,
+        # which nobody asked to keep there, is prepared in the temporary directory instead.
+        builder = tfds.builder(name, data_dir=os.path.join(tempfile.gettempdir(),
+                                                           LOCAL_TFDS_DIR))
     if not builder.is_prepared():
         if not download:
             raise CorpusError(f"dataset {name!r} is not prepared under {builder.data_dir}")
