@@ -111,6 +111,27 @@ def test_evaluations_come_between_updates_and_their_time_is_not_training_time():
     assert recorder.of("report") == [6] and recorder.of("save") == [6]
 
 
+def test_a_wall_clock_step_during_an_evaluation_is_not_taken_out_of_training_time(monkeypatch):
+    # A laptop suspended during a dev evaluation (or a clock step): the wall clock moves on by
+    # hours, the budget's monotonic clock does not. The pause was measured on the wall clock,
+    # and taking 8 hours out of 10 seconds of training planned the run hours longer.
+    import time
+
+    wall = [time.time()]
+    monkeypatch.setattr(time, "time", lambda: wall[0])
+
+    class Suspending(Recorder):
+        def evaluate(self, step):
+            wall[0] += 8 * 3600
+            return super().evaluate(step)
+
+    recorder = Suspending()
+    run(scripted_trainer([1.0] * 4), recorder, 4, evaluate=recorder.evaluate, eval_every=2,
+        checkpoint_every=100, log_every=100, budget=recorder)
+    pauses = recorder.of("pause")
+    assert len(pauses) == 2 and all(0 <= seconds < 5 for seconds in pauses)  # stats, budget
+
+
 def test_an_early_stop_saves_the_update_it_stopped_at():
     recorder = Recorder(stop_early_at=3)
     step = run(scripted_trainer([1.0] * 6), recorder, 6, evaluate=recorder.evaluate,

@@ -30,13 +30,13 @@ class TrainingStats:
         self.writer = writer
         self.log = log
         self.skipped = 0  # updates skipped by fp16 loss scaling, over the whole run
-        self.run_start = time.time()
+        self.run_start = time.monotonic()
         self._reset()
 
     def _reset(self):
         self.loss_sum = self.tokens = self.grad_norm = self.padding = 0.0
         self.steps = 0
-        self.window_start = time.time()
+        self.window_start = time.monotonic()
 
     def update(self, outputs):
         """Adds one update's outputs to the window.
@@ -71,7 +71,7 @@ class TrainingStats:
         Returns:
           The scalars: loss, learning_rate, grad_norm, tokens_per_sec, rss_gib, padding_fraction.
         """
-        now = time.time()
+        now = time.monotonic()
         steps = max(self.steps, 1)
         scalars = {
             "loss": self.loss_sum / max(self.tokens, 1.0),

@@ -146,12 +146,15 @@ class Trainer:
                 keeper.save(step)
             if evaluate is not None and eval_every and step % eval_every == 0 \
                     and step < train_steps:
-                start = time.time()
+                # The monotonic clock, as the budget's: the wall clock moves by a suspended
+                # laptop's hours or a clock step, which would be taken out of training time.
+                start = time.monotonic()
                 stop_early = evaluate(step)
+                seconds = time.monotonic() - start
                 if stats is not None:
-                    stats.pause(time.time() - start)
+                    stats.pause(seconds)
                 if budget is not None:
-                    budget.pause(time.time() - start)
+                    budget.pause(seconds)
                 if stop_early:
                     if keeper is not None and step % checkpoint_every != 0:
                         keeper.save(step)
