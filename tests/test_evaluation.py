@@ -198,6 +198,22 @@ class EndsEverywhere:
         return logits + 100.0 * tf.one_hot(EOS_ID, tf.shape(logits)[-1])
 
 
+def test_the_reports_next_commands_run_as_printed_in_a_path_with_blanks(tmp_path):
+    # Copied from the log into a shell, each command gets its paths as single words (a
+    # model_dir with a blank was split in two).
+    import shlex
+
+    from tfnmt.training.report import next_commands
+
+    model_dir = str(tmp_path / "my runs" / "de-en")
+    export, translate, evaluate = next_commands(model_dir)
+    assert shlex.split(export) == ["python", "export.py", f"--model_dir={model_dir}"]
+    assert shlex.split(translate.split(" | ")[1]) == [
+        "python", "translate.py", f"--export={model_dir}/export"]
+    assert shlex.split(evaluate)[2] == f"--model_dir={model_dir}"
+    assert next_commands("runs/de-en")[0] == "python export.py --model_dir=runs/de-en"
+
+
 def test_dev_loss_is_the_mean_over_every_real_target_token_and_none_without_one(small_prepared):
     # float64 numpy from the model's logits, batch by batch: the smoothed target puts 1 - eps on
     # the label and eps / (V - 2) on every other token but padding (id 0); perplexity is exp of

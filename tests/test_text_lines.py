@@ -187,11 +187,13 @@ def test_column_cuts_write_each_column_to_its_file(tmp_path):
 
     rows = [["1", "Ein Haus.", "A house.", "x"], ["2", "Ja, ja.", "Yes, yes.", "y"]]
     data = "".join("\t".join(row) + "\n" for row in rows)
-    plain = tmp_path / "pairs.tsv"
+    folder = tmp_path / "my corpora"  # commands to copy: a path with a blank is one word
+    folder.mkdir()
+    plain = folder / "pairs.tsv"
     plain.write_text(data, encoding="utf-8")
-    packed = tmp_path / "packed.tsv.gz"
+    packed = folder / "packed.tsv.gz"
     packed.write_bytes(gzip.compress(data.encode()))
-    for path, stem in ((plain, tmp_path / "pairs"), (packed, tmp_path / "packed")):
+    for path, stem in ((plain, folder / "pairs"), (packed, folder / "packed")):
         commands, outputs = text_lines.column_cuts(str(path), [3, 2])
         assert outputs == [f"{stem}.3", f"{stem}.2"]
         subprocess.run(["bash", "-c", commands], check=True)

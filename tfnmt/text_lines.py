@@ -2,6 +2,7 @@
 import gzip
 import itertools
 import os
+import shlex
 import sys
 import zlib
 
@@ -82,13 +83,15 @@ def column_cuts(path, columns):
       columns: 1-based column numbers.
 
     Returns:
-      (the commands, joined by "; "; [each column's file]).
+      (the commands, joined by "; ", shell-quoted; [each column's file, as it is]).
     """
     compressed = path.endswith(".gz")
     stem = os.path.splitext(path[:-3] if compressed else path)[0]
     outputs = [f"{stem}.{column}" for column in columns]
-    commands = [f"zcat {path} | cut -f{column} > {out}" if compressed
-                else f"cut -f{column} {path} > {out}" for column, out in zip(columns, outputs)]
+    path = shlex.quote(path)  # a command to copy: paths with blanks stay one word
+    commands = [f"zcat {path} | cut -f{column} > {shlex.quote(out)}" if compressed
+                else f"cut -f{column} {path} > {shlex.quote(out)}"
+                for column, out in zip(columns, outputs)]
     return "; ".join(commands), outputs
 
 

@@ -14,6 +14,7 @@ elsewhere.
 """
 import json
 import os
+import shlex
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -80,10 +81,11 @@ def _refuse_pairs(lines, flag, path, sample=1000):
         return
     if flag == "source":
         cuts, (source, reference) = text_lines.column_cuts(path, [1, 2])
-        advice = f"{cuts}; then --source={source} --reference={reference}"
+        advice = (f"{cuts}; then --source={shlex.quote(source)} "
+                  f"--reference={shlex.quote(reference)}")
     else:
         cuts, (column,) = text_lines.column_cuts(path, [2])
-        advice = f"{cuts} (the column that holds them); then --{flag}={column}"
+        advice = f"{cuts} (the column that holds them); then --{flag}={shlex.quote(column)}"
     raise app.UsageError(f"--{flag}={path}: {tabbed} evaluate.py reads a sentence per line: "
                          f"{advice}")
 

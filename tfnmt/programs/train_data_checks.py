@@ -5,6 +5,7 @@ round, pairs whose sources are their targets, and a side that holds no sentences
 column). They read a sample of the text with plain Python, before TensorFlow loads."""
 import itertools
 import os
+import shlex
 import re
 
 from absl import app, flags
@@ -209,7 +210,7 @@ def _sentence_columns_advice(path, split, sample, share):
         return "give its two sentence columns as two files (cut -f<column>)"
     cuts, outputs = text_lines.column_cuts(path, [c + 1 for c in sentences])
     return (f"its sentences look to be in columns {sentences[0] + 1} and {sentences[1] + 1}: "
-            f"{cuts}; then --{split}_files={','.join(outputs)}")
+            f"{cuts}; then --{split}_files={shlex.quote(','.join(outputs))}")
 
 
 def swapped_models_evidence(source, target, reverse, sample):

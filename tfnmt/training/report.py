@@ -204,7 +204,9 @@ def next_commands(model_dir, reverse=False, example=None, own_data=False):
     Returns:
       A list of shell commands.
     """
-    export_dir = os.path.join(model_dir, paths.EXPORT)
+    # Commands to copy: a path with a blank stays one word.
+    export_dir = shlex.quote(os.path.join(model_dir, paths.EXPORT))
+    model_dir = shlex.quote(model_dir)
     sentence, source, reference = ("This is a house.", "en", "de") if reverse else \
         ("Das ist ein Haus.", "de", "en")
     if own_data:

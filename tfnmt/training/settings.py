@@ -2,6 +2,7 @@
 must keep."""
 import json
 import os
+import shlex
 
 from tfnmt.data.corpus import train_specs
 from tfnmt.model.presets import MODEL_DEFAULTS
@@ -186,9 +187,11 @@ def _test_set_hint(model_dir, ours, theirs):
             {k: v for k, v in theirs.items() if k != "test"}:
         return ""
     sides = test.split(",") if isinstance(test, str) and "," in test else None
+    model_dir = shlex.quote(model_dir)  # a command to copy
     if sides and len(sides) == 2:
         return (" To score the trained model on a test set: python evaluate.py "
-                f"--model_dir={model_dir} --source={sides[0]} --reference={sides[1]}")
+                f"--model_dir={model_dir} --source={shlex.quote(sides[0])} "
+                f"--reference={shlex.quote(sides[1])}")
     return (" To score the trained model on a test set: python evaluate.py "
             f"--model_dir={model_dir} with its sources as --source and references as --reference")
 
