@@ -837,6 +837,7 @@ def test_a_process_translating_from_an_export_gives_each_search_its_cores(export
     # The export records its searches; a command's process that loads it before TensorFlow
     # first runs shares the cores out (one op thread per core of each search). A fresh
     # process: TensorFlow sizes its pools once (the user's variables win: test_decoding_threads).
+    from tfnmt.cpu_quota import usable_cores
     from tfnmt.inference.decoding_threads import export_searches
 
     assert export_searches(exported) == module.parallel_searches == 2
@@ -846,7 +847,7 @@ def test_a_process_translating_from_an_export_gives_each_search_its_cores(export
               "print(tf.config.threading.get_intra_op_parallelism_threads(), "
               "tf.config.threading.get_inter_op_parallelism_threads())")
     environment = {k: v for k, v in os.environ.items() if not k.startswith("TF_NUM_")}
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()  # those it may run on, or fewer under a CPU limit (test_cpu_quota)
     gpu = any(glob.glob(pattern) for pattern in GPU_DEVICE_FILES)  # one search there
     expected = f"{max(1, cores // 2)} {cores}" if cores > 1 and not gpu else "0 0"
     translation = module.serve(tf.constant(["Guten Morgen!"]))["translations"][0].numpy()
