@@ -59,14 +59,19 @@ def built_once(tmp_path_factory, name, build):
 
 def started(script, *args):
     """An entry point started in a fresh process (stdout and stderr piped, text), with Ctrl-C's
-    SIGINT acting as at a terminal: a test runner started in the background (`cmd &` in a
-    script) has it ignored, and its children would inherit that."""
+    SIGINT and a closed terminal's SIGHUP acting as at a terminal: a test runner started in the
+    background (`cmd &` in a script) has SIGINT ignored, one under nohup SIGHUP, and its
+    children would inherit that."""
     import signal
+
+    def as_at_a_terminal():
+        for signum in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
 
     return subprocess.Popen([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=as_at_a_terminal)
 
 
 def train_flags(small_corpus, train_data, model_dir, **overrides):

@@ -1,6 +1,7 @@
-"""Ctrl-C (SIGINT) and SIGTERM (what `kill`, Kubernetes and Slurm send before killing a job)
-during training: the loop finishes its update, saves a checkpoint of it and stops, instead of
-dying with up to --checkpoint_every updates unsaved.
+"""Ctrl-C (SIGINT), SIGTERM (what `kill`, Kubernetes and Slurm send before killing a job) and
+SIGHUP (the terminal closed: an ssh connection lost) during training: the loop finishes its
+update, saves a checkpoint of it and stops, instead of dying with up to --checkpoint_every
+updates unsaved.
 
     with StopSignals() as stop:
         trainer(iterator, train_steps, keeper=keeper, stop=stop)  # raises TrainingInterrupted
@@ -13,7 +14,7 @@ nothing changes.
 import signal
 import threading
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class TrainingInterrupted(Exception):
@@ -33,8 +34,8 @@ class TrainingInterrupted(Exception):
 
 
 class StopSignals:
-    """A context manager recording the first SIGINT or SIGTERM in `received` (its number;
-    None before), so the training loop can stop cleanly at its next update."""
+    """A context manager recording the first SIGINT, SIGTERM or SIGHUP in `received` (its
+    number; None before), so the training loop can stop cleanly at its next update."""
 
     def __init__(self, signals=SIGNALS):
         self.signals = signals
