@@ -123,9 +123,9 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (what `kill`, Kubernetes and Slurm send before they kill a job), raised where
     Ctrl-C raises KeyboardInterrupt: a program cleans up and says what it leaves as for Ctrl-C,
     then exits 143 (128 + SIGTERM) instead of dying at once. Training's own handler
-    (`stop_signals.StopSignals`) takes both signals over while it trains (and SIGHUP); on a cluster worker
-    TensorFlow's runtime takes SIGTERM itself (a notice of preemption) once its strategy
-    starts."""
+    (`stop_signals.StopSignals`) takes both signals (and SIGHUP) over while it trains; on a
+    cluster worker TensorFlow's runtime takes SIGTERM itself (a notice of preemption) once its
+    strategy starts."""
 
 
 def stop_on_sigterm():
