@@ -235,6 +235,39 @@ def test_full_disk_stops_with_one_line(small_corpus, train_data, tmp_path):
     assert f"step {failed:6d}/12" in result.stdout  # it stopped at the failed save
 
 
+@pytest.mark.parametrize("size, written, kept", [
+    # The learned SentencePiece model (~250 KB) does not fit: SentencePiece's own write left
+    # a truncated model without an error, and reading it back failed with protobuf's
+    # DecodeError traceback.
+    ("200k", "data/.learned.spm.model", []),
+    # It fits once: the shared model was written twice (source and target), and the second
+    # copy failed, leaving spm.model.tmp behind; now the shards are what does not fit.
+    ("250k", "data/train-", ["spm.model"]),
+])
+def test_a_full_disk_while_the_data_is_prepared_stops_with_one_line(size, written, kept,
+                                                                      small_corpus, tmp_path):
+    mount_point = tmp_path / "small_disk"
+    mount_point.mkdir()
+    model_dir = str(mount_point / "run")
+    flags = train_flags(small_corpus, None, model_dir, train_steps=4, **FAST)
+    command = [sys.executable, os.path.join(ROOT, flags[0]), *flags[1:]]
+    result = subprocess.run(
+        ["unshare", "--map-root-user", "--mount", "sh", "-c",
+         f"mount -t tmpfs -o size={size} none {shlex.quote(str(mount_point))} && "
+         f"{shlex.join(command)}; status=$?; find {shlex.quote(str(mount_point))} -type f; "
+         "exit $status"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert re.fullmatch(
+        rf"train\.py: no space left on the device to write {re.escape(model_dir)}/"
+        rf"{re.escape(written)}\S*; no checkpoint has been written yet \(free space and run "
+        r"again\)", last_line(result)), result.stderr[-3000:]
+    left = sorted(os.path.basename(line) for line in result.stdout.splitlines()
+                  if line.startswith(str(mount_point)))
+    assert left == sorted([".in_use.lock", ".lock", ".prepare.lock", *kept]), left
+
+
 def test_the_embedded_corpus_is_read_in_a_read_only_home(tmp_path):
     # A container's read-only home: TFDS's default directory (~/tensorflow_datasets) cannot be
     # written, and `python train.py` stopped with a traceback (OSError: Read-only file system)

@@ -12,6 +12,7 @@ vocabulary only turns Unicode spaces into " " (`SPACES`) and keeps every other c
 """
 import contextlib
 import hashlib
+import io
 import itertools
 import os
 import re
@@ -67,17 +68,20 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
 
     try:
         try:
-            _train(spm, checked(sentences), prefix, vocab_size, model_type, max_sentences,
-                   seed_sentencepiece_size, normalization)
+            # The model comes back in memory and is written here: SentencePiece's own write
+            # left a truncated file on a full disk, unreadable, with no error.
+            proto = _train(spm, checked(sentences), prefix, vocab_size, model_type,
+                           max_sentences, seed_sentencepiece_size, normalization)
         except RuntimeError as error:
             raise _training_error(error, failures, count, vocab_size) from None
-        with open(prefix + ".model", "rb") as f:
-            proto = portable_model_proto(f.read())
-        with open(prefix + ".model", "wb") as f:
-            f.write(proto)
+        try:
+            with open(prefix + ".model", "wb") as f:
+                f.write(portable_model_proto(proto))
+        except OSError as error:  # a full disk: name the file (a write's error does not)
+            raise OSError(error.errno, error.strerror, model_path) from None
         os.replace(prefix + ".model", model_path)
     finally:  # a failure or Ctrl-C leaves no half-made files beside the model
-        for leftover in (prefix + ".model", prefix + ".vocab", prefix + ".rules.tsv"):
+        for leftover in (prefix + ".model", prefix + ".rules.tsv"):
             with contextlib.suppress(OSError):
                 os.remove(leftover)
     return model_path
@@ -149,19 +153,23 @@ def normalization_for(targets, sample=1000, share=0.1):
 
 def _train(spm, sentences, prefix, vocab_size, model_type, max_sentences,
            seed_sentencepiece_size, normalization):
+    """SentencePiece's training; returns the serialized model (`prefix`: the normalization rule
+    file's, where there is one)."""
     if normalization == SPACES:
         with open(prefix + ".rules.tsv", "w") as f:  # SentencePiece's format: hex code points
             f.writelines(f"{code:04X}\t0020\n" for code in _SPACE_CODES)
         rule = {"normalization_rule_tsv": prefix + ".rules.tsv"}
     else:
         rule = {"normalization_rule_name": normalization}
+    model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=sentences, model_prefix=prefix, vocab_size=vocab_size,
+        sentence_iterator=sentences, model_writer=model, vocab_size=vocab_size,
         model_type=model_type, pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
         byte_fallback=True, character_coverage=0.9999, **rule,
         input_sentence_size=max_sentences, shuffle_input_sentence=True,
         seed_sentencepiece_size=seed_sentencepiece_size, num_threads=usable_cores(),
         minloglevel=2)
+    return model.getvalue()
 
 
 def portable_model_proto(model_proto):

@@ -10,6 +10,7 @@ A model_dir, a prepared-data directory and a CTranslate2 export hold the files
 Its fingerprint is the SentencePiece model's (`tokenizer.fingerprint`) when shared, so model_dirs
 written before separate vocabularies existed keep theirs; separate ones combine both sides'.
 """
+import contextlib
 import hashlib
 import os
 from typing import NamedTuple
@@ -215,10 +216,15 @@ def write_protos(directory, protos):
     """
     protos = as_protos(protos)
     names = file_names(not protos.shared)
-    for side in ("source", "target"):
+    for side in ("source", "target") if names["source"] != names["target"] else ("source",):
         path = os.path.join(directory, names[side])
-        with open(path + ".tmp", "wb") as f:
-            f.write(getattr(protos, side))
+        try:
+            with open(path + ".tmp", "wb") as f:
+                f.write(getattr(protos, side))
+        except OSError as error:  # a full disk: no temporary file left, the file named
+            with contextlib.suppress(OSError):
+                os.remove(path + ".tmp")
+            raise OSError(error.errno, error.strerror, path) from None
         os.replace(path + ".tmp", path)
     for stale in set(file_names(protos.shared).values()) - set(names.values()):
         if os.path.exists(os.path.join(directory, stale)):
