@@ -414,3 +414,34 @@ def test_a_directory_that_cannot_be_written_is_refused_before_any_work(program, 
     assert result.returncode == 1
     assert re.fullmatch(f"{program}: {pattern}", result.stderr.strip().splitlines()[-1]), \
         result.stderr[-2000:]
+
+
+def test_an_atomic_write_that_fills_the_disk_keeps_the_old_file_and_names_it(tmp_path):
+    # A 64 KiB file system (tmpfs in a private mount namespace): the old file stays whole, no
+    # temporary file is left, and the error names the file (a failed write names none, and
+    # train.py's full-disk line said "to write a file").
+    import errno
+    import shlex
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    disk = tmp_path / "small_disk"
+    disk.mkdir()
+    code = ("import os, sys; from tfnmt.paths import write_atomically\n"
+            "path = os.path.join(sys.argv[1], 'settings.json')\n"
+            "write_atomically(path, 'old')\n"
+            "try:\n"
+            "    write_atomically(path, b'x' * 200_000)\n"
+            "except OSError as error:\n"
+            "    print(error.errno, error.filename)\n"
+            "print(open(path).read(), sorted(os.listdir(sys.argv[1])))\n")
+    result = subprocess.run(
+        ["unshare", "--map-root-user", "--mount", "sh", "-c",
+         f"mount -t tmpfs -o size=64k none {shlex.quote(str(disk))} && "
+         f"exec {shlex.quote(sys.executable)} -c {shlex.quote(code)} {shlex.quote(str(disk))}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == [f"{errno.ENOSPC} {disk}/settings.json",
+                                          "old ['settings.json']"]

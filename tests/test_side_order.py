@@ -123,11 +123,12 @@ def test_profiles_files(small_corpus, tmp_path, monkeypatch):
                                    side_order.side_profiles(train).items()}
     assert side_order.keep_profiles(str(tmp_path), settings, sample=40) == str(path)
     assert path.read_bytes() == written
-    # A write that fails (a full disk) leaves no file behind, whole or half.
+    # A write that fails (a full disk, reported when the file is flushed to it) leaves no file
+    # behind, whole or half.
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(side_order.json, "dump", full_disk)
+    monkeypatch.setattr(os, "fsync", full_disk)
     with pytest.raises(OSError):
         side_order.write_profiles(str(tmp_path / "other.json"), train)
     assert sorted(os.listdir(tmp_path)) == [side_order.PROFILE_FILE]

@@ -1,8 +1,9 @@
 """Names of the files in a model_dir, and where the embedded corpus lives, in one place (every
 entry point and module reads them from here); reading a model_dir's settings.json and listing
 its checkpoints, finding an export's newest version, whether a directory can be written in,
-making one that a failed write removes again, whether an error means a full disk (without
-TensorFlow, so that the entry points check their flags and paths before loading it)."""
+making one that a failed write removes again, writing a file atomically, whether an error means
+a full disk (without TensorFlow, so that the entry points check their flags and paths before
+loading it)."""
 import contextlib
 import errno
 import json
@@ -55,6 +56,31 @@ def is_disk_full(error):
     if isinstance(error, OSError):
         return error.errno in (errno.ENOSPC, errno.EDQUOT)
     return "No space left on device" in str(error)
+
+
+def write_atomically(path, data):
+    """Writes `data` (str, as UTF-8, or bytes) to `path` through a temporary file beside it,
+    flushed to the disk and renamed over it: a reader, or a crash, sees the old file or the new
+    one, never half of one. A write that fails (a full disk) leaves no temporary file, and its
+    OSError names `path` (an error of a write names no file).
+
+    Args:
+      path: the file.
+      data: its new contents.
+    """
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        if isinstance(error, OSError):
+            raise OSError(error.errno, error.strerror, path) from None
+        raise
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from tfnmt.data.corpus import input_fingerprint, sha256_file
 from tfnmt.data.filters import HeldOutOverlap, PairFilter
 from tfnmt.data.tokenizer import normalization_for, train_sentencepiece
 from tfnmt.data.vocabulary import Vocabulary
-from tfnmt.paths import cannot_write_in
+from tfnmt.paths import cannot_write_in, write_atomically
 
 MANIFEST = "manifest.json"
 # What `shard_file` names, and its `.tmp` while written: the files this module may remove.
@@ -480,11 +480,7 @@ def _split_pairs(dataset, split, files, tfds_data_dir, log_skipped=True, reverse
 
 
 def _write_manifest(path, manifest):
-    with open(path + ".tmp", "w") as f:
-        json.dump(manifest, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
+    write_atomically(path, json.dumps(manifest, indent=1))
 
 
 def load_manifest(data_dir, vocab_fingerprint=None, check_shards=True):

@@ -17,6 +17,8 @@ import json
 import math
 import os
 
+from tfnmt.paths import write_atomically
+
 # The other way round must fit this many nats per character pair better than the way given:
 # the embedded corpus's German-English dev and test sets fit their own way 0.83-0.96 better
 # (1,000 training pairs against 5 to 1,000 of theirs), 100 pairs of one short template 0.57,
@@ -143,14 +145,8 @@ def side_profiles(pairs):
 
 def write_profiles(path, pairs):
     """Writes `side_profiles(pairs)` to `path` (a temporary file renamed: all of it or none)."""
-    temporary = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(temporary, "w", encoding="utf-8") as f:
-            json.dump(side_profiles(pairs), f, ensure_ascii=False, separators=(",", ":"))
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):  # a full disk: no half file left behind
-            os.remove(temporary)
+    write_atomically(path, json.dumps(side_profiles(pairs), ensure_ascii=False,
+                                      separators=(",", ":")))
 
 
 def read_profiles(path):

@@ -10,12 +10,11 @@ A model_dir, a prepared-data directory and a CTranslate2 export hold the files
 Its fingerprint is the SentencePiece model's (`tokenizer.fingerprint`) when shared, so model_dirs
 written before separate vocabularies existed keep theirs; separate ones combine both sides'.
 """
-import contextlib
 import hashlib
 import os
 from typing import NamedTuple
 
-from tfnmt.paths import VOCAB, DamagedFileError
+from tfnmt.paths import VOCAB, DamagedFileError, write_atomically
 
 # tfnmt.data.tokenizer loads TensorFlow: imported where used, so that train.py checks a
 # --vocab before TensorFlow loads.
@@ -217,15 +216,7 @@ def write_protos(directory, protos):
     protos = as_protos(protos)
     names = file_names(not protos.shared)
     for side in ("source", "target") if names["source"] != names["target"] else ("source",):
-        path = os.path.join(directory, names[side])
-        try:
-            with open(path + ".tmp", "wb") as f:
-                f.write(getattr(protos, side))
-        except OSError as error:  # a full disk: no temporary file left, the file named
-            with contextlib.suppress(OSError):
-                os.remove(path + ".tmp")
-            raise OSError(error.errno, error.strerror, path) from None
-        os.replace(path + ".tmp", path)
+        write_atomically(os.path.join(directory, names[side]), getattr(protos, side))
     for stale in set(file_names(protos.shared).values()) - set(names.values()):
         if os.path.exists(os.path.join(directory, stale)):
             os.remove(os.path.join(directory, stale))

@@ -16,7 +16,7 @@ import json
 import math
 import os
 
-from tfnmt.paths import DECODING
+from tfnmt.paths import DECODING, write_atomically
 
 PAPER_ALPHA = 0.6
 # Tried in order until one scores no better than the one before. Steps of 0.3: on eight main
@@ -82,10 +82,7 @@ def write_choice(model_dir, alpha, beam_size=4, scores=None, checkpoint=None):
     if scores:
         choice.update(checkpoint=checkpoint,
                       dev_bleu={f"{a:g}": round(s, 2) for a, s in scores.items()})
-    path = os.path.join(model_dir, DECODING)
-    with open(path + ".tmp", "w") as f:
-        json.dump(choice, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_atomically(os.path.join(model_dir, DECODING), json.dumps(choice, indent=2))
 
 
 def default_alpha(model_dir):

@@ -264,7 +264,5 @@ def write_report(model_dir, report):
       model_dir: the run's directory.
       report: a JSON-able dict.
     """
-    path = os.path.join(model_dir, paths.REPORT)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=1, ensure_ascii=False)
-    os.replace(path + ".tmp", path)
+    paths.write_atomically(os.path.join(model_dir, paths.REPORT),
+                           json.dumps(report, indent=1, ensure_ascii=False))

@@ -7,7 +7,7 @@ import shlex
 from tfnmt.data.corpus import train_specs
 from tfnmt.model.presets import MODEL_DEFAULTS
 from tfnmt.paths import (CHECKPOINTS, SETTINGS, DamagedFileError, checkpoint_prefixes,
-                         read_settings)
+                         read_settings, write_atomically)
 
 # Settings a run in an existing model_dir must share with it: every model and training setting
 # but those meant to change on resume, and the data that defines the vocabulary.
@@ -203,8 +203,4 @@ def write_json(path, value):
       path: the file.
       value: a JSON-able value.
     """
-    with open(path + ".tmp", "w") as f:
-        json.dump(value, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
+    write_atomically(path, json.dumps(value, indent=1, sort_keys=True))
