@@ -235,6 +235,20 @@ def test_full_disk_stops_with_one_line(small_corpus, train_data, tmp_path):
     assert f"step {failed:6d}/12" in result.stdout  # it stopped at the failed save
 
 
+def on_a_small_disk(mount_point, size, command):
+    """`command` (a list) run with a tmpfs of `size` mounted at `mount_point` (made here) in a
+    private mount namespace; its stdout ends with what the disk holds then (`find`, a path a
+    line)."""
+    mount_point.mkdir()
+    return subprocess.run(
+        ["unshare", "--map-root-user", "--mount", "sh", "-c",
+         f"mount -t tmpfs -o size={size} none {shlex.quote(str(mount_point))} && "
+         f"{shlex.join(command)}; status=$?; find {shlex.quote(str(mount_point))} -mindepth 1; "
+         "exit $status"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
 @pytest.mark.parametrize("size, written, kept", [
     # The learned SentencePiece model (~250 KB) does not fit: SentencePiece's own write left
     # a truncated model without an error, and reading it back failed with protobuf's
@@ -247,25 +261,19 @@ def test_full_disk_stops_with_one_line(small_corpus, train_data, tmp_path):
 def test_a_full_disk_while_the_data_is_prepared_stops_with_one_line(size, written, kept,
                                                                       small_corpus, tmp_path):
     mount_point = tmp_path / "small_disk"
-    mount_point.mkdir()
     model_dir = str(mount_point / "run")
     flags = train_flags(small_corpus, None, model_dir, train_steps=4, **FAST)
-    command = [sys.executable, os.path.join(ROOT, flags[0]), *flags[1:]]
-    result = subprocess.run(
-        ["unshare", "--map-root-user", "--mount", "sh", "-c",
-         f"mount -t tmpfs -o size={size} none {shlex.quote(str(mount_point))} && "
-         f"{shlex.join(command)}; status=$?; find {shlex.quote(str(mount_point))} -type f; "
-         "exit $status"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    result = on_a_small_disk(mount_point, size,
+                             [sys.executable, os.path.join(ROOT, flags[0]), *flags[1:]])
     assert result.returncode == 1, result.stderr[-3000:]
     assert re.fullmatch(
         rf"train\.py: no space left on the device to write {re.escape(model_dir)}/"
         rf"{re.escape(written)}\S*; no checkpoint has been written yet \(free space and run "
         r"again\)", last_line(result)), result.stderr[-3000:]
-    left = sorted(os.path.basename(line) for line in result.stdout.splitlines()
-                  if line.startswith(str(mount_point)))
-    assert left == sorted([".in_use.lock", ".lock", ".prepare.lock", *kept]), left
+    left = sorted(os.path.relpath(line, model_dir) for line in result.stdout.splitlines()
+                  if line.startswith(model_dir + "/"))
+    assert left == sorted(["checkpoints", "checkpoints/.lock", "data", "data/.in_use.lock",
+                           "data/.prepare.lock", *(f"data/{name}" for name in kept)]), left
 
 
 def test_the_embedded_corpus_is_read_in_a_read_only_home(tmp_path):
@@ -300,17 +308,10 @@ def test_an_export_to_a_full_disk_publishes_nothing_and_says_so(export_format, t
                                                                 tmp_path):
     # A 256 KiB file system (tmpfs in a private mount namespace): the export does not fit.
     mount_point = tmp_path / "small_disk"
-    mount_point.mkdir()
     export_dir = mount_point / "exports" / "de-en"  # neither directory exists yet
     command = [sys.executable, os.path.join(ROOT, "export.py"), f"--model_dir={tiny_model_dir}",
                f"--export_dir={export_dir}", f"--format={export_format}"]
-    result = subprocess.run(
-        ["unshare", "--map-root-user", "--mount", "sh", "-c",
-         f"mount -t tmpfs -o size=256k none {shlex.quote(str(mount_point))} && "
-         f"{shlex.join(command)}; status=$?; find {shlex.quote(str(mount_point))} -mindepth 1; "
-         "exit $status"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    result = on_a_small_disk(mount_point, "256k", command)
     assert result.returncode == 1, result.stderr[-3000:]
     assert last_line(result) == (f"export.py: nothing published: no space left on the device "
                                  f"to write {export_dir} (free space and export again)")
