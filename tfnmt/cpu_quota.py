@@ -102,8 +102,10 @@ def affinity_cores():
 def usable_cores(proc_cgroup=PROC_CGROUP, root=CGROUP_ROOT):
     """The cores the process may run on, capped at its cgroup's CPU quota rounded up (a limit
     of 1.5 CPUs: 2)."""
-    cores = affinity_cores()
-    quota = quota_cpus(proc_cgroup, root)
+    return _capped(affinity_cores(), quota_cpus(proc_cgroup, root))
+
+
+def _capped(cores, quota):
     return cores if quota is None else max(1, min(cores, math.ceil(quota)))
 
 
@@ -119,7 +121,7 @@ def limit_threads(environ=os.environ, proc_cgroup=PROC_CGROUP, root=CGROUP_ROOT)
     if any(environ.get(name) for name in THREAD_VARIABLES) and not environ.get(SET_BY_TFNMT):
         return None
     cores, quota = affinity_cores(), quota_cpus(proc_cgroup, root)
-    usable = usable_cores(proc_cgroup, root)
+    usable = _capped(cores, quota)
     if usable >= cores:
         return None
     for name in THREAD_VARIABLES:

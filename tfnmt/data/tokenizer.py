@@ -21,6 +21,7 @@ import unicodedata
 import tensorflow as tf
 
 from tfnmt.cpu_quota import usable_cores
+from tfnmt.paths import write_atomically
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: F401 (re-exported)
 
 
@@ -74,16 +75,10 @@ def train_sentencepiece(sentences, model_path, vocab_size=8000, model_type="unig
                            max_sentences, seed_sentencepiece_size, normalization)
         except RuntimeError as error:
             raise _training_error(error, failures, count, vocab_size) from None
-        try:
-            with open(prefix + ".model", "wb") as f:
-                f.write(portable_model_proto(proto))
-        except OSError as error:  # a full disk: name the file (a write's error does not)
-            raise OSError(error.errno, error.strerror, model_path) from None
-        os.replace(prefix + ".model", model_path)
+        write_atomically(model_path, portable_model_proto(proto))
     finally:  # a failure or Ctrl-C leaves no half-made files beside the model
-        for leftover in (prefix + ".model", prefix + ".rules.tsv"):
-            with contextlib.suppress(OSError):
-                os.remove(leftover)
+        with contextlib.suppress(OSError):
+            os.remove(prefix + ".rules.tsv")
     return model_path
 
 
