@@ -296,6 +296,49 @@ def test_a_leading_tilde_in_a_path_flag_is_the_home_directory(tmp_path, monkeypa
     assert not list((tmp_path / "work").iterdir())
 
 
+@pytest.mark.parametrize("program,flag", [
+    ("train.py", "--model_dir=gs://my-bucket/runs/de-en"),
+    ("train.py", "--data_dir=s3://bucket/data"),
+    ("train.py", "--train_files=hdfs://namenode/a.de,hdfs://namenode/a.en"),
+    ("export.py", "--export_dir=gs://bucket/export"),
+    ("translate.py", "--export=GS://bucket/export"),
+    ("evaluate.py", "--reference=https://example.org/test.en"),
+])
+def test_a_url_in_a_path_flag_is_refused_not_made_a_local_directory(program, flag, tmp_path):
+    # Python's file functions take "gs://my-bucket/runs" for the relative path "gs:/my-bucket/
+    # runs": train.py trained into a local directory "gs:", lost with the machine.
+    from helpers import python
+
+    result = python(program, flag, cwd=str(tmp_path), timeout=60)
+    assert result.returncode == 1
+    value = flag.split("=", 1)[1].split(",")[0]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"{program}: {flag.split('=')[0]}={value} is a URL; tfnmt reads and writes paths on this "
+        "machine's file systems: copy the files here, or mount the bucket (gcsfuse, "
+        "mountpoint-s3, s3fs) and give its local path")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_file_url_is_the_path_it_names_and_tfds_reads_its_own_data_dir(tmp_path):
+    from helpers import python
+    from tfnmt.cli import local_paths
+
+    assert local_paths("train_files", "file:///d/a%20b.de,b.en") == "/d/a b.de,b.en"
+    assert local_paths("input", ["file:///x", "-"]) == ["/x", "-"]
+    with pytest.raises(ValueError, match="--model_dir=file://host/run is a URL"):
+        local_paths("model_dir", "file://host/run")  # another machine's file
+    (tmp_path / "my run").write_text("not a directory")
+    result = python("train.py", f"--model_dir=file://{tmp_path}/my%20run", timeout=60)
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"train.py: --model_dir={tmp_path}/my run is a file, not a directory")
+    # A bucket is TFDS's to read (tf.io.gfile): --tfds_data_dir passes as given.
+    result = python("train.py", "--dataset=files", "--train_files=a.tsv", "--dev_files=b.tsv",
+                    "--tfds_data_dir=gs://tfds-data/datasets", cwd=str(tmp_path), timeout=60)
+    assert result.stderr.strip().splitlines()[-1] == (
+        "train.py: --tfds_data_dir is where TFDS datasets are, and --dataset=files reads your "
+        "files: drop --tfds_data_dir")
+
+
 def _flag_files(directory):
     """The files the refused command lines below name: text, Latin-1 and empty files, and a
     training directory whose settings name no data."""

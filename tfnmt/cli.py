@@ -3,9 +3,11 @@ import _thread
 import gc
 import math
 import os
+import re
 import signal
 import sys
 import threading
+import urllib.parse
 
 from absl import app, flags
 
@@ -107,10 +109,46 @@ def expand_home(value):
     return value
 
 
+# A URL's scheme (gs://, s3://, hdfs://, https://, file://).
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def local_paths(name, value):
+    """`value` of the path flag `name` (a path, "a,b" paths, or a list of them) with file://
+    URLs made the paths they name.
+
+    Raises:
+      ValueError: another URL (gs://, s3://, ...). tfnmt reads and writes files with Python's
+        own file functions, which would take "gs://bucket/run" for a local directory "gs:"
+        and write the run there, lost with the machine. (TFDS reads its own --tfds_data_dir,
+        which may be a bucket.)
+    """
+    if isinstance(value, list):
+        return [local_paths(name, item) for item in value]
+    if not isinstance(value, str):
+        return value
+    parts = []
+    for part in value.split(","):
+        match = _URL.match(part)
+        if match and match.group(1).lower() == "file" and part[len("file://"):].startswith("/"):
+            part = urllib.parse.unquote(part[len("file://"):])  # file:///abs/path, file:///a%20b
+        elif match:
+            raise ValueError(
+                f"--{name}={part} is a URL; tfnmt reads and writes paths on this machine's file "
+                "systems: copy the files here, or mount the bucket (gcsfuse, mountpoint-s3, "
+                "s3fs) and give its local path")
+        parts.append(part)
+    return ",".join(parts)
+
+
 def _parse_flags(argv):
     try:
         argv = flags.FLAGS(argv)
-    except flags.Error as error:
+        for name in PATH_FLAGS:
+            if name in flags.FLAGS and flags.FLAGS[name].value is not None \
+                    and name != "tfds_data_dir":
+                flags.FLAGS[name].value = local_paths(name, flags.FLAGS[name].value)
+    except (flags.Error, ValueError) as error:
         print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
         sys.exit(1)
     for name in PATH_FLAGS:
