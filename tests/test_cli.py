@@ -339,6 +339,34 @@ def test_a_file_url_is_the_path_it_names_and_tfds_reads_its_own_data_dir(tmp_pat
         "files: drop --tfds_data_dir")
 
 
+def test_output_in_a_locale_that_cannot_encode_it_is_written_not_a_traceback(tiny_model_dir,
+                                                                             tmp_path):
+    # A Latin-1 locale's stdout (LANG=de_DE.ISO-8859-1, or PYTHONIOENCODING): translate.py
+    # translated, then died with UnicodeEncodeError at "’" (its output lost); evaluate.py and
+    # export.py the same at a path they print.
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT, python
+
+    (tmp_path / "日本.en").write_text("’ a house .\n")
+    (tmp_path / "ref.en").write_text("’ a house .\n")
+    latin1 = {"PYTHONIOENCODING": "latin-1"}
+    result = python("evaluate.py", "--hypotheses=日本.en", "--reference=ref.en", env=latin1,
+                    cwd=str(tmp_path), timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "\\u65e5\\u672c.en: 1 sentence"  # as stderr does
+    assert result.stdout.splitlines()[2].startswith("  chrF2  100.00")
+    (tmp_path / "prefix.en").write_text("’ 日本\n")  # the translation starts with it
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "translate.py"), f"--model_dir={tiny_model_dir}",
+         "--target_prefix=prefix.en"], input="Das ist ein Haus.\n".encode(),
+        capture_output=True, cwd=str(tmp_path), env=dict(os.environ, **latin1), timeout=120)
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    assert result.stdout.decode("utf-8").startswith("’ 日本")  # UTF-8, as the input is read
+
+
 def _flag_files(directory):
     """The files the refused command lines below name: text, Latin-1 and empty files, and a
     training directory whose settings name no data."""

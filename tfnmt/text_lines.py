@@ -127,10 +127,11 @@ class OutputError(OSError):
 
 class LineWriter:
     """Writes lines to a file (gzip-compressed where it ends in .gz) or stdout ("-"), one per
-    item, flushed after each call; a line break inside an item becomes a space. The file is
-    created at the first write, so a run that fails before translating anything leaves an
-    existing file alone. A write that fails raises OutputError (BrokenPipeError, a reader that
-    went away, passes unchanged)."""
+    item, in UTF-8 (as iter_lines reads them, whatever the locale's encoding: a Latin-1
+    terminal's stdout could not take "’"), flushed after each call; a line break inside an
+    item becomes a space. The file is created at the first write, so a run that fails before
+    translating anything leaves an existing file alone. A write that fails raises OutputError
+    (BrokenPipeError, a reader that went away, passes unchanged)."""
 
     def __init__(self, path):
         self.path, self.file, self.written, self.failed = path, None, 0, False
@@ -139,10 +140,11 @@ class LineWriter:
         text = "".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines)
         try:
             if self.file is None:
-                self.file = sys.stdout if self.path == "-" else (
-                    (gzip.open if self.path.endswith(".gz") else open)(
-                        self.path, "wt", encoding="utf-8", newline="\n"))
-            self.file.write(text)
+                if self.path == "-":
+                    sys.stdout.flush()  # what was printed comes first
+                self.file = sys.stdout.buffer if self.path == "-" else (
+                    (gzip.open if self.path.endswith(".gz") else open)(self.path, "wb"))
+            self.file.write(text.encode("utf-8"))
             self.file.flush()
         except BrokenPipeError:
             raise
@@ -151,7 +153,7 @@ class LineWriter:
         self.written += len(lines)
 
     def close(self):
-        if self.file is not None and self.file is not sys.stdout:
+        if self.file is not None and self.file is not sys.stdout.buffer:
             try:
                 self.file.close()
             except OSError as error:

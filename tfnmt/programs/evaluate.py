@@ -296,7 +296,7 @@ def main(argv):
         print(json.dumps(dict(scores, sentences=len(hypotheses), references=len(references),
                               scored=what)))
         return
-    print(f"{what}: {len(hypotheses)} sentences"
+    print(f"{what}: {len(hypotheses):,} sentence{'' if len(hypotheses) == 1 else 's'}"
           + (f", {len(references)} references each" if len(references) > 1 else ""))
     for name, label in (("bleu", "BLEU"), ("chrf", "chrF2"), ("ter", "TER")):
         print(f"  {label:6s} {scores[name]:6.2f}  {scores[f'{name}_signature']}")

@@ -45,7 +45,7 @@ flags.DEFINE_string("checkpoint", "auto", "With --model_dir: auto (averaged at t
                     "directory, or one in the model_dir (ckpt-2000, best/ckpt-2000).")
 flags.DEFINE_string("input", "-", "Input file, one sentence per line ('-': stdin; .gz: "
                     "compressed).")
-flags.DEFINE_string("output", "-", "Output file ('-': stdout; .gz: compressed).")
+flags.DEFINE_string("output", "-", "Output file, UTF-8 ('-': stdout; .gz: compressed).")
 flags.DEFINE_integer("beam_size", 4, "With --model_dir: beam size.")
 flags.DEFINE_float("alpha", None, "With --model_dir: length penalty exponent (default: the one "
                    "train.py chose on dev, <model_dir>/decoding.json, else 0.6).")
