@@ -2,6 +2,7 @@
 import gzip
 import importlib.util
 import os
+import re
 import sqlite3
 import time
 
@@ -115,6 +116,22 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
     with pytest.raises(corpus.CorpusError, match=r"bad.tsv:1: invalid UTF-8 \(invalid start "
                                                  r"byte at byte 5\)"):
         list(corpus.read_files(str(bad)))
+
+
+def test_a_utf16_corpus_is_named_as_such(tmp_path):
+    tsv = tmp_path / "train.tsv"
+    tsv.write_bytes("gut\tgood\nja\tyes\n".encode("utf-16"))
+    with pytest.raises(corpus.CorpusError, match=re.escape(
+            f"{tsv}: UTF-16 text, not UTF-8 (`iconv -f UTF-16 -t UTF-8 {tsv} > "
+            f"{tmp_path}/train.utf8.tsv` converts it)")):
+        list(corpus.read_files(str(tsv)))
+    source, target = tmp_path / "a.de", tmp_path / "a.en"
+    source.write_bytes("eins\nzwei\n".encode("utf-8"))
+    target.write_bytes("one\ntwo\n".encode("utf-16-le"))  # no byte order mark
+    for read in (lambda: list(corpus.read_files([str(source), str(target)])),
+                 lambda: corpus.check_files(f"{source},{target}")):  # 2 lines against 3
+        with pytest.raises(corpus.CorpusError, match=re.escape(f"{target}: UTF-16LE text")):
+            read()
 
 
 def test_a_truncated_gzip_file_is_named_with_its_last_good_line(tmp_path):

@@ -45,6 +45,45 @@ def test_read_lines_splits_at_newlines_only_and_drops_a_byte_order_mark(tmp_path
     assert text_lines.read_lines(str(path), errors="replace") == ["ok", "bad \ufffd"]
 
 
+@pytest.mark.parametrize("codec, named", [
+    ("utf-16", "UTF-16"), ("utf-16-le", "UTF-16LE"), ("utf-16-be", "UTF-16BE"),
+    ("utf-32", "UTF-32"), ("utf-32-le", "UTF-32LE"), ("utf-32-be", "UTF-32BE")])
+def test_a_utf16_or_utf32_file_is_named_with_the_command_that_converts_it(codec, named,
+                                                                          tmp_path):
+    # Windows' "Unicode" text and PowerShell's `>` write UTF-16: read as UTF-8 it was "invalid
+    # UTF-8", or, ASCII without a byte order mark, translated with a NUL between every letter.
+    import subprocess
+
+    text = "Das ist ein Haus.\tThat is a house.\nÜbung 日本\tpractice\n"
+    path = tmp_path / "my train.tsv"
+    path.write_bytes(text.encode(codec))
+    with open(path, "rb") as f:
+        first_line = next(f)
+    assert text_lines.wide_encoding(first_line) == named
+    assert path.read_bytes().decode(named) == text  # the name given is the file's codec
+    with pytest.raises(app.UsageError) as error:
+        text_lines.read_lines(str(path))
+    message = str(error.value)
+    command = re.fullmatch(rf"{re.escape(str(path))}: {named} text, not UTF-8 \(`(.+)` "
+                           r"converts it\)", message).group(1)
+    subprocess.run(command, shell=True, check=True, cwd=tmp_path)  # glibc's iconv
+    assert (tmp_path / "my train.utf8.tsv").read_text(encoding="utf-8") == text
+    gz = tmp_path / "in.txt.gz"
+    gz.write_bytes(gzip.compress(text.encode(codec)))
+    assert text_lines.wide_encoding_message(str(gz), first_line) == (
+        f"{gz}: {named} text, not UTF-8 (`zcat {gz} | iconv -f {named} -t UTF-8 > "
+        f"{tmp_path}/in.utf8.txt` converts it)")
+    with pytest.raises(app.UsageError, match=f"^{re.escape(str(gz))}: {named} text"):
+        text_lines.read_lines(str(gz))
+
+
+@pytest.mark.parametrize("first_line", [
+    b"Das ist ein Haus.\n", "Übung 日本 \u2028\n".encode(), b"\xef\xbb\xbfwith a mark\n",
+    b"a stray \x00 byte in text\n", b"\n", b"", b"invalid \xff\xfe UTF-8\n"])
+def test_utf8_text_is_not_taken_for_utf16(first_line):
+    assert text_lines.wide_encoding(first_line) is None
+
+
 def test_lines_read_one_at_a_time_are_the_whole_files_lines(tmp_path):
     # Random files of line breaks, byte order marks, multi-byte and invalid UTF-8 (a sequence
     # cut by a line break among them) against decoding the whole file at once.

@@ -38,6 +38,8 @@ def iter_lines(path, errors="strict", invalid=None):
     try:
         offset = 0  # of the line in the file
         for number, raw in enumerate(f):  # binary files split at b"\n" only
+            if number == 0 and (message := wide_encoding_message(path, raw)):
+                raise app.UsageError(message)
             start = 3 if number == 0 and raw.startswith(b"\xef\xbb\xbf") else 0
             if start == len(raw):  # a file of a byte order mark only: no line
                 return
@@ -58,6 +60,47 @@ def iter_lines(path, errors="strict", invalid=None):
     finally:
         if f is not sys.stdin.buffer:
             f.close()
+
+
+def wide_encoding(first_line):
+    """The encoding of a text file written in UTF-16 or UTF-32 (as Windows' "Unicode" text and
+    PowerShell's `>` write it), judged by its first line (bytes, as split at b"\\n"): its byte
+    order mark, or else its NUL bytes (a quarter of its bytes or more: UTF-16 has one in every
+    ASCII character, UTF-32 three, and UTF-8 text next to none); None for any other file. Read
+    as UTF-8, such a file is "invalid UTF-8", or (ASCII text without a byte order mark)
+    sentences with a NUL byte between every two letters.
+
+    Returns:
+      "UTF-16" or "UTF-32" (with a byte order mark), "UTF-16LE", "UTF-16BE", "UTF-32LE",
+      "UTF-32BE" (without), or None.
+    """
+    for mark, name in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+                       (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
+        if first_line.startswith(mark):
+            return name
+    if not first_line or first_line.count(b"\x00") < len(first_line) / 4:  # a stray NUL: text
+        return None
+    bits = 32 if b"\x00\x00\x00" in first_line else 16
+    order = "BE" if first_line.startswith(b"\x00") else "LE"  # ASCII's zero byte first or last
+    return f"UTF-{bits}{order}"
+
+
+def wide_encoding_message(path, first_line):
+    """What to say of a file (`path`, "-" for stdin) in UTF-16 or UTF-32 (`wide_encoding` of
+    its `first_line`), with the command that converts it; None for any other file."""
+    encoding = wide_encoding(first_line)
+    if encoding is None:
+        return None
+    if path == "-":
+        return (f"standard input is {encoding} text, not UTF-8 (`iconv -f {encoding} -t UTF-8` "
+                "converts it)")
+    compressed = path.endswith(".gz")
+    stem, extension = os.path.splitext(path[:-3] if compressed else path)
+    converted = shlex.quote(f"{stem}.utf8{extension}")
+    command = (f"zcat {shlex.quote(path)} | iconv -f {encoding} -t UTF-8 > {converted}"
+               if compressed else
+               f"iconv -f {encoding} -t UTF-8 {shlex.quote(path)} > {converted}")
+    return f"{path}: {encoding} text, not UTF-8 (`{command}` converts it)"
 
 
 # Lines of which this share or more hold a tab are a TSV of pairs, not a sentence per line.

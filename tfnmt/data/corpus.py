@@ -16,6 +16,7 @@ import zlib
 
 from tfnmt.data.alignment import AlignmentWatch, describe
 from tfnmt.paths import EMBEDDED_DIR, cannot_write_in
+from tfnmt.text_lines import wide_encoding_message
 
 EMBEDDED = "embedded"
 EMBEDDED_TFDS_NAME = "tfnmt_de_en"
@@ -96,6 +97,8 @@ def _raw_lines(path):
 def _decode(raw, path, number):
     """Line `number` of `path` as text; on the first line a UTF-8 byte order mark (which
     Windows editors write) is dropped, not made part of the first sentence."""
+    if number == 1 and (message := wide_encoding_message(path, raw)):
+        raise CorpusError(message)
     start = 3 if number == 1 and raw.startswith(b"\xef\xbb\xbf") else 0
     try:
         return raw[start:].decode("utf-8").rstrip("\r\n")
@@ -225,6 +228,8 @@ def check_files(spec):
             raise CorpusError(f"{path}: {error.strerror or error}") from None
         if not first:
             raise CorpusError(f"{path} is empty")
+        if message := wide_encoding_message(path, first):  # its tab and line count deceive
+            raise CorpusError(message)
         if len(paths) == 1 and b"\t" not in first:
             raise CorpusError(f"{path}: its first line holds no tab, and one file is read as "
                               "a TSV (source<TAB>target): for a file per side give both, "
