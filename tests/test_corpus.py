@@ -134,6 +134,22 @@ def test_a_utf16_corpus_is_named_as_such(tmp_path):
             read()
 
 
+def test_a_pipe_is_refused_as_a_corpus_not_read_as_empty(tmp_path):
+    # `--train_files=<(paste a.de a.en)`: the check read the pipe, and the vocabulary was then
+    # learned from nothing ("the train split is empty").
+    read, write = os.pipe()
+    os.write(write, b"gut\tgood\n")
+    os.close(write)
+    try:
+        with pytest.raises(corpus.CorpusError, match=re.escape(
+                f"/dev/fd/{read} is a pipe or a device (a shell's <(...)?), which can be read "
+                "once")):
+            corpus.check_files(f"/dev/fd/{read}")
+        assert os.read(read, 100) == b"gut\tgood\n"  # left unread
+    finally:
+        os.close(read)
+
+
 def test_a_truncated_gzip_file_is_named_with_its_last_good_line(tmp_path):
     # A .gz cut short (an interrupted download or copy) gzips fine up to where it ends: the
     # pairs before that are read, then one CorpusError names the file and the last full line,

@@ -11,6 +11,7 @@ import itertools
 import logging
 import os
 import socket
+import stat
 import tempfile
 import zlib
 
@@ -221,6 +222,12 @@ def check_files(spec):
         if not os.path.exists(path):
             hint = _not_found_hint(path)
             raise CorpusError(f"{repr(path) if hint else path}: file not found{hint}")
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe would be empty at the next read
+            raise CorpusError(
+                f"{path} is a pipe or a device (a shell's <(...)?), which can be read once, and "
+                "train.py reads a corpus more than once (to count its lines, learn the "
+                "vocabulary, write the records): write it to a file first (`paste train.de "
+                "train.en > train.tsv`)")
         try:
             with _open_text(path) as f:
                 first = f.readline()
