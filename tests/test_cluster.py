@@ -137,6 +137,42 @@ def test_train_py_refuses_a_port_in_use_before_tensorflow_loads(tmp_path):
     assert "tensorflow" not in imported_modules(result.stderr)
 
 
+def test_ctrl_c_stops_a_process_waiting_for_the_cluster_to_form(tmp_path):
+    # Worker 0 waits inside TensorFlow's C++ for worker 1, which was never started: Python ran
+    # no handler until that wait ended, so Ctrl-C did nothing, forever.
+    import signal
+    import socket
+    import subprocess
+    import time
+
+    from helpers import started
+
+    addresses = []
+    for _ in range(2):
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            addresses.append(f"127.0.0.1:{free.getsockname()[1]}")
+    tf_config = {"cluster": {"worker": addresses}, "task": {"type": "worker", "index": 0}}
+    (tmp_path / "pairs.tsv").write_text("Haus\thouse\n")
+    os.environ["TF_CONFIG"] = json.dumps(tf_config)  # started() passes os.environ on
+    try:
+        process = started("train.py", f"--model_dir={tmp_path / 'run'}", "--strategy=multi_worker",
+                          f"--train_files={tmp_path / 'pairs.tsv'}",
+                          f"--dev_files={tmp_path / 'pairs.tsv'}")
+    finally:
+        del os.environ["TF_CONFIG"]
+    try:
+        assert process.stdout.readline().startswith("joining the cluster as worker 0 of 2")
+        time.sleep(3)  # into TensorFlow's wait for worker 1
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    assert process.returncode == -signal.SIGINT, stderr[-2000:]  # as the shell reports it
+    assert "Traceback" not in stderr
+
+
 def test_workers_settings_are_compared_without_their_paths():
     from tfnmt.training import cluster_sync
 

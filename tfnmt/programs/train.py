@@ -518,7 +518,7 @@ def main(argv):
     from tfnmt.data.data_dir_lock import DataDirInUseError
     from tfnmt.data.pipeline import BatchingError
     from tfnmt.training import cluster_sync, distribute, experiment
-    from tfnmt.training.stop_signals import TrainingInterrupted
+    from tfnmt.training.stop_signals import TrainingInterrupted, stopping_at_once
     from tfnmt.training.trainer import TrainingError
 
     if FLAGS.strategy == "multi_worker":  # the strategy waits until every process has joined
@@ -529,7 +529,8 @@ def main(argv):
               f"{cluster.training_processes(config)} training processes (waits until each has "
               "started)", flush=True)
     try:
-        strategy = distribute.make_strategy(FLAGS.strategy)
+        with stopping_at_once():  # for every other training process to start
+            strategy = distribute.make_strategy(FLAGS.strategy)
     except tf.errors.UnknownError as error:  # its port taken since resolve_cluster_strategy
         if "Could not start gRPC server" not in str(error):
             raise

@@ -28,6 +28,7 @@ from tensorflow.python.eager import context
 from tfnmt.training.cluster import TRAINING_JOBS
 from tfnmt.training.distribute import task_role
 from tfnmt.training.settings import SettingsError
+from tfnmt.training.stop_signals import stopping_at_once
 from tfnmt.training.trainer import TrainingError
 
 SETTINGS_KEY = "tfnmt/settings"
@@ -189,20 +190,23 @@ def agree_on_start(strategy, settings):
         token = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
         written = _write_shared_files(directories, token)
         try:
-            ctx.set_config_key_value(SETTINGS_KEY, json.dumps(
-                {"settings": mine, "token": token, "written": written,
-                 "directories": dict(directories)}, sort_keys=True))
-            refused = []
-            for job, index in _other_tasks(strategy):  # each get waits for that verdict
-                verdict = json.loads(ctx.get_config_key_value(VERDICT_KEY.format(job, index)))
-                if verdict["settings"] or verdict["unseen"]:
-                    refused.append([f"{job} {index}", verdict])
+            with stopping_at_once():  # for every worker's check of its settings
+                ctx.set_config_key_value(SETTINGS_KEY, json.dumps(
+                    {"settings": mine, "token": token, "written": written,
+                     "directories": dict(directories)}, sort_keys=True))
+                refused = []
+                for job, index in _other_tasks(strategy):  # each get waits for that verdict
+                    verdict = json.loads(ctx.get_config_key_value(VERDICT_KEY.format(job,
+                                                                                     index)))
+                    if verdict["settings"] or verdict["unseen"]:
+                        refused.append([f"{job} {index}", verdict])
         finally:
             _remove_shared_files(directories, token)
         ctx.set_config_key_value(OUTCOME_KEY, json.dumps(refused))
         chiefs_directories = dict(directories)
     else:
-        chiefs = json.loads(ctx.get_config_key_value(SETTINGS_KEY))
+        with stopping_at_once():  # for the chief's settings
+            chiefs = json.loads(ctx.get_config_key_value(SETTINGS_KEY))
         unseen = _unseen(directories, chiefs)
         # A worker that does not see the chief's model_dir resolves its settings from another
         # (a new run's beside the chief's resumed one): their differences would only mislead.
@@ -213,7 +217,8 @@ def agree_on_start(strategy, settings):
         if verdict["settings"] or verdict["unseen"]:
             raise SettingsError(_refusal([["this worker", verdict]], "the chief", "on the chief",
                                          "here", chiefs["directories"]))
-        refused = json.loads(ctx.get_config_key_value(OUTCOME_KEY))
+        with stopping_at_once():  # for the chief's verdict on every worker's settings
+            refused = json.loads(ctx.get_config_key_value(OUTCOME_KEY))
         chiefs_directories = chiefs["directories"]
     refused = [[task, verdict] for task, verdict in refused if task != me]
     if refused:
@@ -248,7 +253,8 @@ def chief_first(strategy, what, work):
             raise
         ctx.set_config_key_value(key, json.dumps(None))
         return result
-    failure = json.loads(ctx.get_config_key_value(key))  # waits for the chief
+    with stopping_at_once():  # for the chief's work, however long it takes
+        failure = json.loads(ctx.get_config_key_value(key))
     if failure is not None:
         raise TrainingError(f"the chief could not {what}: {failure}")
     return None
@@ -260,7 +266,8 @@ def leave_together(strategy):
     if not in_cluster(strategy):
         return True
     try:
-        context.context().wait_at_barrier(END_BARRIER, END_WAIT_MS)
+        with stopping_at_once():  # for the chief's evaluation and report
+            context.context().wait_at_barrier(END_BARRIER, END_WAIT_MS)
         return True
     except tf.errors.OpError:
         return False

@@ -9,9 +9,13 @@ updates unsaved.
 A second signal acts as it would have without this (Ctrl-C: KeyboardInterrupt), so a user who
 does not want to wait for the save can still stop at once. Only the main thread can install
 signal handlers; elsewhere, and for a signal the process ignores (a background job's SIGINT),
-nothing changes.
+nothing changes. `stopping_at_once` is for the waits in TensorFlow's C++ where no Python
+handler runs.
 """
+import contextlib
+import os
 import signal
+import sys
 import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -62,3 +66,28 @@ class StopSignals:
     def __exit__(self, *exc_info):
         self._restore()
         return False
+
+
+@contextlib.contextmanager
+def stopping_at_once():
+    """A context manager for a wait of the main thread inside TensorFlow's C++ (joining a
+    cluster, a key of its coordination service, a barrier), which holds the interpreter while
+    it waits: Python runs a signal's handler only once such a call returns, and a wait for a
+    worker that never starts never returns, so Ctrl-C did nothing. Within it, SIGINT, SIGTERM
+    and SIGHUP act as the system's default: they end the process at once (a wait has no work
+    under way to save; the shell reports the signal). A signal whose handler TensorFlow's
+    runtime installs (a cluster worker's SIGTERM, its notice of preemption, set as the cluster
+    forms) is left to TensorFlow, and one the process ignores stays ignored.
+    """
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in SIGNALS:
+            handler = signal.getsignal(signum)
+            if handler is not None and handler is not signal.SIG_IGN:  # None: set in C
+                previous[signum] = signal.signal(signum, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if signal.getsignal(signum) is signal.SIG_DFL:  # else TensorFlow's own since
+                signal.signal(signum, handler)
