@@ -13,9 +13,7 @@ nothing changes. `stopping_at_once` is for the waits in TensorFlow's C++ where n
 handler runs.
 """
 import contextlib
-import os
 import signal
-import sys
 import threading
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
