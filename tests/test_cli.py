@@ -367,6 +367,27 @@ def test_output_in_a_locale_that_cannot_encode_it_is_written_not_a_traceback(tin
     assert result.stdout.decode("utf-8").startswith("’ 日本")  # UTF-8, as the input is read
 
 
+def test_a_low_address_space_cap_is_warned_of_before_tensorflow_aborts_at_it(tmp_path):
+    # Under `ulimit -v 4000000` (Grid Engine's h_vmem sets it) a tiny model trained, then
+    # TensorFlow aborted with "pthread_create() failed" and a stack trace.
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    (tmp_path / "a.en").write_text("a house\n")
+    for cap, warned in ((6 << 30, True), (resource.RLIM_INFINITY, False)):
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "evaluate.py"), "--hypotheses=a.en",
+             "--reference=a.en"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+            preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (cap, cap)))
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.startswith("evaluate.py: warning: this process may map 6.0 GiB of "
+                                         "address space (`ulimit -v`") == warned, result.stderr
+
+
 def _flag_files(directory):
     """The files the refused command lines below name: text, Latin-1 and empty files, and a
     training directory whose settings name no data."""

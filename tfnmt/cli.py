@@ -11,7 +11,7 @@ import urllib.parse
 
 from absl import app, flags
 
-from tfnmt import allocator, cpu_kernels, cpu_quota, paths, tensorflow_start
+from tfnmt import address_space, allocator, cpu_kernels, cpu_quota, paths, tensorflow_start
 from tfnmt.paths import DamagedFileError
 from tfnmt.text_lines import OutputError
 
@@ -245,6 +245,8 @@ def run(main, doc=None, training=False):
     # after the work; translations are written in UTF-8 (text_lines.LineWriter).
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
+    if notice := address_space.warning():
+        print(f"{os.path.basename(sys.argv[0])}: {notice}", file=sys.stderr, flush=True)
     KERNELS = cpu_kernels.use_onednn() if training else cpu_kernels.describe()
     THREADS = cpu_quota.limit_threads()
     tensorflow_start.install()
