@@ -23,7 +23,7 @@ def warning():
     if cap == resource.RLIM_INFINITY or cap >= LOW_CAP:
         return None
     return (f"warning: this process may map {cap / (1 << 30):.1f} GiB of address space "
-            "(`ulimit -v`; a batch system's h_vmem), and TensorFlow maps several times the "
-            "memory it uses (4.7 GiB for training `small` on 2 cores), and aborts with a stack "
+            "(`ulimit -v`; a batch system's h_vmem); TensorFlow maps several times the "
+            "memory it uses (4.7 GiB for training `small` on 2 cores) and aborts with a stack "
             "trace where it reaches the cap: ask for 8 GiB or more, or lift the cap "
             "(`ulimit -v unlimited`)")

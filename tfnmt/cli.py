@@ -241,7 +241,7 @@ def run(main, doc=None, training=False):
         print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
         sys.exit(1)
     # What the programs print (paths, a sentence) in an encoding the locale's cannot hold (a
-    # Latin-1 terminal) shows as \\u escapes, as Python's stderr does, instead of failing
+    # Latin-1 terminal) shows as \u escapes, as Python's stderr does, instead of failing
     # after the work; translations are written in UTF-8 (text_lines.LineWriter).
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
