@@ -5,8 +5,8 @@ TensorFlow maps far more address space than it keeps resident: its libraries, a 
 each of its threads and the allocator's per-thread arenas. On the 2-core Zen 4 EPYC, training
 `tiny` mapped 4.4 GiB with 1.2 GiB resident, `small` 4.7 GiB with 1.7 GiB at its peak (more
 threads on more cores map more). A process that reaches the cap does not raise a MemoryError:
-TensorFlow aborts (`pthread_create() failed`, a "Check failed" line and a stack trace), here
-under a cap of 3.8 GiB once `tiny` had trained, while choosing its length penalty.
+TensorFlow aborts with a stack trace (`pthread_create() failed` in one run, `dnnl::error` in
+another), here under a cap of 3.8 GiB once `tiny` had trained its 5 updates.
 """
 import resource
 

@@ -99,14 +99,20 @@ PATH_FLAGS = ("model_dir", "data_dir", "tfds_data_dir", "init_from", "vocab", "t
               "hypotheses")
 
 
-def expand_home(value):
-    """`value` (a path, "a,b" paths, or a list of them) with each leading ~ or ~user made the
-    home directory (os.path.expanduser)."""
+def each_path(value, change):
+    """`value` of a path flag (a path, "a,b" paths, or a list of them) with `change` applied
+    to each path in it."""
     if isinstance(value, str):
-        return ",".join(os.path.expanduser(part) for part in value.split(","))
+        return ",".join(change(part) for part in value.split(","))
     if isinstance(value, list):
-        return [expand_home(item) for item in value]
+        return [each_path(item, change) for item in value]
     return value
+
+
+def expand_home(value):
+    """`value` (as `each_path` takes it) with each leading ~ or ~user made the home directory
+    (os.path.expanduser)."""
+    return each_path(value, os.path.expanduser)
 
 
 # A URL's scheme (gs://, s3://, hdfs://, https://, file://).
@@ -114,8 +120,8 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def local_paths(name, value):
-    """`value` of the path flag `name` (a path, "a,b" paths, or a list of them) with file://
-    URLs made the paths they name.
+    """`value` of the path flag `name` (as `each_path` takes it) with file:// URLs made the
+    paths they name.
 
     Raises:
       ValueError: another URL (gs://, s3://, ...). tfnmt reads and writes files with Python's
@@ -123,22 +129,18 @@ def local_paths(name, value):
         and write the run there, lost with the machine. (TFDS reads its own --tfds_data_dir,
         which may be a bucket.)
     """
-    if isinstance(value, list):
-        return [local_paths(name, item) for item in value]
-    if not isinstance(value, str):
-        return value
-    parts = []
-    for part in value.split(","):
-        match = _URL.match(part)
-        if match and match.group(1).lower() == "file" and part[len("file://"):].startswith("/"):
-            part = urllib.parse.unquote(part[len("file://"):])  # file:///abs/path, file:///a%20b
-        elif match:
+    def local(path):
+        match = _URL.match(path)
+        if match and match.group(1).lower() == "file" and path[len("file://"):].startswith("/"):
+            return urllib.parse.unquote(path[len("file://"):])  # file:///a%20b: "/a b"
+        if match:
             raise ValueError(
-                f"--{name}={part} is a URL; tfnmt reads and writes paths on this machine's file "
+                f"--{name}={path} is a URL; tfnmt reads and writes paths on this machine's file "
                 "systems: copy the files here, or mount the bucket (gcsfuse, mountpoint-s3, "
                 "s3fs) and give its local path")
-        parts.append(part)
-    return ",".join(parts)
+        return path
+
+    return each_path(value, local)
 
 
 def _parse_flags(argv):

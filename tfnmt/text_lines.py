@@ -94,13 +94,21 @@ def wide_encoding_message(path, first_line):
     if path == "-":
         return (f"standard input is {encoding} text, not UTF-8 (`iconv -f {encoding} -t UTF-8` "
                 "converts it)")
-    compressed = path.endswith(".gz")
-    stem, extension = os.path.splitext(path[:-3] if compressed else path)
-    converted = shlex.quote(f"{stem}.utf8{extension}")
-    command = (f"zcat {shlex.quote(path)} | iconv -f {encoding} -t UTF-8 > {converted}"
-               if compressed else
-               f"iconv -f {encoding} -t UTF-8 {shlex.quote(path)} > {converted}")
+    stem, extension = os.path.splitext(_uncompressed_name(path))
+    command = _filter_command(path, f"iconv -f {encoding} -t UTF-8", f"{stem}.utf8{extension}")
     return f"{path}: {encoding} text, not UTF-8 (`{command}` converts it)"
+
+
+def _uncompressed_name(path):
+    return path[:-3] if path.endswith(".gz") else path
+
+
+def _filter_command(path, command, output):
+    """A shell command (to copy; paths quoted) that runs `command` over the file `path`
+    (gzip-compressed where it ends in .gz) into `output`."""
+    if path.endswith(".gz"):
+        return f"zcat {shlex.quote(path)} | {command} > {shlex.quote(output)}"
+    return f"{command} {shlex.quote(path)} > {shlex.quote(output)}"
 
 
 # Lines of which this share or more hold a tab are a TSV of pairs, not a sentence per line.
@@ -128,12 +136,9 @@ def column_cuts(path, columns):
     Returns:
       (the commands, joined by "; ", shell-quoted; [each column's file, as it is]).
     """
-    compressed = path.endswith(".gz")
-    stem = os.path.splitext(path[:-3] if compressed else path)[0]
+    stem = os.path.splitext(_uncompressed_name(path))[0]
     outputs = [f"{stem}.{column}" for column in columns]
-    path = shlex.quote(path)  # a command to copy: paths with blanks stay one word
-    commands = [f"zcat {path} | cut -f{column} > {shlex.quote(out)}" if compressed
-                else f"cut -f{column} {path} > {shlex.quote(out)}"
+    commands = [_filter_command(path, f"cut -f{column}", out)
                 for column, out in zip(columns, outputs)]
     return "; ".join(commands), outputs
 
