@@ -59,18 +59,32 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
     (tmp_path / "src.de").write_text("\n".join(sources) + "\n", encoding="utf-8")
     (tmp_path / "ref.en").write_text("\n".join(references) + "\n", encoding="utf-8")
     (tmp_path / "ref-b.en").write_text("\n".join(second) + "\n", encoding="utf-8")
+    baseline = ["That is a house.", "Good evening!", "He spoke."]
+    (tmp_path / "base.en").write_text("\n".join(baseline) + "\n", encoding="utf-8")
     output = tmp_path / "hyp.en"
-    # Two references per sentence (--reference repeated).
+    # Writing the translations over a file it reads is refused before any work.
+    over = python("evaluate.py", f"--model_dir={tiny_model_dir}",
+                  f"--source={tmp_path / 'src.de'}", f"--reference={tmp_path / 'ref.en'}",
+                  f"--baseline={tmp_path / 'base.en'}", f"--output={tmp_path / 'base.en'}")
+    assert over.returncode == 1 and over.stderr.strip() == (
+        f"evaluate.py: --output {tmp_path / 'base.en'}: is the --baseline file, which writing "
+        "the output would overwrite")
+    # Two references per sentence (--reference repeated), against a baseline's translations.
     translated = python("evaluate.py", f"--model_dir={tiny_model_dir}",
                         f"--source={tmp_path / 'src.de'}", f"--reference={tmp_path / 'ref.en'}",
-                        f"--reference={tmp_path / 'ref-b.en'}", f"--output={output}", "--json")
+                        f"--reference={tmp_path / 'ref-b.en'}", f"--output={output}", "--json",
+                        f"--baseline={tmp_path / 'base.en'}")
     assert translated.returncode == 0, translated.stderr[-2000:]
     scores = json.loads(translated.stdout.strip().splitlines()[-1])
     hypotheses = output.read_text(encoding="utf-8").splitlines()
     assert len(hypotheses) == 3 and (scores["sentences"], scores["references"]) == (3, 2)
-    assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses, [references, second]).score
-    assert scores["chrf"] == sacrebleu.corpus_chrf(hypotheses, [references, second]).score
-    assert scores["ter"] == sacrebleu.corpus_ter(hypotheses, [references, second]).score
+    for name, score in (("bleu", sacrebleu.corpus_bleu), ("chrf", sacrebleu.corpus_chrf),
+                        ("ter", sacrebleu.corpus_ter)):
+        assert scores[name] == score(hypotheses, [references, second]).score
+        test = scores["baseline"][name]
+        assert test["baseline"] == pytest.approx(score(baseline, [references, second]).score)
+        assert test["difference"] == pytest.approx(scores[name] - test["baseline"])
+        assert 0 < test["p"] <= 1 and test["interval"][0] <= test["interval"][1]
     assert scores["bleu_signature"].startswith("nrefs:2|")
 
     # Translations made elsewhere: scored without a model, with the signatures printed. Lines
@@ -81,13 +95,25 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
     (tmp_path / "hyp2.en").write_bytes(("\ufeff" + "\r\n".join(elsewhere) + "\n").encode())
     (tmp_path / "ref2.en").write_bytes(("\n".join(their_references) + "\n").encode())
     scored = python("evaluate.py", f"--hypotheses={tmp_path / 'hyp2.en'}",
-                    f"--reference={tmp_path / 'ref2.en'}")
+                    f"--reference={tmp_path / 'ref2.en'}", f"--baseline={tmp_path / 'base.en'}")
     assert scored.returncode == 0, scored.stderr[-2000:]
     expected = sacrebleu.corpus_bleu(elsewhere, [their_references])
     assert f"BLEU   {expected.score:6.2f}  nrefs:1|case:mixed|eff:no|tok:13a" in scored.stdout
     assert "chrF2" in scored.stdout and "TER" in scored.stdout
+    # The baseline's scores, each difference and its test, after the scores.
+    lines = scored.stdout.splitlines()
+    assert lines[4].startswith(f"against --baseline {tmp_path / 'base.en'}: its score, the "
+                               "difference (95% interval by paired bootstrap")
+    theirs = sacrebleu.corpus_bleu(baseline, [their_references]).score
+    assert lines[5].startswith(f"  BLEU   {theirs:6.2f}  {expected.score - theirs:+6.2f} [")
+    assert lines[7].startswith("  TER ") and lines[7].endswith(" (lower is better)")
 
     (tmp_path / "short.en").write_text("one line\n")
+    misaligned = python("evaluate.py", f"--hypotheses={tmp_path / 'hyp.en'}",
+                        f"--reference={tmp_path / 'ref.en'}", f"--baseline={tmp_path / 'short.en'}")
+    assert misaligned.returncode == 1
+    assert misaligned.stderr.strip() == ("evaluate.py: --baseline and --reference have 1 and 3 "
+                                         "lines: they must be line-aligned")
     misaligned = python("evaluate.py", f"--hypotheses={tmp_path / 'short.en'}",
                         f"--reference={tmp_path / 'ref.en'}")
     assert misaligned.returncode == 1

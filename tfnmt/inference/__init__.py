@@ -8,6 +8,7 @@
   search_memory.py       a search's memory per sentence; sentences searched at once that fit
   scoring.py             forced decoding: log P(target | source) of given translations
   evaluation.py          loss/perplexity, batched translation, sacreBLEU/chrF/TER
+  significance.py        two systems' scores compared: paired randomization and bootstrap
   bleu_tokenization.py   BLEU's tokenization, chosen by the target language's script
   serving.py             the in-graph translator (`TranslationModule`) and its signatures
   serving_precision.py   bf16 or float32 products, chosen on the serving machine

@@ -189,6 +189,17 @@ class Translator:
         return translate_lines(self.translate_batch, list(sentences), self.batch_size)
 
 
+def sacrebleu_metrics(tokenize="13a", ter=False):
+    """{"bleu", "chrf"[, "ter"]: sacreBLEU's metric objects}, as `corpus_scores` scores with
+    them (its `tokenize` and `ter`)."""
+    metrics = {"bleu": sacrebleu.metrics.BLEU(tokenize=tokenize),
+               "chrf": sacrebleu.metrics.CHRF()}
+    if ter:
+        unspaced = tokenize in bleu_tokenization.UNSPACED
+        metrics["ter"] = sacrebleu.metrics.TER(normalized=unspaced, asian_support=unspaced)
+    return metrics
+
+
 def corpus_scores(hypotheses, references, ter=False, signatures=False, more_references=(),
                   tokenize="13a"):
     """Corpus scores with sacreBLEU: BLEU, chrF, TER.
@@ -218,13 +229,8 @@ def corpus_scores(hypotheses, references, ter=False, signatures=False, more_refe
                              "scores need one hypothesis per reference")
     if not hypotheses:
         raise ValueError("no sentences to score")
-    metrics = {"bleu": sacrebleu.metrics.BLEU(tokenize=tokenize),
-               "chrf": sacrebleu.metrics.CHRF()}
-    if ter:
-        unspaced = tokenize in bleu_tokenization.UNSPACED
-        metrics["ter"] = sacrebleu.metrics.TER(normalized=unspaced, asian_support=unspaced)
     scores = {}
-    for name, metric in metrics.items():
+    for name, metric in sacrebleu_metrics(tokenize, ter).items():
         scores[name] = metric.corpus_score(hypotheses, streams).score
         if signatures:
             scores[f"{name}_signature"] = str(metric.get_signature())

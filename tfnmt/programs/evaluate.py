@@ -11,6 +11,12 @@ elsewhere.
   python evaluate.py --export=runs/de-en/export --source=news.de --reference=news.en
   python evaluate.py --hypotheses=news.hyp --reference=news.en      # score existing output
   python evaluate.py --hypotheses=news.hyp --reference=news.en --reference=news.2.en
+  python evaluate.py --hypotheses=new.hyp --baseline=old.hyp --reference=news.en
+
+With --baseline (another system's translations of the same sentences) it also scores those and
+tests each metric's difference: a 95% confidence interval by paired bootstrap resampling (1,000
+resamples) and a p-value by paired approximate randomization (10,000 trials), on sacreBLEU's
+sufficient statistics.
 """
 import json
 import os
@@ -44,6 +50,9 @@ flags.DEFINE_multi_string("reference", None, "Reference translations, line-align
                           "sentence.")
 flags.DEFINE_string("hypotheses", None, "Score these translations (one per line) against "
                     "--reference, translating nothing.")
+flags.DEFINE_string("baseline", None, "Another system's translations of the same sentences, "
+                    "one per line: also scored, and each difference tested (95% interval, "
+                    "p-value).")
 flags.DEFINE_integer("beam_size", 4, "Beam size (checkpoints only).")
 flags.DEFINE_float("alpha", None, "Length penalty exponent (checkpoints only; default: the "
                    "one train.py chose on dev, <model_dir>/decoding.json, else 0.6).")
@@ -160,8 +169,8 @@ def _split_pairs(data, split):
 
 def _aligned(lines, references, flags_named):
     if len(lines) != len(references):
-        raise app.UsageError(f"{flags_named} have {len(lines)} and {len(references)} lines: "
-                             "they must be line-aligned")
+        raise app.UsageError(f"{flags_named} have {len(lines):,} and {len(references):,} "
+                             "lines: they must be line-aligned")
     if not references:
         raise app.UsageError(f"{flags_named} are empty: nothing to score")
     from tfnmt.data.alignment import describe, first_out_of_step
@@ -259,7 +268,8 @@ def main(argv):
     if FLAGS.export:
         cli.refuse_checkpoint_search_flags()
     if FLAGS.output:  # written after translating: refused before, not after that work
-        cli.check_output_path(FLAGS.output, [("source", FLAGS.source)]
+        cli.check_output_path(FLAGS.output, [("source", FLAGS.source),
+                                             ("baseline", FLAGS.baseline)]
                               + [("reference", path) for path in FLAGS.reference or ()])
     from_split = not (FLAGS.hypotheses or FLAGS.source)
     if from_split:  # checked here; read below, once TensorFlow's threads are set
@@ -269,6 +279,9 @@ def main(argv):
         lines = _read_lines(FLAGS[flag].value, flag)
         references = _read_references(lines, flag)
         what = os.path.basename(FLAGS[flag].value)
+    baseline = _read_lines(FLAGS.baseline, "baseline") if FLAGS.baseline else None
+    if baseline is not None and not from_split:  # a split's count is known once it is read
+        _aligned(baseline, references[0], "--baseline and --reference")
     if not FLAGS.hypotheses:  # before reading a split, which runs TensorFlow
         cli.check_model_path(FLAGS.model_dir, FLAGS.export)
         from tfnmt.inference.loading import share_threads
@@ -279,12 +292,14 @@ def main(argv):
     if from_split:
         lines, split_references, what = _split_pairs(split_data, FLAGS.split)
         references = [split_references]
+        if baseline is not None:
+            _aligned(baseline, split_references, f"--baseline and --split={FLAGS.split}")
     bleu_tokenize = _bleu_tokenization(references)  # refused before translating
     # Else lines are sources: a file's lines, or a split's sentences.
     hypotheses = lines if FLAGS.hypotheses else _translate(
         lines, "line" if FLAGS.source else "sentence")
     # TensorFlow is imported only once the inputs are good.
-    from tfnmt.inference.evaluation import corpus_scores
+    from tfnmt.inference.evaluation import corpus_scores, sacrebleu_metrics
 
     if FLAGS.output:
         output = text_lines.LineWriter(FLAGS.output)
@@ -292,14 +307,47 @@ def main(argv):
         output.close()
     scores = corpus_scores(hypotheses, references[0], ter=True, signatures=True,
                            more_references=references[1:], tokenize=bleu_tokenize)
+    compared = None
+    if baseline is not None:
+        from tfnmt.inference import significance
+
+        compared = significance.compare(baseline, hypotheses, references,
+                                        sacrebleu_metrics(bleu_tokenize, ter=True))
     if FLAGS.json:
-        print(json.dumps(dict(scores, sentences=len(hypotheses), references=len(references),
-                              scored=what)))
+        result = dict(scores, sentences=len(hypotheses), references=len(references),
+                      scored=what)
+        if compared:
+            result["baseline"] = {"file": FLAGS.baseline, "trials": significance.TRIALS,
+                                  "resamples": significance.RESAMPLES, "seed": significance.SEED}
+            for name, test in compared.items():
+                result["baseline"][name] = dict(test, verdict=significance.verdict(name, test))
+        print(json.dumps(result))
         return
     print(f"{what}: {len(hypotheses):,} sentence{'' if len(hypotheses) == 1 else 's'}"
           + (f", {len(references)} references each" if len(references) > 1 else ""))
-    for name, label in (("bleu", "BLEU"), ("chrf", "chrF2"), ("ter", "TER")):
+    for name, label in METRICS:
         print(f"  {label:6s} {scores[name]:6.2f}  {scores[f'{name}_signature']}")
+    if compared:
+        _print_comparison(compared)
+
+
+METRICS = (("bleu", "BLEU"), ("chrf", "chrF2"), ("ter", "TER"))
+
+
+def _print_comparison(compared):
+    """The baseline's scores, each difference with its 95% interval, p and verdict."""
+    from tfnmt.inference import significance
+
+    print(f"against --baseline {FLAGS.baseline}: its score, the difference (95% interval by "
+          f"paired bootstrap, {significance.RESAMPLES:,} resamples), p (paired approximate "
+          f"randomization, {significance.TRIALS:,} trials)")
+    for name, label in METRICS:
+        test = compared[name]
+        low, high = test["interval"]
+        lower = " (lower is better)" if name in significance.LOWER_IS_BETTER else ""
+        print(f"  {label:6s} {test['baseline']:6.2f}  {test['difference']:+6.2f} "
+              f"[{low:+.2f}, {high:+.2f}]  p {test['p']:.4f}  "
+              f"{significance.verdict(name, test)}{lower}")
 
 
 def run():
