@@ -65,15 +65,17 @@ def test_read_aligned_stops_where_the_files_go_out_of_step(sides, tmp_path, case
     with pytest.raises(CorpusError) as error:
         for pair in read_aligned(src, tgt):
             read.append(pair)
-    # Lines 1,001-2,000 hold the slip half way: the window after it is the first out of step,
-    # and the slip is placed over both (at line 1,501).
-    assert len(read) == 2999
+    # Windows start every 250 lines: those that the slip (at line 1,501) cuts near their
+    # start or middle pass; lines 1,251-2,250, three quarters out of step, are the first
+    # judged out of step, when line 2,250 is read; the slip is placed over them and the 1,000
+    # lines before.
+    assert len(read) == 2249
     message = str(error.value)
     at = int(message.split("at about line ")[1].split(":")[0].replace(",", ""))
     assert abs(at - 1501) <= 10
     assert message == (
         f"{src},{tgt}: the lines go out of step at about line {at:,d}: a line is missing from "
-        "one file or extra in the other there (in lines 2,001-3,000, the lengths of the source "
+        "one file or extra in the other there (in lines 1,251-2,250, the lengths of the source "
         f"lines follow those of the target lines 1 line {'before' if shift < 0 else 'after'} "
         f"them, correlation {message.split('correlation ')[1].split(',')[0]}, rather than their "
         f"own, {message.split('rather than their own, ')[1]}")
@@ -96,7 +98,7 @@ def test_evaluate_py_refuses_hypotheses_out_of_step_with_their_references(sides,
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("evaluate.py: --hypotheses and --reference: the lines go out of "
                            "step at about line 1,501: a line is missing from one file or extra "
-                           "in the other there (in lines 2,001-3,000, the lengths of the "
+                           "in the other there (in lines 1,251-2,250, the lengths of the "
                            "--hypotheses lines follow those of the --reference lines 1 line "
                            "after them")
     assert "tensorflow" not in imported_modules(result.stderr)
@@ -143,23 +145,38 @@ def test_the_slip_is_placed_where_the_least_squares_split_puts_it(sides):
     assert abs(best - 234) <= 10
 
 
-def test_a_last_window_shorter_than_the_others_is_judged_too(sides, tmp_path):
+def test_windows_shorter_than_the_others_are_judged_at_the_end(sides, tmp_path):
     # 1,600 pairs, a target line lost at line 1,001: only the last 600 pairs are out of step,
-    # and they are judged when the files end.
+    # and the windows still open are judged when the files end (lines 751-1,600 the first
+    # found out of step).
     source, target = sides[0][:1600], sides[1][:1000] + sides[1][1001:1601]
     src, tgt = write_lines(tmp_path / "a.de", source), write_lines(tmp_path / "a.en", target)
     read = []
-    with pytest.raises(CorpusError, match=r"\(in lines 1,001-1,600, .* 1 line before them") \
+    with pytest.raises(CorpusError, match=r"\(in lines 751-1,600, .* 1 line before them") \
             as error:
         for pair in read_aligned(src, tgt):
             read.append(pair)
     assert len(read) == 1600
     at = int(str(error.value).split("at about line ")[1].split(":")[0].replace(",", ""))
     assert abs(at - 1001) <= 10
-    # Fewer than MIN_WINDOW pairs after the last full window are not judged.
+    # A window of fewer than MIN_WINDOW pairs is not judged: 199 pairs out of step at the end
+    # are too few to tell (the windows that hold them hold more in step).
     short = 1000 + alignment.MIN_WINDOW - 1
     assert len(list(read_aligned(write_lines(tmp_path / "b.de", source[:short]),
                                  write_lines(tmp_path / "b.en", target[:short])))) == short
+
+
+@pytest.mark.parametrize("slip", [150, 300, 450, 600, 750, 850])
+def test_a_slip_anywhere_but_the_last_few_hundred_lines_of_a_test_set_is_found(sides, slip):
+    # A test set's size (1,136 pairs, the embedded corpus' test split): a translation lost at
+    # line `slip` (and one added at the end to keep the count) is found wherever a window can
+    # start after it and still hold MIN_WINDOW pairs; windows cut in two by the slip pass.
+    source, target = sides[0][:1136], sides[1][:1136]
+    lost = target[:slip - 1] + target[slip:] + ["The end."]
+    found = alignment.first_out_of_step(zip(source, lost))
+    assert found is not None and found["shift"] == -1
+    assert abs(found["at"] - slip) <= 10 and found["first"] <= slip + alignment.STRIDE
+    assert alignment.first_out_of_step(zip(source, target)) is None
 
 
 def test_a_weak_correlation_with_neighbours_is_no_evidence():

@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 WINDOW = 1000  # pairs judged at once
+STRIDE = 250  # a window starts every STRIDE pairs
 MIN_WINDOW = 200  # a last, shorter window of fewer pairs is not judged
 SHIFTS = (-3, -2, -1, 1, 2, 3)  # lines a side may have slipped by
 # A shifted pairing must correlate at least this well, and this much better than the given one.
@@ -73,6 +74,10 @@ def change_point(source_lengths, target_lengths, shift):
 class AlignmentWatch:
     """Judges the pairs of two line-aligned files window by window as they are read.
 
+    A window of WINDOW pairs starts every STRIDE pairs, so that a slip has a window that starts
+    just after it, all of whose pairs are out of step (a window the slip cuts in two may pass);
+    windows still open when the files end are judged there, each that holds MIN_WINDOW pairs.
+
     Example:
       watch = AlignmentWatch()
       for number, (source, target) in enumerate(pairs, 1):
@@ -82,34 +87,52 @@ class AlignmentWatch:
     """
 
     def __init__(self):
-        self._sources, self._targets, self._first = [], [], 1
-        self._previous = ([], [], 1)  # the window judged before, to place a slip in
+        self._sources, self._targets = [], []  # lengths of the pairs read from index _kept on
+        self._first, self._count, self._kept = None, 0, 0  # pair number of index 0; indices
 
     def add(self, number, source, target):
-        """Notes pair `number` (1-based); a full window is judged: -> `_judge`'s result."""
-        if not self._sources:
+        """Notes pair `number` (1-based, one after the other); when a window fills it is
+        judged: -> `_judge`'s result."""
+        if self._first is None:
             self._first = number
         self._sources.append(len(source))
         self._targets.append(len(target))
-        return self._judge() if len(self._sources) == WINDOW else None
+        self._count += 1
+        start = self._count - WINDOW
+        if start < 0 or start % STRIDE:
+            return None
+        found = self._judge(start, self._count)
+        # Kept: what the next window and the WINDOW pairs before it (to place a slip) need.
+        drop = max(0, start + STRIDE - WINDOW - self._kept)
+        del self._sources[:drop], self._targets[:drop]
+        self._kept += drop
+        return found
 
     def finish(self):
-        """Judges the last window, if it holds MIN_WINDOW pairs or more."""
-        return self._judge() if len(self._sources) >= MIN_WINDOW else None
+        """Judges the windows not yet full, each from its start to the last pair, that hold
+        MIN_WINDOW pairs or more: the first out of step, or None."""
+        full = self._count - WINDOW  # the last full window's start is at most this
+        first_open = 0 if full < 0 else full // STRIDE * STRIDE + STRIDE
+        for start in range(first_open, self._count - MIN_WINDOW + 1, STRIDE):
+            if found := self._judge(start, self._count):
+                return found
+        return None
 
-    def _judge(self):
-        found = out_of_step(self._sources, self._targets)
-        first, last = self._first, self._first + len(self._sources) - 1
-        previous, self._previous = self._previous, (self._sources, self._targets, first)
-        self._sources, self._targets = [], []
+    def _judge(self, start, end):
+        """The window of pairs [start, end) (indices), out of step: `out_of_step`'s result
+        with "first" and "last" (pair numbers) and "at" (where the slip looks to be), else
+        None."""
+        window = slice(start - self._kept, end - self._kept)
+        found = out_of_step(self._sources[window], self._targets[window])
         if found is None or math.isnan(found["given"]):
             return None
-        # The slip lies in this window or in the second half of the one before (which was
-        # judged in step): placed over both.
-        sources, targets = previous[0] + self._previous[0], previous[1] + self._previous[1]
-        start = previous[2] if previous[0] else first
-        return dict(found, first=first, last=last,
-                    at=start + change_point(sources, targets, found["shift"]))
+        # The slip lies in this window or in the WINDOW pairs before it (whose windows were
+        # judged in step, or cut by it): placed over both.
+        context = slice(max(0, start - WINDOW - self._kept), end - self._kept)
+        offset = self._first + self._kept + context.start
+        return dict(found, first=self._first + start, last=self._first + end - 1,
+                    at=offset + change_point(self._sources[context], self._targets[context],
+                                             found["shift"]))
 
 
 def first_out_of_step(pairs):
