@@ -67,8 +67,7 @@ def test_read_aligned_stops_where_the_files_go_out_of_step(sides, tmp_path, case
             read.append(pair)
     # Windows start every 250 lines: those that the slip (at line 1,501) cuts near their
     # start or middle pass; lines 1,251-2,250, three quarters out of step, are the first
-    # judged out of step, when line 2,250 is read; the slip is placed over them and the 1,000
-    # lines before.
+    # judged out of step, when line 2,250 is read; the slip is placed within them.
     assert len(read) == 2249
     message = str(error.value)
     at = int(message.split("at about line ")[1].split(":")[0].replace(",", ""))
@@ -164,6 +163,10 @@ def test_windows_shorter_than_the_others_are_judged_at_the_end(sides, tmp_path):
     short = 1000 + alignment.MIN_WINDOW - 1
     assert len(list(read_aligned(write_lines(tmp_path / "b.de", source[:short]),
                                  write_lines(tmp_path / "b.en", target[:short])))) == short
+    # MIN_WINDOW pairs out of step at the end are told, by the window that holds only them.
+    with pytest.raises(CorpusError, match=r"\(in lines 1,001-1,200, .* 1 line before them"):
+        list(read_aligned(write_lines(tmp_path / "c.de", source[:short + 1]),
+                          write_lines(tmp_path / "c.en", target[:short + 1])))
 
 
 @pytest.mark.parametrize("slip", [150, 300, 450, 600, 750, 850])

@@ -102,8 +102,7 @@ class AlignmentWatch:
         if start < 0 or start % STRIDE:
             return None
         found = self._judge(start, self._count)
-        # Kept: what the next window and the WINDOW pairs before it (to place a slip) need.
-        drop = max(0, start + STRIDE - WINDOW - self._kept)
+        drop = start + STRIDE - self._kept  # kept: the pairs of the windows still open
         del self._sources[:drop], self._targets[:drop]
         self._kept += drop
         return found
@@ -120,19 +119,16 @@ class AlignmentWatch:
 
     def _judge(self, start, end):
         """The window of pairs [start, end) (indices), out of step: `out_of_step`'s result
-        with "first" and "last" (pair numbers) and "at" (where the slip looks to be), else
+        with "first" and "last" (pair numbers) and "at" (where in it the slip looks to be: the
+        windows before it, which would hold a slip before it, were judged in step), else
         None."""
-        window = slice(start - self._kept, end - self._kept)
-        found = out_of_step(self._sources[window], self._targets[window])
+        sources = self._sources[start - self._kept:end - self._kept]
+        targets = self._targets[start - self._kept:end - self._kept]
+        found = out_of_step(sources, targets)
         if found is None or math.isnan(found["given"]):
             return None
-        # The slip lies in this window or in the WINDOW pairs before it (whose windows were
-        # judged in step, or cut by it): placed over both.
-        context = slice(max(0, start - WINDOW - self._kept), end - self._kept)
-        offset = self._first + self._kept + context.start
         return dict(found, first=self._first + start, last=self._first + end - 1,
-                    at=offset + change_point(self._sources[context], self._targets[context],
-                                             found["shift"]))
+                    at=self._first + start + change_point(sources, targets, found["shift"]))
 
 
 def first_out_of_step(pairs):
