@@ -63,18 +63,22 @@ def compare(baseline, system, references, metrics, trials=TRIALS, resamples=RESA
                              "comparison needs one line of each per sentence")
     results = {}
     for name, metric in metrics.items():
-        ours = _statistics(metric, baseline, references)  # [N, K]
-        theirs = _statistics(metric, system, references)
-        base_score = _score(metric, ours.sum(0))
-        system_score = _score(metric, theirs.sum(0))
+        base_stats = _statistics(metric, baseline, references)  # [N, K]
+        system_stats = _statistics(metric, system, references)
+        base_score = _score(metric, base_stats.sum(0))
+        system_score = _score(metric, system_stats.sum(0))
         difference = system_score - base_score
         # The same draws for every metric: a generator seeded alike for each.
         rng = np.random.default_rng(seed)
-        shuffled = np.concatenate([_swapped_differences(metric, ours, theirs, rng, rows)
-                                   for rows in _blocks(trials)])
+        shuffled = np.concatenate([
+            _swapped_differences(metric, base_stats, system_stats, rng, rows)
+            for rows in _blocks(trials)])
+        # - 1e-9: a trial equal to the real arrangement sums its counts (TER's are fractions)
+        # in another order.
         as_large = int(np.sum(np.abs(shuffled) >= abs(difference) - 1e-9))
-        resampled = np.concatenate([_resampled_differences(metric, ours, theirs, rng, rows)
-                                    for rows in _blocks(resamples)])
+        resampled = np.concatenate([
+            _resampled_differences(metric, base_stats, system_stats, rng, rows)
+            for rows in _blocks(resamples)])
         low, high = np.percentile(resampled, [2.5, 97.5])
         results[name] = {"baseline": base_score, "system": system_score,
                          "difference": difference, "interval": (float(low), float(high)),
@@ -104,22 +108,23 @@ def _scores(metric, totals):
     return np.array([_score(metric, row) for row in totals])
 
 
-def _swapped_differences(metric, ours, theirs, rng, rows):
+def _swapped_differences(metric, base_stats, system_stats, rng, rows):
     """Approximate randomization: the difference (system - baseline) of `rows` trials, each
     with the two translations of a random half of the sentences swapped."""
-    swaps = rng.integers(2, size=(rows, len(ours))).astype(np.float64)  # [R, N], 1: swap
-    # A trial's corpora differ from the originals' sums by swaps @ (theirs - ours).
-    moved = swaps @ (theirs - ours)  # [R, K]
-    return _scores(metric, theirs.sum(0) - moved) - _scores(metric, ours.sum(0) + moved)
+    swaps = rng.integers(2, size=(rows, len(base_stats))).astype(np.float64)  # [R, N], 1: swap
+    # A trial's corpora differ from the originals' sums by swaps @ (system - baseline).
+    moved = swaps @ (system_stats - base_stats)  # [R, K]
+    return (_scores(metric, system_stats.sum(0) - moved)
+            - _scores(metric, base_stats.sum(0) + moved))
 
 
-def _resampled_differences(metric, ours, theirs, rng, rows):
+def _resampled_differences(metric, base_stats, system_stats, rng, rows):
     """Paired bootstrap: the difference (system - baseline) on `rows` resamples of the
     sentences (drawn with replacement, the same sentences for both systems)."""
-    count = len(ours)
+    count = len(base_stats)
     drawn = np.zeros((rows, count))  # [R, N]: how often each sentence is drawn
     np.add.at(drawn, (np.arange(rows)[:, None], rng.integers(count, size=(rows, count))), 1.0)
-    return _scores(metric, drawn @ theirs) - _scores(metric, drawn @ ours)
+    return _scores(metric, drawn @ system_stats) - _scores(metric, drawn @ base_stats)
 
 
 def _blocks(total):

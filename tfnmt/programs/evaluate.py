@@ -65,6 +65,7 @@ flags.DEFINE_enum("bleu_tokenize", bleu_tokenization.AUTO, bleu_tokenization.CHO
                   "--bleu_tokenize, else picks by the references' script (zh for Chinese, char "
                   "for Japanese, Thai and others written without spaces, else 13a).")
 flags.DEFINE_bool("json", False, "Print one JSON line instead of text.")
+METRICS = (("bleu", "BLEU"), ("chrf", "chrF2"), ("ter", "TER"))  # printed in this order
 flags.register_validator("batch_size", lambda v: v > 0, "--batch_size must be positive")
 flags.register_validator("beam_size", lambda v: v > 0, "--beam_size must be positive")
 cli.register_alpha_validator()
@@ -329,9 +330,6 @@ def main(argv):
         print(f"  {label:6s} {scores[name]:6.2f}  {scores[f'{name}_signature']}")
     if compared:
         _print_comparison(compared)
-
-
-METRICS = (("bleu", "BLEU"), ("chrf", "chrF2"), ("ter", "TER"))
 
 
 def _print_comparison(compared):
