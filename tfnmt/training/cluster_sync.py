@@ -40,6 +40,7 @@ OUTCOME_KEY = "tfnmt/settings_outcome"
 END_BARRIER = "tfnmt/end"
 # How long a worker waits at the end for the chief's evaluation and test report.
 END_WAIT_MS = 7 * 24 * 3600 * 1000
+FAILURE_READ_MS = 60 * 1000  # how long the chief waits for the workers to read its failure
 # Settings that are paths on this machine (what they hold is compared where it is read).
 _PATHS = {("model_dir",), ("data", "data_dir"), ("data", "tfds_data_dir"), ("data", "files"),
           ("data", "vocab")}
@@ -250,14 +251,29 @@ def chief_first(strategy, what, work):
             result = work()
         except BaseException as error:
             ctx.set_config_key_value(key, json.dumps(str(error) or type(error).__name__))
+            if isinstance(error, Exception):  # not on Ctrl-C
+                _until_read(ctx, key)
             raise
         ctx.set_config_key_value(key, json.dumps(None))
         return result
     with stopping_at_once():  # for the chief's work, however long it takes
         failure = json.loads(ctx.get_config_key_value(key))
     if failure is not None:
+        _until_read(ctx, key)
         raise TrainingError(f"the chief could not {what}: {failure}")
     return None
+
+
+def _until_read(ctx, key):
+    """Where the chief's work failed: every process waits (up to FAILURE_READ_MS) until each
+    has read the failure, since the chief, which holds the cluster's key-value store, ends
+    right after: a worker whose read was still under way then lost the chief instead of
+    learning its error."""
+    try:
+        with stopping_at_once():
+            ctx.wait_at_barrier(f"{key}/read", FAILURE_READ_MS)
+    except tf.errors.OpError:  # a worker that never reads it: the chief's error stands
+        pass
 
 
 def leave_together(strategy):
