@@ -204,6 +204,8 @@ def agree_on_start(strategy, settings):
         finally:
             _remove_shared_files(directories, token)
         ctx.set_config_key_value(OUTCOME_KEY, json.dumps(refused))
+        if refused:  # every process refuses: each waits until the others have read why
+            _until_read(ctx, OUTCOME_KEY)
         chiefs_directories = dict(directories)
     else:
         with stopping_at_once():  # for the chief's settings
@@ -216,10 +218,13 @@ def agree_on_start(strategy, settings):
         ctx.set_config_key_value(VERDICT_KEY.format(resolver.task_type, resolver.task_id),
                                  json.dumps(verdict))
         if verdict["settings"] or verdict["unseen"]:
+            _until_read(ctx, OUTCOME_KEY)
             raise SettingsError(_refusal([["this worker", verdict]], "the chief", "on the chief",
                                          "here", chiefs["directories"]))
         with stopping_at_once():  # for the chief's verdict on every worker's settings
             refused = json.loads(ctx.get_config_key_value(OUTCOME_KEY))
+        if refused:
+            _until_read(ctx, OUTCOME_KEY)
         chiefs_directories = chiefs["directories"]
     refused = [[task, verdict] for task, verdict in refused if task != me]
     if refused:
@@ -265,10 +270,10 @@ def chief_first(strategy, what, work):
 
 
 def _until_read(ctx, key):
-    """Where the chief's work failed: every process waits (up to FAILURE_READ_MS) until each
-    has read the failure, since the chief, which holds the cluster's key-value store, ends
-    right after: a worker whose read was still under way then lost the chief instead of
-    learning its error."""
+    """Where every process is about to stop on what the chief stored under `key` (its
+    failure, its refusal): each waits (up to FAILURE_READ_MS) until all have read it, since the
+    chief holds the cluster's key-value store: a worker whose read was still under way when the
+    chief ended lost the chief instead of learning why."""
     try:
         with stopping_at_once():
             ctx.wait_at_barrier(f"{key}/read", FAILURE_READ_MS)
