@@ -15,6 +15,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+import sacrebleu
 import sentencepiece
 import tensorflow as tf
 
@@ -316,6 +317,16 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     report = json.load(open(os.path.join(model_dir, "report.json")))
     test = report["test"]
     assert test["sentences"] == 12 and test["beam_size"] == 4
+    # Its translations, kept for comparisons (evaluate.py --baseline), score what it reports.
+    assert test["translations"] == "test.hyp"
+    with open(os.path.join(model_dir, "test.hyp"), encoding="utf-8") as f:
+        translations = f.read().split("\n")
+    assert len(translations) == 13 and translations[-1] == ""  # 12 lines, each ended
+    references = [line.rstrip("\n").split("\t")[1] for line in open(test_tsv, encoding="utf-8")]
+    assert sacrebleu.corpus_bleu(translations[:12], [references]).score == pytest.approx(
+        test["bleu"])
+    assert (f"  translations in {os.path.join('run', 'test.hyp')} (evaluate.py --baseline "
+            "compares another model's with them)") in result.stdout
     assert test["checkpoint"] == os.path.join("averaged", "ckpt-12")  # what export.py exports
     # The length penalty: chosen on dev for that checkpoint, kept for export.py and the others.
     choice = json.load(open(os.path.join(model_dir, "decoding.json")))

@@ -24,6 +24,7 @@ BEST_STATE = "best.json"      # in BEST: the metric, its best value and step
 EXPORT = "export"             # export.py's default export_dir: numbered SavedModel versions
 CTRANSLATE2 = "ctranslate2"  # export.py --format=ctranslate2 (+ "-<quantization>")
 REPORT = "report.json"        # the final evaluation of the main job's end-of-run report
+TEST_TRANSLATIONS = "test.hyp"  # that report's translations of the test split, one per line
 DECODING = "decoding.json"    # the length penalty chosen on dev at the end of training
 
 

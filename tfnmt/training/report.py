@@ -165,8 +165,10 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA, bleu_tok
 
     Returns:
       {"split", "sentences", "beam_size", "alpha", "bleu", "chrf", their signatures,
-      "samples", "checkpoint", "sources_cut": the sources longer than the model reads};
-      None when the dataset has no test split (--dataset=files without --test_files).
+      "samples", "checkpoint", "sources_cut": the sources longer than the model reads,
+      "translations": the file in the model_dir that holds them, one per line (for
+      `evaluate.py --baseline` to compare another model with)}; None when the dataset has no
+      test split (--dataset=files without --test_files).
     """
     from tfnmt.inference.evaluation import corpus_scores
 
@@ -185,6 +187,9 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA, bleu_tok
               "sources_cut": int((lengths["subwords"] > lengths["max_subwords"]).numpy().sum())}
     report.update(corpus_scores(hypotheses, [t for _, t in pairs], signatures=True,
                                 tokenize=bleu_tokenize))
+    paths.write_atomically(os.path.join(translator.model_dir, paths.TEST_TRANSLATIONS),
+                           "".join(f"{line}\n" for line in hypotheses))
+    report["translations"] = paths.TEST_TRANSLATIONS
     report["samples"] = [{"source": pairs[i][0], "reference": pairs[i][1],
                           "translation": hypotheses[i]} for i in pick_samples(pairs)]
     return report
@@ -245,6 +250,9 @@ def format_report(report, model_dir, reverse=False, own_data=False):
                          "their start only")
         lines.append(f"  BLEU  {report['bleu_signature']}")
         lines.append(f"  chrF2 {report['chrf_signature']}")
+        if report.get("translations"):
+            lines.append(f"  translations in {os.path.join(model_dir, report['translations'])}"
+                         " (evaluate.py --baseline compares another model's with them)")
         for sample in report["samples"]:
             lines.append(f"  source       {sample['source']}")
             lines.append(f"  reference    {sample['reference']}")
