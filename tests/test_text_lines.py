@@ -77,6 +77,27 @@ def test_a_utf16_or_utf32_file_is_named_with_the_command_that_converts_it(codec,
         text_lines.read_lines(str(gz))
 
 
+@pytest.mark.parametrize("codec, named", [
+    ("utf-16-le", "UTF-16LE"), ("utf-16-be", "UTF-16BE"), ("utf-32-le", "UTF-32LE"),
+    ("utf-32-be", "UTF-32BE")])
+def test_a_utf16_file_that_starts_with_an_empty_line_is_named_too(codec, named, tmp_path):
+    # Its first line, split at b"\n", is one byte or none: judged by the file's first bytes.
+    from tfnmt.data import corpus
+
+    text = "\nDas ist ein Haus.\nÜbung 日本\n"
+    path, english = tmp_path / "in.de", tmp_path / "in.en"
+    path.write_bytes(text.encode(codec))
+    english.write_text("\nThat is a house.\npractice\n", encoding="utf-8")
+    assert path.read_bytes().decode(named) == text  # the name given is the file's codec
+    message = f"{path}: {named} text, not UTF-8"
+    with pytest.raises(app.UsageError, match=f"^{re.escape(message)}"):
+        text_lines.read_lines(str(path))
+    for read in (lambda: corpus.check_files(f"{path},{english}"),
+                 lambda: list(corpus.read_files([str(path), str(english)]))):
+        with pytest.raises(corpus.CorpusError, match=f"^{re.escape(message)}"):
+            read()
+
+
 @pytest.mark.parametrize("first_line", [
     b"Das ist ein Haus.\n", "Übung 日本 \u2028\n".encode(), b"\xef\xbb\xbfwith a mark\n",
     b"a stray \x00 byte in text\n", b"\n", b"", b"invalid \xff\xfe UTF-8\n"])

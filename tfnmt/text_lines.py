@@ -36,10 +36,11 @@ def iter_lines(path, errors="strict", invalid=None):
         gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb"))
     number = -1
     try:
+        # The first bytes, not the first line: that of a UTF-16LE file may be an empty one.
+        if message := wide_encoding_message(path, head(f)):
+            raise app.UsageError(message)
         offset = 0  # of the line in the file
         for number, raw in enumerate(f):  # binary files split at b"\n" only
-            if number == 0 and (message := wide_encoding_message(path, raw)):
-                raise app.UsageError(message)
             start = 3 if number == 0 and raw.startswith(b"\xef\xbb\xbf") else 0
             if start == len(raw):  # a file of a byte order mark only: no line
                 return
@@ -62,9 +63,19 @@ def iter_lines(path, errors="strict", invalid=None):
             f.close()
 
 
-def wide_encoding(first_line):
+HEAD_BYTES = 256  # a file's first bytes, judged by `wide_encoding`
+
+
+def head(f):
+    """The first HEAD_BYTES bytes (or fewer) of the binary file `f`, which stays where it
+    was: what `wide_encoding` judges."""
+    return f.peek(HEAD_BYTES)[:HEAD_BYTES]
+
+
+def wide_encoding(start):
     """The encoding of a text file written in UTF-16 or UTF-32 (as Windows' "Unicode" text and
-    PowerShell's `>` write it), judged by its first line (bytes, as split at b"\\n"): its byte
+    PowerShell's `>` write it), judged by its first bytes (`head`, or its first line as split
+    at b"\\n": from the file's first byte, whose position tells the byte order): its byte
     order mark, or else its NUL bytes (a quarter of its bytes or more: UTF-16 has one in every
     ASCII character, UTF-32 three, and UTF-8 text next to none); None for any other file. Read
     as UTF-8, such a file is "invalid UTF-8", or (ASCII text without a byte order mark)
@@ -76,19 +87,19 @@ def wide_encoding(first_line):
     """
     for mark, name in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
                        (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
-        if first_line.startswith(mark):
+        if start.startswith(mark):
             return name
-    if not first_line or first_line.count(b"\x00") < len(first_line) / 4:  # a stray NUL: text
+    if not start or start.count(b"\x00") < len(start) / 4:  # a stray NUL: text
         return None
-    bits = 32 if b"\x00\x00\x00" in first_line else 16
-    order = "BE" if first_line.startswith(b"\x00") else "LE"  # ASCII's zero byte first or last
+    bits = 32 if b"\x00\x00\x00" in start else 16
+    order = "BE" if start.startswith(b"\x00") else "LE"  # ASCII's zero byte first or last
     return f"UTF-{bits}{order}"
 
 
-def wide_encoding_message(path, first_line):
+def wide_encoding_message(path, start):
     """What to say of a file (`path`, "-" for stdin) in UTF-16 or UTF-32 (`wide_encoding` of
-    its `first_line`), with the command that converts it; None for any other file."""
-    encoding = wide_encoding(first_line)
+    its first bytes, `start`), with the command that converts it; None for any other file."""
+    encoding = wide_encoding(start)
     if encoding is None:
         return None
     if path == "-":

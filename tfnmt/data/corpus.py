@@ -17,7 +17,7 @@ import zlib
 
 from tfnmt.data.alignment import AlignmentWatch, describe
 from tfnmt.paths import EMBEDDED_DIR, cannot_write_in
-from tfnmt.text_lines import wide_encoding_message
+from tfnmt.text_lines import head, wide_encoding_message
 
 EMBEDDED = "embedded"
 EMBEDDED_TFDS_NAME = "tfnmt_de_en"
@@ -88,6 +88,9 @@ def _raw_lines(path):
     number = 0
     with _open_text(path) as f:
         try:
+            # The first bytes, not the first line: that of a UTF-16LE file may be an empty one.
+            if message := wide_encoding_message(path, head(f)):
+                raise CorpusError(message)
             for number, raw in enumerate(f, 1):
                 yield raw
         except (EOFError, OSError, zlib.error) as error:
@@ -98,8 +101,6 @@ def _raw_lines(path):
 def _decode(raw, path, number):
     """Line `number` of `path` as text; on the first line a UTF-8 byte order mark (which
     Windows editors write) is dropped, not made part of the first sentence."""
-    if number == 1 and (message := wide_encoding_message(path, raw)):
-        raise CorpusError(message)
     start = 3 if number == 1 and raw.startswith(b"\xef\xbb\xbf") else 0
     try:
         return raw[start:].decode("utf-8").rstrip("\r\n")
@@ -230,12 +231,12 @@ def check_files(spec):
                 "train.en > train.tsv`)")
         try:
             with _open_text(path) as f:
-                first = f.readline()
+                start, first = head(f), f.readline()
         except OSError as error:  # unreadable, or .gz that is not gzip
             raise CorpusError(f"{path}: {error.strerror or error}") from None
         if not first:
             raise CorpusError(f"{path} is empty")
-        if message := wide_encoding_message(path, first):  # its tab and line count deceive
+        if message := wide_encoding_message(path, start):  # its tab and line count deceive
             raise CorpusError(message)
         if len(paths) == 1 and b"\t" not in first:
             raise CorpusError(f"{path}: its first line holds no tab, and one file is read as "
