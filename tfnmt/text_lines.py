@@ -73,12 +73,12 @@ def head(f):
 
 
 def wide_encoding(start):
-    """The encoding of a text file written in UTF-16 or UTF-32 (as Windows' "Unicode" text and
-    PowerShell's `>` write it), judged by its first bytes (`head`, or its first line as split
-    at b"\\n": from the file's first byte, whose position tells the byte order): its byte
-    order mark, or else its NUL bytes (a quarter of its bytes or more: UTF-16 has one in every
-    ASCII character, UTF-32 three, and UTF-8 text next to none); None for any other file. Read
-    as UTF-8, such a file is "invalid UTF-8", or (ASCII text without a byte order mark)
+    """The encoding of a text file written in UTF-16 or UTF-32 (as Windows' "Unicode" text
+    and PowerShell's `>` write it), judged by its first bytes (`head`: from the file's first
+    byte, whose position tells the byte order, over a line or more): its byte order mark, or
+    else its NUL bytes (a quarter of its bytes or more: UTF-16 has one in every ASCII
+    character, UTF-32 three, and UTF-8 text next to none); None for any other file. Read as
+    UTF-8, such a file is "invalid UTF-8", or (ASCII text without a byte order mark)
     sentences with a NUL byte between every two letters.
 
     Returns:

@@ -40,7 +40,8 @@ OUTCOME_KEY = "tfnmt/settings_outcome"
 END_BARRIER = "tfnmt/end"
 # How long a worker waits at the end for the chief's evaluation and test report.
 END_WAIT_MS = 7 * 24 * 3600 * 1000
-FAILURE_READ_MS = 60 * 1000  # how long the chief waits for the workers to read its failure
+# How long each process waits for all to have read the chief's failure or refusal.
+FAILURE_READ_MS = 60 * 1000
 # Settings that are paths on this machine (what they hold is compared where it is read).
 _PATHS = {("model_dir",), ("data", "data_dir"), ("data", "tfds_data_dir"), ("data", "files"),
           ("data", "vocab")}
