@@ -1,4 +1,5 @@
 import concurrent.futures
+import contextlib
 
 import keras
 import numpy as np
@@ -6,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from helpers import random_ids
+from tfnmt import fast_ops
 from tfnmt.data.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from tfnmt.inference.beam_search import (STOP_RULES, beam_search, beam_search_alphas,
                                         length_penalty)
@@ -60,14 +62,20 @@ def test_scores_equal_teacher_forced_log_probs_with_length_penalty(model, source
             assert float(scores[b, n]) == pytest.approx(expected, rel=1e-4, abs=1e-4)
 
 
-def reference_beam_search(model, source, k, alpha, limit, stop):
+def repeats_an_ngram(tokens, n):
+    """Whether `tokens` holds some n-gram twice."""
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+def reference_beam_search(model, source, k, alpha, limit, stop, no_repeat=0):
     """Beam search written plainly, one sentence: every step re-runs the decoder over each
     whole prefix (the alive ones as one batch) and extends every alive hypothesis by every
-    token, in float64 numpy. Keeps the 2k best extensions, of which those ending in EOS are
-    finished (scored log P / lp) and the k best others go on. Stops at `limit`, or once k have
-    finished ("finished"), or once the best alive one under lp(limit) cannot beat the k-th
-    finished ("bound"); at the limit the alive ones compete as they are. -> ([(tokens, score)]
-    best first, steps taken)."""
+    token, in float64 numpy. Keeps the 2k best extensions (with no_repeat = n, of those that
+    hold no n-gram twice), of which those ending in EOS are finished (scored log P / lp) and
+    the k best others go on. Stops at `limit`, or once k have finished ("finished"), or once
+    the best alive one under lp(limit) cannot beat the k-th finished ("bound"); at the limit
+    the alive ones compete as they are. -> ([(tokens, score)] best first, steps taken)."""
     memory, padding = model.encode(source[None])
 
     def lp(n):
@@ -81,12 +89,13 @@ def reference_beam_search(model, source, k, alpha, limit, stop):
                               tf.repeat(memory, rows, 0), tf.repeat(padding, rows, 0))[:, -1]
         log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float64)).numpy()
         extensions = [(tokens + (t,), log_prob + log_probs[i, t])
-                      for i, (tokens, log_prob) in enumerate(alive) for t in range(VOCAB)]
+                      for i, (tokens, log_prob) in enumerate(alive) for t in range(VOCAB)
+                      if not (no_repeat and repeats_an_ngram(tokens + (t,), no_repeat))]
         extensions = sorted(extensions, key=lambda e: -e[1])[:2 * k]
         finished = sorted(finished + [(t, p / lp(length)) for t, p in extensions
                                       if t[-1] == EOS_ID], key=lambda f: -f[1])[:k]
         alive = [e for e in extensions if e[0][-1] != EOS_ID][:k]
-        if length == limit:
+        if length == limit or not alive:  # not alive: every extension repeats an n-gram
             finished += [(t, p / lp(length)) for t, p in alive]
             break
         if len(finished) == k and (stop == "finished"
@@ -352,6 +361,36 @@ def test_top_log_probs_of_slices_equal_numpy(cuts, count):
                                rtol=1e-6, atol=2e-6)
 
 
+@pytest.mark.parametrize("plain", [False, True])
+@pytest.mark.parametrize("cuts", [[], [32, 96]])
+def test_top_log_probs_leave_banned_tokens_out_of_the_choice_only(cuts, plain):
+    # Against float64 numpy: each row's best allowed tokens, with the log-probabilities of
+    # the whole distribution; a row with fewer allowed tokens than asked for ends in -inf; a
+    # banned token far above the rest (beyond PLAIN_EXP_RANGE) still counts in the normaliser.
+    rng = np.random.default_rng(7)
+    logits = (rng.normal(size=(4, 101)) * 4).astype(np.float32)
+    logits[1, 100] = 150.0
+    banned = np.full([4, 101], -1, np.int32)
+    banned[0, :3] = np.argsort(-logits[0])[[0, 2, 2]]  # the best and the third (twice)
+    banned[1, 0] = 100  # the peak, in the last slice
+    banned[2, :6] = [0, 31, 32, 95, 96, 100]  # at the cuts
+    allowed = [5, 40, 99]
+    banned[3, :98] = [t for t in range(101) if t not in allowed]
+    shifted = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    for row, tokens in enumerate(banned):
+        log_probs[row, tokens[tokens >= 0]] = -np.inf
+    expected_ids = np.argsort(-log_probs, axis=-1, kind="stable")[:, :8]
+    with fast_ops.plain_ops() if plain else contextlib.nullcontext():
+        values, ids = top_log_probs([tf.constant(p) for p in np.split(logits, cuts, axis=1)],
+                                    8, banned=tf.constant(banned))
+    np.testing.assert_array_equal(ids.numpy()[:, :3], expected_ids[:, :3])
+    np.testing.assert_array_equal(ids.numpy()[:3], expected_ids[:3])
+    assert sorted(ids.numpy()[3, :3]) == allowed and np.all(values[3, 3:] == -np.inf)
+    np.testing.assert_allclose(values, np.take_along_axis(log_probs, expected_ids, -1),
+                               rtol=1e-6, atol=2e-6)
+
+
 def test_top_log_probs_of_slices_take_any_chunk_width_that_divides_them():
     # Chunks are numbered across slices: a narrower width that divides every slice but the
     # last gives numpy's tokens; a slice that would hold a partial chunk is refused (its
@@ -551,3 +590,43 @@ def test_one_search_under_a_grid_of_alphas_gives_each_alphas_plain_search(model,
     # The alphas choose differently: the best hypothesis of some sentence changes.
     best = ids.numpy()[:, :, 0]
     assert any(not np.array_equal(best[b, 0], best[b, -1]) for b in range(8))
+
+
+@pytest.mark.parametrize("plain", [False, True])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_search_without_repeated_ngrams_gives_what_a_plain_search_without_them_gives(
+        model, n, plain):
+    # Untrained, the model repeats itself ("1 1 1 ..."); with two symbols besides the
+    # specials, rows run out of allowed tokens (n = 1: each token once). Both stop rules, the
+    # fast and the stock top-k ops; the scores stay the model's log-probabilities.
+    source = random_ids(np.random.default_rng(4), 8, 5, VOCAB)
+    source[::3, 2:] = PAD_ID
+    source = tf.constant(source)
+    with fast_ops.plain_ops() if plain else contextlib.nullcontext():
+        for stop in STOP_RULES:
+            ids, scores = beam_search(model, source, beam_size=3, alpha=0.6, max_length=9,
+                                      n_best=3, stop=stop, no_repeat_ngram_size=n)
+            for b in range(8):
+                expected, _ = reference_beam_search(model, source[b], 3, 0.6, 9, stop,
+                                                    no_repeat=n)
+                assert_plain_search_results(ids[b], scores[b], expected, (stop, b))
+    repeated = [reference_beam_search(model, source[b], 3, 0.6, 9, "finished")[0][0][0]
+                for b in range(8)]
+    assert sum(repeats_an_ngram(tokens, n) for tokens in repeated) >= 4
+
+
+def test_a_grid_of_alphas_without_repeated_ngrams_gives_each_alphas_search(model):
+    model = EosLikely(model)
+    source = tf.constant(random_ids(np.random.default_rng(5), 6, 5, VOCAB))
+    ids, scores = beam_search_alphas(model, source, [0.0, 2.0], beam_size=3, max_length=9,
+                                     no_repeat_ngram_size=2)
+    for m, alpha in enumerate([0.0, 2.0]):
+        for b in range(6):
+            expected, _ = reference_beam_search(model, source[b], 3, alpha, 9, "finished",
+                                                no_repeat=2)
+            assert_plain_search_results(ids[b, m], scores[b, m], expected[:1], (alpha, b))
+
+
+def test_a_negative_ngram_size_is_refused(model, source):
+    with pytest.raises(ValueError, match="no_repeat_ngram_size must be >= 0"):
+        beam_search(model, source, no_repeat_ngram_size=-1)

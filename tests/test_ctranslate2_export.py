@@ -128,6 +128,27 @@ def test_ctranslate2_greedy_and_beam_find_the_models_translations(which, request
     np.testing.assert_allclose([r.scores[0] for r in beam], beam_scores.numpy()[:, 0], atol=1e-3)
 
 
+@pytest.mark.parametrize("which", ["cli_export", "prenorm_export"])
+def test_ctranslate2_greedy_without_repeated_ngrams_finds_the_models_translations(which,
+                                                                                 request):
+    # no_repeat_ngram_size: CTranslate2 leaves the banned tokens out and renormalises the
+    # rest, tfnmt leaves them out of the choice only (its scores stay the model's
+    # log-probabilities), so their beams rank by other scores; the greedy choice is the same.
+    model, proto, path = request.getfixturevalue(which)
+    processor, pieces, source_ids = piece_batches(proto)
+    translator = ctranslate2.Translator(path, device="cpu", compute_type="float32")
+    ids = {}
+    for n in (0, 2):  # a beam of one is greedy (test_beam_search)
+        ids[n] = beam_search(model, source_ids, beam_size=1, alpha=0.0, max_length=MAX_LENGTH,
+                             no_repeat_ngram_size=n)[0][:, 0].numpy()
+        greedy = translator.translate_batch(pieces, beam_size=1, max_decoding_length=MAX_LENGTH,
+                                            min_decoding_length=0, no_repeat_ngram_size=n)
+        assert [r.hypotheses[0] for r in greedy] == [
+            [processor.id_to_piece(int(i)) for i in row if i not in (PAD_ID, EOS_ID)]
+            for row in ids[n]]
+    assert not np.array_equal(ids[0], ids[2])  # the untrained model repeats bigrams
+
+
 def test_ctranslate2_translates_long_sources_within_the_models_positions(prenorm_export):
     # The model has positions 0..max_length-1 (64 learned rows here). CTranslate2's defaults
     # (inputs up to 1,024 tokens) fail on a longer source; with max_input_length=max_length it

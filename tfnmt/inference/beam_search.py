@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tfnmt.data.special_tokens import PAD_ID
 from tfnmt.inference.decoding import (DecodingStrategy, dynamic_decode, forced_tokens,
-                                      replace_rows)
+                                      repeated_ngram_tokens, replace_rows)
 
 NEG_INF = -1e9
 # When a sentence's search ends before its limit (module docstring).
@@ -64,7 +64,10 @@ def _gather_tracks(tracks, beams):
 class BeamSearch(DecodingStrategy):
     """K hypotheses per sentence scored by log P(y | x) / lp(|y|); a sentence leaves at its
     limit, or earlier by the `stop` rule: once K hypotheses have ended ("finished"), or once
-    none of its alive hypotheses can beat its K-th finished one ("bound").
+    none of its alive hypotheses can beat its K-th finished one ("bound"). With
+    `no_repeat_ngram_size` N, no hypothesis takes a token that would repeat one of its N-grams
+    of subwords (fairseq's and CTranslate2's rule): the token is left out of the step's choice,
+    and the scores stay the model's log-probabilities.
 
     A hypothesis's *tracks* are its ids [.., t] and, with return_attention, its attention rows
     [.., t, S]. Per sentence still searched: its index and limit, alive hypotheses with their
@@ -83,6 +86,8 @@ class BeamSearch(DecodingStrategy):
       vocab_size: the output vocabulary's size, which caps the candidates kept per beam
         (2 * beam_size).
       stop: "finished" or "bound" (`STOP_RULES`).
+      no_repeat_ngram_size: N > 0 forbids repeating an N-gram of subwords within a
+        hypothesis; 0 allows it.
       **kwargs: `DecodingStrategy`'s.
 
     Example:
@@ -92,13 +97,15 @@ class BeamSearch(DecodingStrategy):
     time_axis = 2  # of the tracks: [A, K, t, ...]
 
     def __init__(self, beam_size=4, alpha=0.6, n_best=1, vocab_size=None, stop="finished",
-                 **kwargs):
+                 no_repeat_ngram_size=0, **kwargs):
         super().__init__(**kwargs)
         if not 1 <= n_best <= beam_size:
             raise ValueError(f"n_best must be in [1, beam_size={beam_size}], got {n_best}")
         if stop not in STOP_RULES:
             raise ValueError(f"stop must be one of {STOP_RULES}, got {stop!r}")
-        self.stop = stop
+        if no_repeat_ngram_size < 0:
+            raise ValueError(f"no_repeat_ngram_size must be >= 0, got {no_repeat_ngram_size}")
+        self.stop, self.no_repeat_ngram_size = stop, int(no_repeat_ngram_size)
         self.rows_per_sentence = self.k = beam_size
         self.alpha, self.n_best = alpha, n_best
         # Each beam's best 2k extensions (all V if fewer) hold the sentence's best 2k.
@@ -130,8 +137,13 @@ class BeamSearch(DecodingStrategy):
 
     def step(self, step, log_probs_of, attention, sentences, results):
         k, per_beam = self.k, self.per_beam
+        banned = None
+        if self.no_repeat_ngram_size:
+            ids = sentences["alive"]["ids"]  # [A, K, t]
+            banned = repeated_ngram_tokens(tf.reshape(ids, [-1, tf.shape(ids)[2]]),
+                                           self.no_repeat_ngram_size)  # [A*K, t]
         # 2k candidates: even if k of them end in EOS, k remain to continue.
-        row_log_probs, row_tokens = log_probs_of(per_beam)  # [A*K, P]
+        row_log_probs, row_tokens = log_probs_of(per_beam, banned)  # [A*K, P]
         if self.prefix is not None:  # a forced row's one candidate: its prefix token
             active = tf.shape(sentences["index"])[0]
             prefix_tokens, forced = forced_tokens(step, sentences)  # [A]
@@ -255,7 +267,8 @@ class AlphaGridBeamSearch(BeamSearch):
 
     Args:
       alphas: the length penalty's exponents, M of them.
-      beam_size, n_best, vocab_size, stop, **kwargs: `BeamSearch`'s (no return_attention).
+      beam_size, n_best, vocab_size, stop, no_repeat_ngram_size, **kwargs: `BeamSearch`'s
+        (no return_attention).
 
     Example:
       ids, scores = dynamic_decode(model, AlphaGridBeamSearch([0.6, 1.2]), source_ids)
@@ -264,10 +277,11 @@ class AlphaGridBeamSearch(BeamSearch):
     time_axis = 3  # of the finished tracks and results: [A, M, K, t]
 
     def __init__(self, alphas, beam_size=4, n_best=1, vocab_size=None, stop="finished",
-                 **kwargs):
+                 no_repeat_ngram_size=0, **kwargs):
         if kwargs.get("return_attention"):
             raise ValueError("AlphaGridBeamSearch keeps no attention")
-        super().__init__(beam_size, None, n_best, vocab_size, stop, **kwargs)
+        super().__init__(beam_size, None, n_best, vocab_size, stop, no_repeat_ngram_size,
+                         **kwargs)
         self.alpha = tf.constant(alphas, tf.float32)  # [M]
         self.m = len(alphas)
 
@@ -303,7 +317,7 @@ class AlphaGridBeamSearch(BeamSearch):
 
 
 def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_best=1,
-                return_attention=False, prefix=None, stop="finished"):
+                return_attention=False, prefix=None, stop="finished", no_repeat_ngram_size=0):
     """Beam search (`dynamic_decode` with `BeamSearch`): each sentence's results are those of
     searching it alone.
 
@@ -319,6 +333,7 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
       prefix: [B, P] int32 subword ids each output must start with (PAD-padded), or None.
       stop: when a sentence's search ends before its limit: "finished" (once beam_size
         hypotheses have ended) or "bound" (once none can beat them; `STOP_RULES`).
+      no_repeat_ngram_size: N > 0 forbids repeating an N-gram of subwords within an output.
 
     Returns:
       (ids [B, N, L] without BOS, PAD after EOS; scores [B, N], log P / length penalty;
@@ -326,12 +341,13 @@ def beam_search(model, source_ids, beam_size=4, alpha=0.6, max_length=None, n_be
       N = n_best, best first.
     """
     strategy = BeamSearch(beam_size, alpha, n_best, model.settings["target_vocab_size"],
-                          stop=stop, return_attention=return_attention, prefix=prefix)
+                          stop=stop, no_repeat_ngram_size=no_repeat_ngram_size,
+                          return_attention=return_attention, prefix=prefix)
     return dynamic_decode(model, strategy, source_ids, max_length)
 
 
 def beam_search_alphas(model, source_ids, alphas, beam_size=4, max_length=None, n_best=1,
-                       prefix=None, stop="finished"):
+                       prefix=None, stop="finished", no_repeat_ngram_size=0):
     """`beam_search` under each length penalty of `alphas`, in one search
     (`AlphaGridBeamSearch`): a dev split is searched once for a whole grid of alphas.
 
@@ -343,5 +359,5 @@ def beam_search_alphas(model, source_ids, alphas, beam_size=4, max_length=None, 
     """
     strategy = AlphaGridBeamSearch(alphas, beam_size, n_best,
                                    model.settings["target_vocab_size"], stop=stop,
-                                   prefix=prefix)
+                                   no_repeat_ngram_size=no_repeat_ngram_size, prefix=prefix)
     return dynamic_decode(model, strategy, source_ids, max_length)

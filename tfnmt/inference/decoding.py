@@ -68,10 +68,12 @@ def decode_limits(model, source_ids, max_length=None, extra=EXTRA_LENGTH):
     return tf.maximum(limits, 1)
 
 
-def top_log_probs(logits, count, width=32):
+def top_log_probs(logits, count, width=32, banned=None):
     """logits [R, V] float32 -> (log-probabilities [R, count], token ids [R, count]): each
     row's `count` most likely tokens, best first, ties to the lower id: what
     top_k(log_softmax(logits), count) gives, without a log-softmax or a top-k over all V.
+    With `banned`, those tokens are left out of each row's choice (-inf there if fewer than
+    `count` are left) but not out of its normaliser: the log-probabilities stay the model's.
 
     On CPU both passes over [R, V] are a large part of a beam step. Here each
     row's logits are cut into chunks of `width` consecutive tokens (the last padded with -inf)
@@ -95,6 +97,8 @@ def top_log_probs(logits, count, width=32):
         multiple of `width` wide (`linear.slice_bounds`).
       count: how many tokens per row, <= V.
       width: the chunk width.
+      banned: None, or [R, W] int32 token ids each row may not choose, -1 for none
+        (`repeated_ngram_tokens`).
 
     Returns:
       (log-probabilities [R, count], token ids [R, count] int32), best first, ties to the
@@ -109,25 +113,35 @@ def top_log_probs(logits, count, width=32):
         raise ValueError(f"every slice but the last must be a whole number of {width}-token "
                          f"chunks, got slices of {[part.shape[-1] for part in slices]}")
     if not fast_ops.enabled():
-        logits = _joined(slices)
-        return tf.math.top_k(tf.nn.log_softmax(logits), k=min(count, logits.shape[-1]))
+        log_probs = tf.nn.log_softmax(_joined(slices))
+        if banned is not None:
+            log_probs = _without([log_probs], banned)[0]
+        return tf.math.top_k(log_probs, k=min(count, log_probs.shape[-1]))
     vocab = sum(part.shape[-1] for part in slices)
     count = min(count, vocab)
-    # [R, C_i, width] chunks of each slice (every slice but the last a whole number of chunks,
-    # `linear.slice_bounds`): token = chunk * width + offset, chunks numbered across slices.
-    chunked = [tf.reshape(_pad_to(part, width), [-1, -(-part.shape[-1] // width), width])
-               for part in slices]
-    maxima = [tf.reduce_max(part, axis=2) for part in chunked]  # [R, C_i]
+
+    def chunks_of(parts):
+        # [R, C_i, width] chunks of each slice (every slice but the last a whole number of
+        # chunks, `linear.slice_bounds`): token = chunk * width + offset, numbered across slices.
+        chunked = [tf.reshape(_pad_to(part, width), [-1, -(-part.shape[-1] // width), width])
+                   for part in parts]
+        return chunked, [tf.reduce_max(part, axis=2) for part in chunked]  # maxima [R, C_i]
+
+    chunked, maxima = chunks_of(slices)
+    # The choice runs over the allowed tokens; the normaliser below over all of them.
+    choice, choice_maxima = (chunked, maxima) if banned is None else \
+        chunks_of(_without(slices, banned))
     kept = min(count, sum(part.shape[1] for part in chunked))
-    _, best_chunks = tf.math.top_k(maxima[0] if len(maxima) == 1 else tf.concat(maxima, 1),
-                                   k=kept)
+    _, best_chunks = tf.math.top_k(_joined(choice_maxima), k=kept)
     # In ascending order, so that candidates run in token order (tf.sort, without its shape ops).
     best_chunks = -tf.math.top_k(-best_chunks, k=kept).values  # [R, kept]
-    candidates = _gather_chunks(chunked, best_chunks)  # [R, kept, width]
+    candidates = _gather_chunks(choice, best_chunks)  # [R, kept, width]
     candidate_ids = best_chunks[:, :, None] * width + tf.range(width)
     top_logits, position = tf.math.top_k(tf.reshape(candidates, [-1, kept * width]), k=count)
     ids = tf.gather(tf.reshape(candidate_ids, [-1, kept * width]), position, batch_dims=1)
-    best = top_logits[:, :1]  # [R, 1]
+    # The row's best logit: a banned token's may be above the best allowed one.
+    best = top_logits[:, :1] if banned is None else \
+        tf.reduce_max(_joined(maxima), axis=1, keepdims=True)  # [R, 1]
     # log Σ exp(x) of the logits as they are: no pass subtracting each row's best first, which
     # only rows whose best logit lies outside ±PLAIN_EXP_RANGE need (exp would overflow or the
     # whole row underflow); they, and only they, take the shifted sum.
@@ -149,6 +163,45 @@ def _shifted_log_sum(slices, maxima, best):
     return best + tf.math.log(tf.add_n([
         tf.reduce_sum(tf.exp(part - part_best), axis=1, keepdims=True)
         * tf.exp(part_best - best) for part, part_best in zip(slices, bests)]))
+
+
+def repeated_ngram_tokens(ids, n):
+    """The tokens that would repeat an n-gram of each row's output: for every earlier place
+    where the row's last n - 1 tokens occurred, the token that followed them there (n = 1:
+    every token of the row).
+
+    Args:
+      ids: [R, t] int32, each row's output so far (without BOS).
+      n: the n-gram length, >= 1.
+
+    Returns:
+      [R, t] int32: at position j, ids[:, j] where ids[:, j-n+1:j] equals the row's last n - 1
+      tokens, else -1 (all -1 while a row has fewer than n - 1 tokens).
+    """
+    steps = tf.shape(ids)[1]
+    # -1 before the first token: a window reaching before it matches no row's last tokens.
+    padded = tf.pad(ids, [[0, 0], [n - 1, 0]], constant_values=-1)  # [R, n - 1 + t]
+    last = padded[:, steps:]  # [R, n - 1]
+    # Window j, padded[:, j:j + n - 1], is followed by ids[:, j].
+    repeats = tf.ones_like(ids, tf.bool)
+    for offset in range(n - 1):
+        repeats &= tf.equal(padded[:, offset:offset + steps], last[:, offset:offset + 1])
+    return tf.where(repeats, ids, -1)
+
+
+def _without(slices, banned):
+    """[R, V_i] slices along V with each row's `banned` tokens ([R, W] int32, -1 for none) set
+    to -inf."""
+    kept, first = [], 0
+    for part in slices:
+        size = part.shape[-1]
+        inside = tf.cast(tf.where((banned >= first) & (banned < first + size)), tf.int32)
+        columns = tf.gather_nd(banned, inside) - first  # [N]
+        indices = tf.stack([inside[:, 0], columns], axis=1)  # [N, 2]: (row, column)
+        kept.append(tf.tensor_scatter_nd_update(
+            part, indices, tf.fill(tf.shape(columns), tf.constant(float("-inf"), part.dtype))))
+        first += size
+    return kept
 
 
 def _sum_of(parts):
@@ -196,8 +249,8 @@ class StepLogProbs:
     def __init__(self, logits):
         self.logits = logits
 
-    def __call__(self, count):
-        return top_log_probs(self.logits, count)
+    def __call__(self, count, banned=None):
+        return top_log_probs(self.logits, count, banned=banned)
 
     def of(self, tokens):
         """log P of one given token per row: tokens [R] int32 -> [R] float32."""
