@@ -15,6 +15,8 @@ import pytest
     ("export.py", "--alpha=inf", "--alpha must be >= 0 and finite"),
     ("export.py", "--version=-1", "--version must be >= 0"),
     ("translate.py", "--seed=99999999999999999999", "--seed must fit in 64 bits"),
+    ("translate.py", "--no_repeat_ngram_size=-1", "--no_repeat_ngram_size must be >= 0"),
+    ("export.py", "--no_repeat_ngram_size=-2", "--no_repeat_ngram_size must be >= 0"),
 ])
 def test_bad_decoding_flags_fail_fast(program, flag, message, tmp_path):
     # Refused in one line before any model is read: unchecked, a negative batch size would
@@ -81,7 +83,7 @@ def test_evaluate_py_refuses_an_output_it_could_not_write_before_translating(tmp
 
 @pytest.mark.parametrize("program", ["translate.py", "evaluate.py"])
 @pytest.mark.parametrize("flag", ["--beam_size=8", "--alpha=1.0", "--beam_stop=bound",
-                                  "--checkpoint=latest"])
+                                  "--no_repeat_ngram_size=4", "--checkpoint=latest"])
 def test_a_checkpoint_search_flag_with_an_export_is_refused_not_ignored(program, flag, tmp_path):
     # An export searches with the beam, penalty, stop rule and checkpoint export.py gave it.
     from helpers import python
@@ -418,6 +420,8 @@ def _flag_files(directory):
      "sampling needs --model_dir (exports search with beams)"),
     ("translate.py", ["--model_dir=m", "--sampling_topk=5", "--n_best=2"],
      "sampling draws one translation per sentence: drop --n_best"),
+    ("translate.py", ["--model_dir=m", "--sampling_topk=5", "--no_repeat_ngram_size=3"],
+     "--no_repeat_ngram_size is a beam search rule: drop it or --sampling_topk"),
     ("translate.py", ["--model_dir=m", "--input=trained"],
      "--input trained: is a directory, not a file"),
     ("translate.py", ["--model_dir=m", "--score_targets=trained"],
@@ -430,6 +434,9 @@ def _flag_files(directory):
     ("evaluate.py", ["--hypotheses=one.en", "--reference=one.en", "--batch_size=8"],
      "--batch_size is for translating, and --hypotheses scores translations made elsewhere: "
      "drop --batch_size"),
+    ("evaluate.py", ["--hypotheses=one.en", "--reference=one.en", "--no_repeat_ngram_size=4"],
+     "--no_repeat_ngram_size is for translating, and --hypotheses scores translations made "
+     "elsewhere: drop --no_repeat_ngram_size"),
     ("evaluate.py", ["--source=one.de", "--hypotheses=one.en", "--reference=one.en"],
      "give --source (to translate) or --hypotheses (translated), not both"),
     ("evaluate.py", ["--source=one.de"], "--source and --hypotheses need --reference"),
@@ -448,7 +455,8 @@ def _flag_files(directory):
        f"--{name} is for SavedModel exports; CTranslate2 takes its decoding options when it "
        "translates")
       for name, value in (("version", 3), ("beam_size", 5), ("alpha", 1.0),
-                          ("beam_stop", "finished"), ("max_decode_length", 9),
+                          ("beam_stop", "finished"), ("no_repeat_ngram_size", 3),
+                          ("max_decode_length", 9),
                           ("matmul_dtype", "float32"), ("n_best", 1),
                           ("parallel_searches", 1), ("chunk_size", 8))],
     ("train.py", ["--model_dir=m", "extra"], "unexpected arguments: extra"),

@@ -572,6 +572,33 @@ def test_the_beam_stop_rule_reaches_the_search(module, rule, tiny_model_dir, mon
         TranslationModule(module.model, proto, beam_stop="never")
 
 
+def test_the_no_repeat_rule_reaches_every_beam_search(module, tiny_model_dir, monkeypatch):
+    # The rule itself is checked against a plain search in test_beam_search.py.
+    import tfnmt.inference.serving as serving
+
+    sizes = []
+
+    def spy(search):
+        def spied(*args, no_repeat_ngram_size, **kwargs):
+            sizes.append(no_repeat_ngram_size)
+            return search(*args, no_repeat_ngram_size=no_repeat_ngram_size, **kwargs)
+        return spied
+
+    monkeypatch.setattr(serving, "beam_search", spy(serving.beam_search))
+    monkeypatch.setattr(serving, "beam_search_alphas", spy(serving.beam_search_alphas))
+    proto = checkpoints.load_model(tiny_model_dir)[1]
+    chosen = TranslationModule(module.model, proto, beam_size=3, n_best=2,
+                               no_repeat_ngram_size=3)
+    chosen.translate_batch(tf.constant(SENTENCES[:2]), 2)
+    chosen.translate_batch(tf.constant(SENTENCES[:2]), 1, alphas=[0.6, 1.2])
+    assert len(sizes) >= 2 and set(sizes) == {3}
+    with pytest.raises(ValueError, match="no_repeat_ngram_size applies to beam search"):
+        TranslationModule(module.model, proto, n_best=1, no_repeat_ngram_size=3,
+                          sampling={"temperature": 1.0, "top_k": 0, "seed": 0})
+    with pytest.raises(ValueError, match="no_repeat_ngram_size"):
+        TranslationModule(module.model, proto, no_repeat_ngram_size=-1)
+
+
 def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus, tmp_path):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
@@ -628,7 +655,8 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
     _, error = run("translate.py", f"--model_dir={tiny_model_dir}", f"--input={source}",
                    f"--output={tmp_path / 'out.en'}", "--beam_size=2",
                    f"--plot_attention={plots}", stderr=True)
-    assert len((tmp_path / "out.en").read_text(encoding="utf-8").splitlines()) == 2
+    translations = (tmp_path / "out.en").read_text(encoding="utf-8").splitlines()
+    assert len(translations) == 2
     assert (f"translate.py: {source}: line 2 is not valid UTF-8: U+FFFD stands for the "
             "invalid bytes (a file in another encoding? `iconv -f latin1 -t utf-8` converts "
             "Latin-1)") in error.splitlines()
@@ -638,6 +666,11 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
     image = tf.io.decode_png(tf.io.read_file(str(plots / "encoder_self_layer_0.png")))
     height, width, channels = image.shape  # 4 square heads side by side, pieces as text
     assert channels == 3 and width > 2 * height and (image.numpy().max(axis=2) < 40).any()
+    # Without repeating a subword: other translations (the untrained model repeats itself).
+    run("translate.py", f"--model_dir={tiny_model_dir}", f"--input={source}",
+        f"--output={tmp_path / 'once.en'}", "--beam_size=2", "--no_repeat_ngram_size=1")
+    once = (tmp_path / "once.en").read_text(encoding="utf-8").splitlines()
+    assert len(once) == 2 and once != translations
     # evaluate.py on the dev split named by the model_dir's settings.
     import json as json_module
     settings_path = os.path.join(tiny_model_dir, "settings.json")

@@ -748,8 +748,9 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     assert model.settings["activation"] == "gelu" and model.settings["ffn_dropout"] == 0.1
     assert (model.settings["num_encoder_layers"], model.settings["num_decoder_layers"]) == (2, 1)
     assert not model.settings["tie_output"]
-    module = TranslationModule(model, vocab, beam_size=2, n_best=1)
-    # Published only after TensorFlow's C++ loader ran every signature (ExportCheckError else).
+    module = TranslationModule(model, vocab, beam_size=2, n_best=1, no_repeat_ngram_size=2)
+    # Published only after TensorFlow's C++ loader ran every signature (ExportCheckError else),
+    # here beam searches that repeat no two subwords.
     exported = export_saved_model(module, str(tmp_path / "export"))
     assert os.path.basename(exported) == "1"
     # Sources through the source model, targets through the target model: forced decoding

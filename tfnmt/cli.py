@@ -31,6 +31,16 @@ def define_beam_stop_flag(scope=""):
     flags.DEFINE_enum("beam_stop", "finished", ["finished", "bound"], text[0].upper() + text[1:])
 
 
+def define_no_repeat_flag(scope=""):
+    """--no_repeat_ngram_size, as export.py, translate.py and evaluate.py take it (`scope`: to
+    whom it applies)."""
+    text = (f"{scope}N > 0: no translation repeats a sequence of N subwords (a beam search "
+            "rule, as CTranslate2's no_repeat_ngram_size); default 0: allowed.")
+    flags.DEFINE_integer("no_repeat_ngram_size", 0, text[0].upper() + text[1:])
+    flags.register_validator("no_repeat_ngram_size", lambda v: v >= 0,
+                             "--no_repeat_ngram_size must be >= 0")
+
+
 def register_alpha_validator():
     """--alpha (a float flag, None for the model_dir's own) must be finite and >= 0: an infinite
     length penalty scores every hypothesis 0 (export.py, translate.py, evaluate.py)."""
@@ -53,7 +63,7 @@ def check_model_path(model_dir, export):
 def refuse_checkpoint_search_flags():
     """Raises app.UsageError for a checkpoint search's flag given with --export (translate.py,
     evaluate.py), which would otherwise be ignored: an export searches as export.py built it."""
-    for name in ("beam_size", "alpha", "beam_stop", "checkpoint"):
+    for name in ("beam_size", "alpha", "beam_stop", "no_repeat_ngram_size", "checkpoint"):
         if flags.FLAGS[name].present:
             raise app.UsageError(f"--{name} applies to --model_dir; an export searches as "
                                  f"export.py built it (export.py --{name})")

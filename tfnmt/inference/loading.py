@@ -35,33 +35,35 @@ def share_threads(export=None, sampling=None):
 
 
 def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=None, checkpoint="auto",
-                      beam_stop="finished"):
+                      beam_stop="finished", no_repeat_ngram_size=0):
     """A translation function from a model_dir's checkpoint or from an export.
 
     Args:
       model_dir: a training directory (used when `export` is not given).
       export: an export version directory, or an export_dir (its newest version).
-      beam_size, alpha, beam_stop: beam settings for a model_dir (an export keeps its own);
-        alpha None: the model_dir's (`length_penalty.default_alpha`).
+      beam_size, alpha, beam_stop, no_repeat_ngram_size: beam settings for a model_dir (an
+        export keeps its own); alpha None: the model_dir's (`length_penalty.default_alpha`).
       checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
 
     Returns:
       A function string [B] -> (translations string [B], scores float32 [B]).
     """
     return load_signatures(model_dir, export, beam_size, alpha, checkpoint,
-                           beam_stop=beam_stop)["serving_default"]
+                           beam_stop=beam_stop,
+                           no_repeat_ngram_size=no_repeat_ngram_size)["serving_default"]
 
 
 def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkpoint="auto",
-                    n_best=1, sampling=None, beam_stop="finished"):
+                    n_best=1, sampling=None, beam_stop="finished", no_repeat_ngram_size=0):
     """The translator's signatures as Python functions, from a model_dir's checkpoint or from
     an export (the signatures it has).
 
     Args:
       model_dir: a training directory (used when `export` is not given).
       export: an export version directory, or an export_dir (its newest version).
-      beam_size, alpha, n_best, beam_stop: beam settings for a model_dir (an export keeps its
-        own); alpha None: the model_dir's (`length_penalty.default_alpha`).
+      beam_size, alpha, n_best, beam_stop, no_repeat_ngram_size: beam settings for a
+        model_dir (an export keeps its own); alpha None: the model_dir's
+        (`length_penalty.default_alpha`).
       checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
       sampling: for a model_dir, draw translations at random (`TranslationModule`'s).
 
@@ -114,6 +116,7 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
         alpha = default_alpha(model_dir)[0] if alpha is None else alpha
         module = TranslationModule(model, vocab, beam_size, alpha, n_best=n_best,
                                    sampling=sampling, beam_stop=beam_stop,
+                                   no_repeat_ngram_size=no_repeat_ngram_size,
                                    memory_budget=budget)
         # A tf.function method holds its instance weakly: the functions keep `module` alive.
         run = {"serving_default": _from_strings(module.serve, module),

@@ -110,6 +110,8 @@ class TranslationModule:
       beam_stop: when a sentence's search ends before its limit: "finished" (once beam_size
         hypotheses have ended) or "bound" (once none left can beat them;
         `beam_search.STOP_RULES`).
+      no_repeat_ngram_size: N > 0: no translation repeats an N-gram of subwords
+        (`beam_search.BeamSearch`); 0 (default) allows it. Beam search only.
       max_decode_length: cap on output subwords (0: each source's length + `extra_length`).
       n_best: hypotheses returned by `serve_n_best`.
       parallel_searches: a chunk's sentences are split into this many groups, searched by
@@ -156,7 +158,7 @@ class TranslationModule:
                  n_best=4, extra_length=EXTRA_LENGTH, parallel_searches=PARALLEL_SEARCHES,
                  matmul_dtype="float32", chunk_size=64, sampling=None, cpuinfo=CPUINFO,
                  beam_stop="finished", bf16_min_speedup=None, gpu_files=GPU_DEVICE_FILES,
-                 environ=ENVIRON, memory_budget=None):
+                 environ=ENVIRON, memory_budget=None, no_repeat_ngram_size=0):
         import tensorflow_text as tf_text
 
         self.model = model
@@ -176,6 +178,9 @@ class TranslationModule:
         if beam_stop not in STOP_RULES:
             raise ValueError(f"beam_stop must be one of {STOP_RULES}, got {beam_stop!r}")
         self.beam_stop = beam_stop
+        self.no_repeat_ngram_size = int(no_repeat_ngram_size)
+        if self.no_repeat_ngram_size < 0:
+            raise ValueError(f"no_repeat_ngram_size={no_repeat_ngram_size} must be >= 0")
         self.parallel_searches = int(parallel_searches)
         if self.parallel_searches < 1:
             raise ValueError(f"parallel_searches={parallel_searches} must be >= 1")
@@ -195,6 +200,8 @@ class TranslationModule:
         if sampling is not None:
             if self.n_best != 1:
                 raise ValueError("sampling draws one translation per sentence: n_best must be 1")
+            if self.no_repeat_ngram_size:
+                raise ValueError("no_repeat_ngram_size applies to beam search, not sampling")
             SamplingSearch(model.settings["target_vocab_size"], **sampling)  # checks them
         self.sampling = sampling
         # The number of the next sampling search (`SamplingSearch`'s `search`).
@@ -393,9 +400,11 @@ class TranslationModule:
         def search(source_ids, limits, prefix):
             if alphas is None:
                 return beam_search(self.model, source_ids, self.beam_size, self.alpha, limits,
-                                   n_best, prefix=prefix, stop=self.beam_stop)
+                                   n_best, prefix=prefix, stop=self.beam_stop,
+                                   no_repeat_ngram_size=self.no_repeat_ngram_size)
             ids, scores = beam_search_alphas(self.model, source_ids, alphas, self.beam_size,
-                                             limits, prefix=prefix, stop=self.beam_stop)
+                                             limits, prefix=prefix, stop=self.beam_stop,
+                                             no_repeat_ngram_size=self.no_repeat_ngram_size)
             return ids[:, :, 0], scores[:, :, 0]  # n_best 1
 
         if self.parallel_searches == 1:

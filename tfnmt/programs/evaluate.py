@@ -57,6 +57,7 @@ flags.DEFINE_integer("beam_size", 4, "Beam size (checkpoints only).")
 flags.DEFINE_float("alpha", None, "Length penalty exponent (checkpoints only; default: the "
                    "one train.py chose on dev, <model_dir>/decoding.json, else 0.6).")
 cli.define_beam_stop_flag("Checkpoints only: ")
+cli.define_no_repeat_flag("Checkpoints only: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 flags.DEFINE_string("output", None, "Also write the translations here, one per line ('-': "
                     "stdout, before the scores; .gz: compressed).")
@@ -220,7 +221,8 @@ def _translate(sources, unit):
     try:
         signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
                                              FLAGS.alpha, FLAGS.checkpoint,
-                                             beam_stop=FLAGS.beam_stop)
+                                             beam_stop=FLAGS.beam_stop,
+                                             no_repeat_ngram_size=FLAGS.no_repeat_ngram_size)
     except (ModelDirError, OSError, SearchMemoryError) as error:
         raise app.UsageError(str(error))
     if message := loading.long_sources(signatures, sources, unit=unit):
@@ -256,7 +258,7 @@ def main(argv):
         raise app.UsageError("--output writes translations, and --hypotheses translates nothing")
     if FLAGS.hypotheses:  # what would translate: left unused, so refused
         for name in ("model_dir", "export", "checkpoint", "beam_size", "alpha", "beam_stop",
-                     "batch_size"):
+                     "no_repeat_ngram_size", "batch_size"):
             if FLAGS[name].present:
                 raise app.UsageError(f"--{name} is for translating, and --hypotheses scores "
                                      f"translations made elsewhere: drop --{name}")

@@ -50,6 +50,7 @@ flags.DEFINE_integer("beam_size", 4, "Beam size (paper: 4).")
 flags.DEFINE_float("alpha", None, "GNMT length penalty exponent (default: the one train.py "
                    "chose on dev, in <model_dir>/decoding.json, else the paper's 0.6).")
 cli.define_beam_stop_flag()
+cli.define_no_repeat_flag()
 flags.DEFINE_integer("max_decode_length", 0, "Cap on output subwords (0: source length + 50).")
 flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtype of the "
                   "weight matmuls: float32, bfloat16, or auto (default): bfloat16 where the "
@@ -74,8 +75,9 @@ cli.register_alpha_validator()
 flags.register_validator("parallel_searches", lambda v: v >= 1, "--parallel_searches must be >= 1")
 
 
-SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "beam_stop", "max_decode_length",
-                    "matmul_dtype", "n_best", "parallel_searches", "chunk_size")
+SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "beam_stop", "no_repeat_ngram_size",
+                    "max_decode_length", "matmul_dtype", "n_best", "parallel_searches",
+                    "chunk_size")
 
 
 def main(argv):
@@ -139,7 +141,8 @@ def main(argv):
                                FLAGS.max_decode_length, n_best,
                                parallel_searches=FLAGS.parallel_searches,
                                matmul_dtype=FLAGS.matmul_dtype, chunk_size=FLAGS.chunk_size,
-                               beam_stop=FLAGS.beam_stop)
+                               beam_stop=FLAGS.beam_stop,
+                               no_repeat_ngram_size=FLAGS.no_repeat_ngram_size)
     try:
         final = export_saved_model(module, export_dir, FLAGS.version, check=FLAGS.check,
                                    extra_files=side_profiles(FLAGS.model_dir))

@@ -50,6 +50,7 @@ flags.DEFINE_integer("beam_size", 4, "With --model_dir: beam size.")
 flags.DEFINE_float("alpha", None, "With --model_dir: length penalty exponent (default: the one "
                    "train.py chose on dev, <model_dir>/decoding.json, else 0.6).")
 cli.define_beam_stop_flag("With --model_dir: ")
+cli.define_no_repeat_flag("With --model_dir: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 flags.DEFINE_integer("n_best", 1, "Translations per sentence, best first (<= --beam_size; "
                      "an export gives at most its own n_best); > 1 writes "
@@ -171,6 +172,9 @@ def main(argv):
         cli.refuse_checkpoint_search_flags()
     if sampling and FLAGS.n_best > 1:
         raise app.UsageError("sampling draws one translation per sentence: drop --n_best")
+    if sampling and FLAGS.no_repeat_ngram_size:
+        raise app.UsageError("--no_repeat_ngram_size is a beam search rule: drop it or "
+                             "--sampling_topk")
     if FLAGS.model_dir and FLAGS.n_best > FLAGS.beam_size:
         raise app.UsageError(f"--n_best={FLAGS.n_best} needs --beam_size >= {FLAGS.n_best}")
     if FLAGS.score_targets and (FLAGS.n_best > 1 or sampling):
@@ -212,7 +216,8 @@ def main(argv):
         signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
                                              FLAGS.alpha, FLAGS.checkpoint,
                                              n_best=FLAGS.n_best, sampling=sampling,
-                                             beam_stop=FLAGS.beam_stop)
+                                             beam_stop=FLAGS.beam_stop,
+                                             no_repeat_ngram_size=FLAGS.no_repeat_ngram_size)
     except (ModelDirError, FileNotFoundError, OSError, SearchMemoryError) as error:
         raise app.UsageError(str(error))
     for flag, signature in (("score_targets", "score"),
