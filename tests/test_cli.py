@@ -434,6 +434,11 @@ def _flag_files(directory):
     ("evaluate.py", ["--hypotheses=one.en", "--reference=one.en", "--batch_size=8"],
      "--batch_size is for translating, and --hypotheses scores translations made elsewhere: "
      "drop --batch_size"),
+    ("evaluate.py", ["--hypotheses=-", "--reference=one.en", "--baseline=-"],
+     "--hypotheses and --baseline both read standard input ('-'): give all but one as files"),
+    ("evaluate.py", ["--source=-", "--reference=-", "--reference=-"],
+     "--source and --reference and --reference all read standard input ('-'): give all but "
+     "one as files"),
     ("evaluate.py", ["--hypotheses=one.en", "--reference=one.en", "--no_repeat_ngram_size=4"],
      "--no_repeat_ngram_size is for translating, and --hypotheses scores translations made "
      "elsewhere: drop --no_repeat_ngram_size"),

@@ -256,6 +256,14 @@ def main(argv):
         raise app.UsageError("--reference needs --source (to translate) or --hypotheses")
     if FLAGS.hypotheses and FLAGS.output:
         raise app.UsageError("--output writes translations, and --hypotheses translates nothing")
+    # One stream: the first reader would take it all, and the next would read no lines.
+    from_stdin = [f"--{flag}" for flag in ("source", "hypotheses", "baseline")
+                  if FLAGS[flag].value == "-"] + ["--reference" for path in FLAGS.reference or ()
+                                                  if path == "-"]
+    if len(from_stdin) > 1:
+        raise app.UsageError(f"{' and '.join(from_stdin)} "
+                             f"{'both' if len(from_stdin) == 2 else 'all'} read standard input "
+                             "('-'): give all but one as files")
     if FLAGS.hypotheses:  # what would translate: left unused, so refused
         for name in ("model_dir", "export", "checkpoint", "beam_size", "alpha", "beam_stop",
                      "no_repeat_ngram_size", "batch_size"):
