@@ -592,27 +592,26 @@ def test_one_search_under_a_grid_of_alphas_gives_each_alphas_plain_search(model,
     assert any(not np.array_equal(best[b, 0], best[b, -1]) for b in range(8))
 
 
-@pytest.mark.parametrize("plain", [False, True])
 @pytest.mark.parametrize("n", [1, 2, 3])
-def test_a_search_without_repeated_ngrams_gives_what_a_plain_search_without_them_gives(
-        model, n, plain):
+def test_a_search_without_repeated_ngrams_gives_what_a_plain_search_without_them_gives(model, n):
     # Untrained, the model repeats itself ("1 1 1 ..."); with two symbols besides the
     # specials, rows run out of allowed tokens (n = 1: each token once). Both stop rules, the
     # fast and the stock top-k ops; the scores stay the model's log-probabilities.
     source = random_ids(np.random.default_rng(4), 8, 5, VOCAB)
     source[::3, 2:] = PAD_ID
     source = tf.constant(source)
-    with fast_ops.plain_ops() if plain else contextlib.nullcontext():
-        for stop in STOP_RULES:
-            ids, scores = beam_search(model, source, beam_size=3, alpha=0.6, max_length=9,
-                                      n_best=3, stop=stop, no_repeat_ngram_size=n)
+    for stop in STOP_RULES:
+        expected = [reference_beam_search(model, source[b], 3, 0.6, 9, stop, no_repeat=n)[0]
+                    for b in range(8)]
+        for plain in (False, True):
+            with fast_ops.plain_ops() if plain else contextlib.nullcontext():
+                ids, scores = beam_search(model, source, beam_size=3, alpha=0.6, max_length=9,
+                                          n_best=3, stop=stop, no_repeat_ngram_size=n)
             for b in range(8):
-                expected, _ = reference_beam_search(model, source[b], 3, 0.6, 9, stop,
-                                                    no_repeat=n)
-                assert_plain_search_results(ids[b], scores[b], expected, (stop, b))
+                assert_plain_search_results(ids[b], scores[b], expected[b], (stop, plain, b))
     repeated = [reference_beam_search(model, source[b], 3, 0.6, 9, "finished")[0][0][0]
-                for b in range(8)]
-    assert sum(repeats_an_ngram(tokens, n) for tokens in repeated) >= 4
+                for b in range(4)]
+    assert sum(repeats_an_ngram(tokens, n) for tokens in repeated) >= 2
 
 
 def test_a_grid_of_alphas_without_repeated_ngrams_gives_each_alphas_search(model):
