@@ -213,6 +213,28 @@ def test_report_samples_are_readable_and_spread():
     assert pick_samples(pairs[:2]) == [0, 1] and pick_samples([]) == []
 
 
+@pytest.mark.parametrize("translations, references, told", [
+    (288, 36, True),  # the main job's test split
+    (60, 36, False),  # not twice the references'
+    (50, 0, False),  # not 5% of the sentences
+    (57, 0, True),
+])
+def test_the_report_tells_of_translations_that_repeat_themselves(translations, references, told):
+    from tfnmt.training.report import format_report, repeating
+
+    assert repeating(["a b c a b c", "a b c d a b", "x y x y x", "", "a b"]) == 2
+    report = {"sentences": 1136, "beam_size": 4, "alpha": 1.5, "checkpoint": "best/ckpt-9",
+              "bleu": 24.6, "chrf": 43.5, "bleu_signature": "b", "chrf_signature": "c",
+              "samples": [], "repeating": {"words": 3, "translations": translations,
+                                           "references": references}}
+    hint = (f"  {translations} of them repeat a sequence of 3 words ({references} of the "
+            "references do): --no_repeat_ngram_size=4 of export.py, translate.py and "
+            "evaluate.py forbids repeats (docs/serving.md, Repetitions)")
+    assert (hint in format_report(report, "runs/de-en").splitlines()) == told
+    del report["repeating"]  # a report.json written before it was counted
+    assert "repeat" not in format_report(report, "runs/de-en")
+
+
 class EndsEverywhere:
     """A model's logits with EOS made the most likely token at every position."""
 

@@ -327,6 +327,18 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
         test["bleu"])
     assert (f"  translations in {os.path.join('run', 'test.hyp')} (evaluate.py --baseline "
             "compares another model's with them)") in result.stdout
+
+    def repeat_three_words(line):
+        words = line.split()
+        return max(collections.Counter(zip(words, words[1:], words[2:])).values(), default=0) > 1
+
+    repeats = {"words": 3, "translations": sum(map(repeat_three_words, translations)),
+               "references": sum(map(repeat_three_words, references))}
+    assert test["repeating"] == repeats
+    hint = (f"  {repeats['translations']} of them repeat a sequence of 3 words "
+            f"({repeats['references']} of the references do): --no_repeat_ngram_size=4")
+    assert (hint in result.stdout) == (repeats["translations"] > max(2 * repeats["references"],
+                                                                     12 / 20)), result.stdout
     assert test["checkpoint"] == os.path.join("averaged", "ckpt-12")  # what export.py exports
     # The length penalty: chosen on dev for that checkpoint, kept for export.py and the others.
     choice = json.load(open(os.path.join(model_dir, "decoding.json")))

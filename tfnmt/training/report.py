@@ -12,6 +12,24 @@ from tfnmt.data.corpus import read_split
 from tfnmt.inference import length_penalty
 
 SAMPLES = 3
+# A line "repeats itself" when it holds a sequence of this many words twice.
+REPEAT_WORDS = 3
+
+
+def repeating(lines, words=REPEAT_WORDS):
+    """How many of `lines` hold a sequence of `words` whitespace-separated words twice."""
+    count = 0
+    for line in lines:
+        tokens = line.split()
+        sequences = [tuple(tokens[i:i + words]) for i in range(len(tokens) - words + 1)]
+        count += len(sequences) != len(set(sequences))
+    return count
+
+
+def repeats_too_often(repeats, sentences):
+    """Whether a report's translations repeat themselves well beyond their references (`repeats`:
+    its "repeating" entry): more than twice as many, and more than 5% of the sentences."""
+    return repeats["translations"] > max(2 * repeats["references"], sentences / 20)
 
 
 def pick_samples(pairs, count=SAMPLES, min_words=6, max_words=20):
@@ -167,8 +185,9 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA, bleu_tok
       {"split", "sentences", "beam_size", "alpha", "bleu", "chrf", their signatures,
       "samples", "checkpoint", "sources_cut": the sources longer than the model reads,
       "translations": the file in the model_dir that holds them, one per line (for
-      `evaluate.py --baseline` to compare another model with)}; None when the dataset has no
-      test split (--dataset=files without --test_files).
+      `evaluate.py --baseline` to compare another model with), "repeating": how many
+      translations and references repeat a sequence of REPEAT_WORDS words}; None when the
+      dataset has no test split (--dataset=files without --test_files).
     """
     from tfnmt.inference.evaluation import corpus_scores
 
@@ -190,6 +209,8 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA, bleu_tok
     paths.write_atomically(os.path.join(translator.model_dir, paths.TEST_TRANSLATIONS),
                            "".join(f"{line}\n" for line in hypotheses))
     report["translations"] = paths.TEST_TRANSLATIONS
+    report["repeating"] = {"words": REPEAT_WORDS, "translations": repeating(hypotheses),
+                           "references": repeating(t for _, t in pairs)}
     report["samples"] = [{"source": pairs[i][0], "reference": pairs[i][1],
                           "translation": hypotheses[i]} for i in pick_samples(pairs)]
     return report
@@ -253,6 +274,12 @@ def format_report(report, model_dir, reverse=False, own_data=False):
         if report.get("translations"):
             lines.append(f"  translations in {os.path.join(model_dir, report['translations'])}"
                          " (evaluate.py --baseline compares another model's with them)")
+        repeats = report.get("repeating")
+        if repeats and repeats_too_often(repeats, report["sentences"]):
+            lines.append(f"  {repeats['translations']:,} of them repeat a sequence of "
+                         f"{repeats['words']} words ({repeats['references']:,} of the "
+                         "references do): --no_repeat_ngram_size=4 of export.py, translate.py "
+                         "and evaluate.py forbids repeats (docs/serving.md, Repetitions)")
         for sample in report["samples"]:
             lines.append(f"  source       {sample['source']}")
             lines.append(f"  reference    {sample['reference']}")
