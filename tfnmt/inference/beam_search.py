@@ -66,8 +66,9 @@ class BeamSearch(DecodingStrategy):
     limit, or earlier by the `stop` rule: once K hypotheses have ended ("finished"), or once
     none of its alive hypotheses can beat its K-th finished one ("bound"). With
     `no_repeat_ngram_size` N, no hypothesis takes a token that would repeat one of its N-grams
-    of subwords (fairseq's and CTranslate2's rule): the token is left out of the step's choice,
-    and the scores stay the model's log-probabilities.
+    of subwords (the rule of fairseq and CTranslate2): as in fairseq, the token is left out of
+    the step's choice and the scores stay the model's log-probabilities (CTranslate2
+    renormalises the others).
 
     A hypothesis's *tracks* are its ids [.., t] and, with return_attention, its attention rows
     [.., t, S]. Per sentence still searched: its index and limit, alive hypotheses with their
