@@ -1014,12 +1014,13 @@ def test_export_command_matmul_dtype(tiny_model_dir, tmp_path):
                               capture_output=True, text=True, timeout=300,
                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
-    result = export("--parallel_searches=1")  # auto (the default); one search per dtype
+    # auto (the default); one search per dtype
+    result = export("--parallel_searches=1", "--no_repeat_ngram_size=3")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "length penalty 0.6 (the paper's)" in result.stdout  # no decoding.json there
     assert result.stdout.strip().endswith(
         f"export{os.sep}1 (weight matmuls: bfloat16 where the serving CPU times it faster, "
-        "else float32)")
+        "else float32; no translation repeats a sequence of 3 subwords)")
     # Both searches, and what chooses between them when the export runs: the file read, the
     # timing and the variable that keeps the choice.
     ops = graph_ops(str(tmp_path / "export" / "1"))

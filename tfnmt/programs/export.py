@@ -153,7 +153,9 @@ def main(argv):
         return 1
     matmuls = ("bfloat16 where the serving CPU times it faster, else float32"
                if FLAGS.matmul_dtype == "auto" else FLAGS.matmul_dtype)
-    print(f"exported {path} to {final} (weight matmuls: {matmuls})")
+    repeats = (f"; no translation repeats a sequence of {FLAGS.no_repeat_ngram_size} subwords"
+               if FLAGS.no_repeat_ngram_size else "")
+    print(f"exported {path} to {final} (weight matmuls: {matmuls}{repeats})")
 
 
 def failure(error, export_dir):
