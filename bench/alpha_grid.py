@@ -24,7 +24,7 @@ flags.mark_flag_as_required("model_dir")
 
 def main(_):
     from tfnmt.data.corpus import read_split
-    from tfnmt.inference.evaluation import corpus_scores
+    from tfnmt.inference.sacrebleu_scores import corpus_scores
     from tfnmt.inference.length_penalty import ALPHA_GRID
     from tfnmt.paths import SETTINGS
     from tfnmt.training.report import ServedTranslator

@@ -179,7 +179,8 @@ def time_translator(result, name, translate, sources, references, tokenizer,
     result[f"{name}_batch1_clients{clients}"]."""
     import tensorflow as tf
 
-    from tfnmt.inference.evaluation import corpus_scores, translate_lines
+    from tfnmt.inference.evaluation import translate_lines
+    from tfnmt.inference.sacrebleu_scores import corpus_scores
 
     batch_sizes = list(map(int, FLAGS.batch_sizes))
     batch1_lines = sources[:FLAGS.batch1_limit] if FLAGS.batch1_limit else sources

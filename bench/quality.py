@@ -212,7 +212,7 @@ def chosen(checkpoints, budgets, every):
 
 
 def score(hypotheses, references):
-    from tfnmt.inference.evaluation import corpus_scores
+    from tfnmt.inference.sacrebleu_scores import corpus_scores
 
     scores = corpus_scores(hypotheses, references, signatures=True)
     return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in scores.items()}

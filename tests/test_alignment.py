@@ -102,8 +102,9 @@ def test_evaluate_py_refuses_hypotheses_out_of_step_with_their_references(sides,
                            "after them")
     assert "tensorflow" not in imported_modules(result.stderr)
     scored = python("evaluate.py", f"--hypotheses={references}", f"--reference={references}",
-                    "--json", timeout=120)
+                    "--json", timeout=120, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert scored.returncode == 0 and '"bleu": 100.0' in scored.stdout
+    assert "tensorflow" not in imported_modules(scored.stderr)
 
 
 def test_translate_py_refuses_translations_to_score_out_of_step(sides, tmp_path):

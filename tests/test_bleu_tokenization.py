@@ -9,7 +9,7 @@ import sacrebleu
 
 from helpers import python
 from tfnmt.inference import bleu_tokenization
-from tfnmt.inference.evaluation import corpus_scores
+from tfnmt.inference.sacrebleu_scores import corpus_scores
 from tfnmt.training.evaluator import run_bleu_tokenization
 
 CHINESE = (["我们今天去公园散步。", "他喜欢读书和写作。", "这本书很有意思。"],

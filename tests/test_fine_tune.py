@@ -13,7 +13,8 @@ from tfnmt.checkpoints import load_model
 from tfnmt.data import records
 from tfnmt.data.pipeline import make_dataset
 from tfnmt.data.vocabulary import Vocabulary
-from tfnmt.inference.evaluation import Translator, corpus_scores, evaluate_loss
+from tfnmt.inference.evaluation import Translator, evaluate_loss
+from tfnmt.inference.sacrebleu_scores import corpus_scores
 from tfnmt.training import experiment, fine_tune
 from tfnmt.training.settings import SettingsError
 

@@ -5,7 +5,7 @@ import pytest
 import sacrebleu
 
 from tfnmt.inference import significance
-from tfnmt.inference.evaluation import sacrebleu_metrics
+from tfnmt.inference.sacrebleu_scores import sacrebleu_metrics
 
 WORDS = ("the a house is was red green big small old new we they saw found built near far "
          "river town road tree day night").split()

@@ -7,7 +7,8 @@
   length_penalty.py      the length penalty chosen on dev at the end of training
   search_memory.py       a search's memory per sentence; sentences searched at once that fit
   scoring.py             forced decoding: log P(target | source) of given translations
-  evaluation.py          loss/perplexity, batched translation, sacreBLEU/chrF/TER
+  evaluation.py          loss/perplexity, batched translation
+  sacrebleu_scores.py    sacreBLEU's BLEU, chrF and TER with signatures (no TensorFlow)
   significance.py        two systems' scores compared: paired randomization and bootstrap
   bleu_tokenization.py   BLEU's tokenization, chosen by the target language's script
   serving.py             the in-graph translator (`TranslationModule`) and its signatures

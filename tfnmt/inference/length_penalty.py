@@ -56,7 +56,7 @@ def choose_alpha(translate_with, references, grid=ALPHA_GRID, tokenize="13a"):
     Returns:
       (the best alpha, {alpha: sacreBLEU} of the alphas tried).
     """
-    from tfnmt.inference.evaluation import corpus_scores
+    from tfnmt.inference.sacrebleu_scores import corpus_scores
 
     scores, best = {}, None
     for alpha in grid:

@@ -309,21 +309,26 @@ def main(argv):
     # Else lines are sources: a file's lines, or a split's sentences.
     hypotheses = lines if FLAGS.hypotheses else _translate(
         lines, "line" if FLAGS.source else "sentence")
-    # TensorFlow is imported only once the inputs are good.
-    from tfnmt.inference.evaluation import corpus_scores, sacrebleu_metrics
+    from tfnmt.inference.sacrebleu_scores import corpus_scores, sacrebleu_metrics
 
     if FLAGS.output:
         output = text_lines.LineWriter(FLAGS.output)
         output.write(hypotheses)
         output.close()
-    scores = corpus_scores(hypotheses, references[0], ter=True, signatures=True,
-                           more_references=references[1:], tokenize=bleu_tokenize)
     compared = None
-    if baseline is not None:
+    if baseline is None:
+        scores = corpus_scores(hypotheses, references[0], ter=True, signatures=True,
+                               more_references=references[1:], tokenize=bleu_tokenize)
+    else:
         from tfnmt.inference import significance
 
-        compared = significance.compare(baseline, hypotheses, references,
-                                        sacrebleu_metrics(bleu_tokenize, ter=True))
+        # The comparison scores both systems from their per-sentence statistics: the
+        # system's own scores are among its results (TER's statistics take seconds).
+        metrics = sacrebleu_metrics(bleu_tokenize, ter=True)
+        compared = significance.compare(baseline, hypotheses, references, metrics)
+        scores = {name: compared[name]["system"] for name in metrics}
+        scores.update({f"{name}_signature": str(metric.get_signature())
+                       for name, metric in metrics.items()})
     if FLAGS.json:
         result = dict(scores, sentences=len(hypotheses), references=len(references),
                       scored=what)

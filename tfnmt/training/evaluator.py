@@ -5,7 +5,8 @@ import tensorflow as tf
 from tfnmt.data import pipeline
 from tfnmt.data.corpus import read_split
 from tfnmt.inference import bleu_tokenization, search_memory
-from tfnmt.inference.evaluation import Translator, corpus_scores, evaluate_loss, loss_sums_function
+from tfnmt.inference.evaluation import Translator, evaluate_loss, loss_sums_function
+from tfnmt.inference.sacrebleu_scores import corpus_scores
 from tfnmt.training.summaries import (teacher_forced_inputs, write_attention_images,
                                      write_scalars)
 

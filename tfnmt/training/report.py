@@ -189,7 +189,7 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA, bleu_tok
       translations and references repeat a sequence of REPEAT_WORDS words}; None when the
       dataset has no test split (--dataset=files without --test_files).
     """
-    from tfnmt.inference.evaluation import corpus_scores
+    from tfnmt.inference.sacrebleu_scores import corpus_scores
 
     d = settings["data"]
     files = (d.get("files") or {}).get("test")
