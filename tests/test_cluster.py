@@ -3,6 +3,7 @@ refusal of one that cannot place the process in a training cluster, and the sett
 directories a cluster's workers compare with the chief's (tfnmt/training/cluster_sync.py)."""
 import json
 import os
+import types
 
 import pytest
 
@@ -228,3 +229,42 @@ def test_workers_find_the_chiefs_file_only_in_the_directories_they_share(tmp_pat
                                 dict(chiefs, written=["model_dir"])) == []
     cluster_sync._remove_shared_files(directories, token)
     assert os.listdir(model_dir) == [] and os.listdir(data_dir) == []
+
+
+@pytest.mark.parametrize("error, said", [
+    (KeyboardInterrupt(), "it was interrupted"),
+    (KeyboardInterrupt("2 of 4 shards written"), "it was interrupted: 2 of 4 shards written"),
+    (ValueError("train.tsv line 3 is not UTF-8"), "train.tsv line 3 is not UTF-8"),
+    (ValueError(), "ValueError")])
+def test_the_other_workers_say_how_the_chiefs_work_ended(monkeypatch, error, said):
+    # The chief's failure reaches the others through the cluster's key-value store (a dict
+    # here); a Ctrl-C, whose exception says nothing, is named as an interruption.
+    from tfnmt.training import cluster_sync
+    from tfnmt.training.trainer import TrainingError
+
+    store = {}
+
+    class Store:
+        def set_config_key_value(self, key, value):
+            store[key] = value
+
+        def get_config_key_value(self, key):
+            return store[key]
+
+        def wait_at_barrier(self, name, timeout_ms):
+            pass
+
+    def work():
+        raise error
+
+    monkeypatch.setattr(cluster_sync, "in_cluster", lambda strategy: True)
+    monkeypatch.setattr(cluster_sync, "context", types.SimpleNamespace(context=Store))
+    for chief in (True, False):
+        monkeypatch.setattr(cluster_sync, "task_role", lambda strategy: (chief, 0))
+        if chief:
+            with pytest.raises(type(error)):
+                cluster_sync.chief_first(None, "prepare the data", work)
+        else:
+            with pytest.raises(TrainingError) as raised:
+                cluster_sync.chief_first(None, "prepare the data", work)
+            assert str(raised.value) == f"the chief could not prepare the data: {said}"

@@ -256,7 +256,7 @@ def chief_first(strategy, what, work):
         try:
             result = work()
         except BaseException as error:
-            ctx.set_config_key_value(key, json.dumps(str(error) or type(error).__name__))
+            ctx.set_config_key_value(key, json.dumps(_failure(error)))
             if isinstance(error, Exception):  # not on Ctrl-C
                 _until_read(ctx, key)
             raise
@@ -268,6 +268,14 @@ def chief_first(strategy, what, work):
         _until_read(ctx, key)
         raise TrainingError(f"the chief could not {what}: {failure}")
     return None
+
+
+def _failure(error):
+    """What the other workers say the chief's `work` ended with: its error's message, or that
+    the chief was interrupted (Ctrl-C's KeyboardInterrupt says nothing by itself)."""
+    if isinstance(error, KeyboardInterrupt):
+        return "it was interrupted" + (f": {error}" if str(error) else "")
+    return str(error) or type(error).__name__
 
 
 def _until_read(ctx, key):
