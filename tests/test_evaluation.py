@@ -49,6 +49,41 @@ def test_corpus_scores_refuse_what_cannot_be_scored(hypotheses, references, mess
         corpus_scores(hypotheses, hypotheses, more_references=[references])
 
 
+def test_scores_of_standard_input_or_a_pipe_are_named_by_their_flag(tmp_path):
+    # `--hypotheses=-`, and `--hypotheses=<(zcat news.hyp.gz)` (a pipe at /dev/fd/63), are
+    # printed as what the flag read, not as "-" or "63"; a file by its name.
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    (tmp_path / "ref.en").write_text("A house.\nGood morning!\n")
+    hypotheses = "A house.\nGood day!\n"
+    command = [sys.executable, os.path.join(ROOT, "evaluate.py"), f"--reference={tmp_path}/ref.en"]
+    stdin = subprocess.run(command + ["--hypotheses=-"], input=hypotheses, capture_output=True,
+                           text=True, timeout=60)
+    assert stdin.returncode == 0, stdin.stderr
+    assert stdin.stdout.splitlines()[0] == "--hypotheses (standard input): 2 sentences"
+    read, write = os.pipe()
+    os.write(write, hypotheses.encode())
+    os.close(write)
+    try:
+        piped = subprocess.run(command + [f"--hypotheses=/dev/fd/{read}", "--json"],
+                               pass_fds=(read,), capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(read)
+    assert piped.returncode == 0, piped.stderr
+    scores = json.loads(piped.stdout)
+    assert scores["scored"] == f"--hypotheses (/dev/fd/{read})" and scores["sentences"] == 2
+    assert scores["bleu"] == sacrebleu.corpus_bleu(hypotheses.splitlines(),
+                                                   [["A house.", "Good morning!"]]).score
+    (tmp_path / "hyp.en").write_text(hypotheses)
+    named = subprocess.run(command + [f"--hypotheses={tmp_path}/hyp.en"], capture_output=True,
+                           text=True, timeout=60)
+    assert named.stdout.splitlines()[0] == "hyp.en: 2 sentences"
+
+
 def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir, tmp_path):
     import json
 

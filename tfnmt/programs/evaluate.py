@@ -212,6 +212,16 @@ def _bleu_tokenization(references):
                                               for line in stream])[0]
 
 
+def _scored_name(path, flag):
+    """What the scores are printed as being of: a file's name; standard input or a pipe
+    (`<(zcat news.hyp.gz)`, /dev/fd/63) by its flag."""
+    if path == "-":
+        return f"--{flag} (standard input)"
+    if not os.path.isfile(path):
+        return f"--{flag} ({path})"
+    return os.path.basename(path)
+
+
 def _translate(sources, unit):
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
@@ -289,7 +299,7 @@ def main(argv):
         flag = "hypotheses" if FLAGS.hypotheses else "source"
         lines = _read_lines(FLAGS[flag].value, flag)
         references = _read_references(lines, flag)
-        what = os.path.basename(FLAGS[flag].value)
+        what = _scored_name(FLAGS[flag].value, flag)
     baseline = _read_lines(FLAGS.baseline, "baseline") if FLAGS.baseline else None
     if baseline is not None and not from_split:  # a split's count is known once it is read
         _aligned(baseline, references[0], "--baseline and --reference")
