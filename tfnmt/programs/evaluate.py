@@ -336,9 +336,10 @@ def main(argv):
         # system's own scores are among its results (TER's statistics take seconds).
         metrics = sacrebleu_metrics(bleu_tokenize, ter=True)
         compared = significance.compare(baseline, hypotheses, references, metrics)
-        scores = {name: compared[name]["system"] for name in metrics}
-        scores.update({f"{name}_signature": str(metric.get_signature())
-                       for name, metric in metrics.items()})
+        scores = {}
+        for name, metric in metrics.items():  # in corpus_scores' order
+            scores[name] = compared[name]["system"]
+            scores[f"{name}_signature"] = str(metric.get_signature())
     if FLAGS.json:
         result = dict(scores, sentences=len(hypotheses), references=len(references),
                       scored=what)
