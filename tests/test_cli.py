@@ -444,7 +444,7 @@ def _flag_files(directory):
      "elsewhere: drop --no_repeat_ngram_size"),
     ("evaluate.py", ["--source=one.de", "--hypotheses=one.en", "--reference=one.en"],
      "give --source (to translate) or --hypotheses (translated), not both"),
-    ("evaluate.py", ["--source=one.de"], "--source and --hypotheses need --reference"),
+    ("evaluate.py", ["--source=one.de"], "--source needs --reference"),
     ("evaluate.py", ["--reference=one.en"],
      "--reference needs --source (to translate) or --hypotheses"),
     ("evaluate.py", ["--hypotheses=latin1.en", "--reference=one.en"],

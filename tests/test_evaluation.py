@@ -173,9 +173,12 @@ def test_evaluate_py_scores_user_files_and_existing_translations(tiny_model_dir,
      "translations made elsewhere: drop --beam_size"),
     ("--hypotheses", "--export=runs/de-en/export", "--export is for translating"),
     ("--hypotheses", "--checkpoint=best", "--checkpoint is for translating"),
-    ("--hypotheses", "--model_dir=runs/de-en", "--model_dir is for translating"),
-    ("--hypotheses", "--split=dev", "--split scores the model's dataset, and --source or "
-     "--hypotheses give your own sentences: drop --split"),
+    ("--hypotheses", "--model_dir=runs/de-en", "--hypotheses is scored against --reference, or "
+     "without it against the --split of --model_dir: drop one of --reference and --model_dir"),
+    ("--hypotheses", "--split=dev", "--split scores the model's dataset, and --reference gives "
+     "your own sentences: drop --split"),
+    ("--source", "--split=dev", "--split scores the model's dataset, and --reference gives "
+     "your own sentences: drop --split"),
     ("--source", "--model_dir=runs/x --export=runs/x/export", "give one of --model_dir and "
      "--export to translate --source"),
 ])
@@ -241,6 +244,71 @@ def test_evaluate_py_without_a_model_dir_says_what_to_give(tmp_path):
         f"evaluate.py: --export={tmp_path / 'export'} lies in no training directory, whose "
         "settings.json names the data of --split: give that directory as --model_dir, or give "
         "--source and --reference")
+
+
+def test_evaluate_py_scores_translations_made_elsewhere_against_a_split(tmp_path):
+    # --hypotheses without --reference: the references are the --split's targets of the data
+    # --model_dir's settings name (the second side, or with --reverse the first), and BLEU
+    # tokenizes as that run chose; no TensorFlow is loaded.
+    from helpers import imported_modules, python
+
+    pairs = {"test": [("Das ist ein Haus.", "That is a house."),
+                      ("Guten Morgen!", "Good morning!"),
+                      ("Er sprach zu ihnen.", "He spoke to them."),
+                      ("Wir gehen heute nach Hause.", "We are going home today.")],
+             "dev": [("Ein roter Hund.", "A red dog."), ("Danke schön.", "Thank you.")]}
+    files = {}
+    for split, rows in pairs.items():
+        files[split] = str(tmp_path / f"{split}.tsv")
+        (tmp_path / f"{split}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in rows))
+    for reverse in (False, True):
+        model_dir = tmp_path / f"run-{reverse}"
+        model_dir.mkdir()
+        (model_dir / "settings.json").write_text(json.dumps(
+            {"data": {"dataset": "files", "files": files, "reverse": reverse},
+             "train": {"bleu_tokenize": "intl"}}))
+        references = [pair[0 if reverse else 1] for pair in pairs["test"]]
+        hypotheses = ["It is a house.", "Good morning!", "He spoke.", "We go home today."]
+        baseline = ["A house.", "Morning!", "He spoke to them.", "Today we go."]
+        (tmp_path / "hyp").write_text("\n".join(hypotheses) + "\n")
+        (tmp_path / "base").write_text("\n".join(baseline) + "\n")
+        scored = python("evaluate.py", f"--hypotheses={tmp_path / 'hyp'}",
+                        f"--model_dir={model_dir}", f"--baseline={tmp_path / 'base'}", "--json",
+                        env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=60)
+        assert scored.returncode == 0, scored.stderr[-2000:]
+        assert "tensorflow" not in imported_modules(scored.stderr)
+        scores = json.loads(scored.stdout)
+        assert scores["scored"] == f"hyp, against the test split of {model_dir}"
+        assert (scores["sentences"], scores["references"]) == (4, 1)
+        for name, score in (("bleu", sacrebleu.corpus_bleu), ("chrf", sacrebleu.corpus_chrf),
+                            ("ter", sacrebleu.corpus_ter)):
+            options = {"tokenize": "intl"} if name == "bleu" else {}
+            assert scores[name] == pytest.approx(score(hypotheses, [references], **options).score)
+            assert scores["baseline"][name]["baseline"] == pytest.approx(
+                score(baseline, [references], **options).score)
+        assert "|tok:intl|" in scores["bleu_signature"]
+    # Another split (of the reversed run's data); a count that differs from the split's is
+    # refused.
+    (tmp_path / "dev.hyp").write_text("A red dog.\nThanks.\n")
+    dev = python("evaluate.py", f"--hypotheses={tmp_path / 'dev.hyp'}", f"--model_dir={model_dir}",
+                 "--split=dev", "--bleu_tokenize=13a", timeout=60)
+    assert dev.returncode == 0, dev.stderr[-2000:]
+    assert dev.stdout.splitlines()[0] == (f"dev.hyp, against the dev split of {model_dir}: "
+                                          "2 sentences")
+    expected = sacrebleu.corpus_bleu(["A red dog.", "Thanks."],
+                                     [["Ein roter Hund.", "Danke schön."]])  # reversed
+    assert f"BLEU   {expected.score:6.2f}  nrefs:1|case:mixed|eff:no|tok:13a" in dev.stdout
+    short = python("evaluate.py", f"--hypotheses={tmp_path / 'dev.hyp'}",
+                   f"--model_dir={model_dir}", timeout=60)
+    assert short.returncode == 1
+    assert short.stderr.strip() == ("evaluate.py: --hypotheses and --split=test have 2 and 4 "
+                                    "lines: they must be line-aligned")
+    (tmp_path / "empty").mkdir()
+    nothing = python("evaluate.py", f"--hypotheses={tmp_path / 'dev.hyp'}",
+                     f"--model_dir={tmp_path / 'empty'}", timeout=60)
+    assert nothing.returncode == 1
+    assert nothing.stderr.strip() == (f"evaluate.py: {tmp_path / 'empty'} holds no trained model "
+                                      "(no settings.json); give --model_dir, or --reference")
 
 
 def test_report_samples_are_readable_and_spread():

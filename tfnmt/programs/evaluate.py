@@ -4,7 +4,7 @@ What is translated: a split of the model's dataset (--split, the default: test),
 line-aligned files (--source and --reference; repeat --reference for several references per
 sentence). Who translates: a training directory's checkpoint (--model_dir, beam search) or an
 export (--export, its own settings); or nobody, with --hypotheses naming translations made
-elsewhere.
+elsewhere (scored against --reference, or without it against the --split of --model_dir).
 
   python evaluate.py                                                # test split, beam 4
   python evaluate.py --model_dir=runs/de-en --split=dev --output=dev.hyp
@@ -12,6 +12,7 @@ elsewhere.
   python evaluate.py --hypotheses=news.hyp --reference=news.en      # score existing output
   python evaluate.py --hypotheses=news.hyp --reference=news.en --reference=news.2.en
   python evaluate.py --hypotheses=new.hyp --baseline=old.hyp --reference=news.en
+  python evaluate.py --hypotheses=ct2.hyp --baseline=runs/de-en/test.hyp  # on the test split
 
 With --baseline (another system's translations of the same sentences) it also scores those and
 tests each metric's difference: a 95% confidence interval by paired bootstrap resampling (1,000
@@ -43,13 +44,13 @@ flags.DEFINE_string("checkpoint", "auto", "auto (averaged at the newest update, 
                     "latest) | latest | averaged | best | a checkpoint path or directory, or a "
                     "checkpoint in the model_dir (ckpt-2000, best/ckpt-2000).")
 flags.DEFINE_enum("split", "test", ["dev", "test"], "Split of the model's dataset to score "
-                  "(not with --source or --hypotheses, which give your own).")
+                  "(not with --reference, which gives your own sentences).")
 flags.DEFINE_string("source", None, "Source sentences, one per line (with --reference).")
 flags.DEFINE_multi_string("reference", None, "Reference translations, line-aligned with "
                           "--source or --hypotheses; repeat it for several references per "
                           "sentence.")
-flags.DEFINE_string("hypotheses", None, "Score these translations (one per line) against "
-                    "--reference, translating nothing.")
+flags.DEFINE_string("hypotheses", None, "Score these translations (one per line), translating "
+                    "nothing: against --reference, else against the --split of --model_dir.")
 flags.DEFINE_string("baseline", None, "Another system's translations of the same sentences, "
                     "one per line: also scored, and each difference tested (95% interval, "
                     "p-value).")
@@ -134,24 +135,25 @@ def _split_model_dir():
 
 def _split_data(model_dir, split):
     """The data settings of model_dir, checked to name a --split (before TensorFlow loads)."""
+    own = "--reference" if FLAGS.hypotheses else "--source and --reference"
     settings = read_settings(model_dir)
     if settings is None:
         if is_export(model_dir):
-            advice = "it is a SavedModel export: give it as --export, with --source and --reference"
+            advice = f"it is a SavedModel export: give it as --export, with {own}"
         elif FLAGS.export:  # the split is of the training data that model_dir names
             advice = ("--export scores the --split of the data its training directory names: "
                       "give that directory as --model_dir, or give --source and --reference")
         else:
-            advice = other_kind(model_dir) or "give --model_dir, or --source and --reference"
+            advice = other_kind(model_dir) or f"give --model_dir, or {own}"
         raise app.UsageError(f"{model_dir} holds no trained model (no {SETTINGS}); {advice}")
     data = settings.get("data") or {}
     if not data.get("dataset"):
         raise app.UsageError(f"{os.path.join(model_dir, SETTINGS)} names no dataset (its "
-                             "data.dataset): give --source and --reference")
+                             f"data.dataset): give {own}")
     files = (data.get("files") or {}).get(split)
     if data["dataset"] == "files" and not files:  # read_split would name train.py's flag
         raise app.UsageError(f"{model_dir} was trained on its own files with no {split} split "
-                             f"(train.py --{split}_files): give --source and --reference")
+                             f"(train.py --{split}_files): give {own}")
     return data
 
 
@@ -193,10 +195,11 @@ def _read_references(lines, flag):
 
 
 def _bleu_tokenization(references):
-    """--bleu_tokenize; for auto, the one the training run whose model translates chose
-    (train.py --bleu_tokenize), else the one that fits the references' script."""
+    """--bleu_tokenize; for auto, the one the training run whose model translates (or whose
+    split is scored) chose (train.py --bleu_tokenize), else the one that fits the references'
+    script."""
     chosen = FLAGS.bleu_tokenize
-    if chosen == bleu_tokenization.AUTO and not FLAGS.hypotheses:
+    if chosen == bleu_tokenization.AUTO and not (FLAGS.hypotheses and FLAGS.reference):
         model_dir = _training_dir()
         try:
             saved = read_settings(model_dir) if model_dir else None
@@ -257,8 +260,8 @@ def _say_other_languages(sources, references, sample=1000):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if (FLAGS.source or FLAGS.hypotheses) and not FLAGS.reference:
-        raise app.UsageError("--source and --hypotheses need --reference")
+    if FLAGS.source and not FLAGS.reference:
+        raise app.UsageError("--source needs --reference")
     if FLAGS.source and FLAGS.hypotheses:
         raise app.UsageError("give --source (to translate) or --hypotheses (translated), "
                              "not both")
@@ -275,31 +278,37 @@ def main(argv):
                              f"{'both' if len(from_stdin) == 2 else 'all'} read standard input "
                              "('-'): give all but one as files")
     if FLAGS.hypotheses:  # what would translate: left unused, so refused
-        for name in ("model_dir", "export", "checkpoint", "beam_size", "alpha", "beam_stop",
+        for name in ("export", "checkpoint", "beam_size", "alpha", "beam_stop",
                      "no_repeat_ngram_size", "batch_size"):
             if FLAGS[name].present:
                 raise app.UsageError(f"--{name} is for translating, and --hypotheses scores "
                                      f"translations made elsewhere: drop --{name}")
+        if FLAGS.reference and FLAGS["model_dir"].present:
+            raise app.UsageError("--hypotheses is scored against --reference, or without it "
+                                 "against the --split of --model_dir: drop one of --reference "
+                                 "and --model_dir")
     if FLAGS.export and FLAGS.source and FLAGS["model_dir"].present:
         raise app.UsageError("give one of --model_dir and --export to translate --source (with "
                              "--export, --model_dir only names the data of --split)")
-    if FLAGS["split"].present and (FLAGS.source or FLAGS.hypotheses):
-        raise app.UsageError("--split scores the model's dataset, and --source or --hypotheses "
-                             "give your own sentences: drop --split")
+    if FLAGS["split"].present and FLAGS.reference:
+        raise app.UsageError("--split scores the model's dataset, and --reference gives your "
+                             "own sentences: drop --split")
     if FLAGS.export:
         cli.refuse_checkpoint_search_flags()
     if FLAGS.output:  # written after translating: refused before, not after that work
         cli.check_output_path(FLAGS.output, [("source", FLAGS.source),
                                              ("baseline", FLAGS.baseline)]
                               + [("reference", path) for path in FLAGS.reference or ()])
-    from_split = not (FLAGS.hypotheses or FLAGS.source)
+    from_split = not FLAGS.reference  # the references (and sources) of the model's dataset
     if from_split:  # checked here; read below, once TensorFlow's threads are set
-        split_data = _split_data(_split_model_dir(), FLAGS.split)
-    else:
+        split_dir = _split_model_dir()
+        split_data = _split_data(split_dir, FLAGS.split)
+    if FLAGS.hypotheses or FLAGS.source:
         flag = "hypotheses" if FLAGS.hypotheses else "source"
         lines = _read_lines(FLAGS[flag].value, flag)
-        references = _read_references(lines, flag)
         what = _scored_name(FLAGS[flag].value, flag)
+        if not from_split:
+            references = _read_references(lines, flag)
     baseline = _read_lines(FLAGS.baseline, "baseline") if FLAGS.baseline else None
     if baseline is not None and not from_split:  # a split's count is known once it is read
         _aligned(baseline, references[0], "--baseline and --reference")
@@ -311,8 +320,13 @@ def main(argv):
     if FLAGS.source:
         _say_other_languages(lines, references)
     if from_split:
-        lines, split_references, what = _split_pairs(split_data, FLAGS.split)
+        split_sources, split_references, split_name = _split_pairs(split_data, FLAGS.split)
         references = [split_references]
+        if FLAGS.hypotheses:
+            _aligned(lines, split_references, f"--hypotheses and --split={FLAGS.split}")
+            what = f"{what}, against the {split_name} of {split_dir}"
+        else:
+            lines, what = split_sources, split_name
         if baseline is not None:
             _aligned(baseline, split_references, f"--baseline and --split={FLAGS.split}")
     bleu_tokenize = _bleu_tokenization(references)  # refused before translating
