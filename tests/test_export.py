@@ -746,8 +746,90 @@ def test_ctrl_c_tells_how_many_input_lines_the_output_file_holds(signal_name, sa
     reader.join(timeout=60)
     assert process.returncode == 128 + signum, "".join(errors)[-3000:]
     assert errors[-1].rstrip("\n") == (
-        f"translate.py: {said}; {output} holds the output of the first 64 input lines")
+        f"translate.py: {said}; {output} holds the output of the first 64 input lines "
+        "(--resume goes on from there)")
     assert len(output.read_text(encoding="utf-8").splitlines()) == 64
+
+
+def test_translate_py_resumes_where_its_output_file_ends(exported, serving_fn, small_corpus,
+                                                         tmp_path):
+    # --resume: the output of a run stopped after its first window (64 lines at --batch_size=1)
+    # is kept, a killed run's partial line or damaged gzip end is left out and translated
+    # again, and the lines after it are appended: the file ends as an uninterrupted run's. A
+    # file that holds more than the input, or n-best lists not of this input's numbering, is
+    # refused before any work and left as it was.
+    import gzip
+
+    from helpers import python
+
+    with open(small_corpus["dev"], encoding="utf-8") as f:
+        sources = [line.split("\t")[0] for line in f.read().splitlines()[:70]]
+    (tmp_path / "in.de").write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    export = f"--export={os.path.dirname(exported)}"
+    common = [export, "--batch_size=1", f"--input={tmp_path / 'in.de'}", "--resume"]
+    expected = [t.decode() for t in
+                serving_fn(sentences=tf.constant(sources))["translations"].numpy()]
+    out = tmp_path / "out.en"
+    out.write_bytes("".join(t + "\n" for t in expected[:64]).encode() + b"Half a tra")
+    resumed = python("translate.py", *common, f"--output={out}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert out.read_text(encoding="utf-8").splitlines() == expected
+    assert resumed.stderr.splitlines()[:2] == [
+        f"translate.py: --output {out} ends in 10 bytes after the output of its first input "
+        "lines, left out: those lines are translated again",
+        f"translate.py: --output {out} holds the output of the first 64 input lines: going on "
+        "from the next"]
+    again = python("translate.py", *common, f"--output={out}")
+    assert again.returncode == 0 and again.stderr.strip() == (
+        f"translate.py: --output {out} holds the output of all 70 input lines already")
+    assert out.read_text(encoding="utf-8").splitlines() == expected
+
+    # n-best lists, gzip-compressed, of a run killed as it wrote line 2 of list 65: the
+    # numbering goes on from 64 (each list the export's for its sentence alone, as searched
+    # at --batch_size=1, to the printed score's last digit).
+    translate_n_best = tf.saved_model.load(exported).signatures["translate_n_best"]
+    lists = []
+    for n, sentence in enumerate(sources):
+        found = translate_n_best(sentences=tf.constant([sentence]))
+        lists += [f"{n} ||| {t.decode()} ||| {v:.6f}" for t, v in
+                  zip(found["translations"].numpy()[0][:2], found["scores"].numpy()[0][:2])]
+    out_gz = tmp_path / "out.en.gz"
+    stream = gzip.compress("".join(line + "\n" for line in lists[:130]).encode())
+    out_gz.write_bytes(stream[:-12])  # ends part way: no gzip trailer
+    resumed = python("translate.py", *common, "--n_best=2", f"--output={out_gz}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with gzip.open(out_gz, "rt", encoding="utf-8") as f:
+        assert f.read().splitlines() == lists
+    assert "ends in a damaged gzip stream after the output" in resumed.stderr
+
+    # Refused before any work, the file unchanged: more output than input; lists numbered
+    # otherwise; --resume without an output file; standard input that ends first.
+    too_long = tmp_path / "long.en"
+    too_long.write_text("x\n" * 71)
+    refused = python("translate.py", *common, f"--output={too_long}")
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        f"translate.py: --output {too_long} holds the output of 71 input lines, more than the "
+        "input's 70: it is not this input's output (give another --output, or drop --resume)")
+    assert too_long.read_text() == "x\n" * 71
+    refused = python("translate.py", *common, "--n_best=4", f"--output={out_gz}")
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        f"translate.py: --output {out_gz}: its 140 lines are not the --n_best=4 lists of the "
+        "first 35 input lines (line 140 would start '34 ||| '): give another --output, or "
+        "drop --resume")
+    refused = python("translate.py", export, "--resume")
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        "translate.py: --resume goes on from where an --output file ends: give --output")
+    refused = python("translate.py", export, "--resume", "--output=/dev/null")
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        "translate.py: --resume reads what --output holds, and /dev/null is not a file (a pipe "
+        "or a device): drop --resume")
+    short = subprocess.run([sys.executable, "translate.py", export, f"--output={out}",
+                            "--resume"], input="Ein Haus.\n", cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+    assert short.returncode == 1 and short.stderr.strip().splitlines()[-1] == (
+        f"translate.py: the input ends after 1 line, and --output {out} holds the output of 70: "
+        "it is not this input's output (give another --output, or drop --resume)")
+    assert out.read_text(encoding="utf-8").splitlines() == expected
 
 
 def test_translate_py_writes_each_window_before_reading_the_next(exported, serving_fn,

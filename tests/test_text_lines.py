@@ -260,3 +260,43 @@ def test_column_cuts_write_each_column_to_its_file(tmp_path):
         for column, output in zip([3, 2], outputs):
             with open(output, encoding="utf-8") as f:
                 assert f.read().splitlines() == [row[column - 1] for row in rows]
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+@pytest.mark.parametrize("group", [1, 3])
+def test_held_output_keeps_whole_items_and_appending_goes_on_after_them(suffix, group,
+                                                                          tmp_path):
+    # Files as a killed run leaves them: cut after any byte (a partial line; for .gz, a
+    # damaged stream too). The items kept are counted from the text split by hand (for a
+    # damaged stream, at most those before the cut: gzip gives none of the block it fails
+    # in), and a writer appending after `keep_held` gives a file that reads as the kept lines
+    # and the new.
+    import zlib
+
+    rng = np.random.default_rng(group)
+    lines = [f"{n} ||| {'ä' * int(rng.integers(0, 5))}" for n in range(12)]
+    text = "".join(line + "\n" for line in lines).encode()
+    whole = gzip.compress(text) if suffix else text
+    for cut in sorted(set(rng.integers(0, len(whole) + 1, 12).tolist()) | {0, len(whole)}):
+        path = str(tmp_path / f"out{cut}{suffix}")
+        with open(path, "wb") as f:
+            f.write(whole[:cut])
+        damaged = bool(suffix) and 0 < cut < len(whole)
+        readable = zlib.decompressobj(31).decompress(whole[:cut]) if suffix else text[:cut]
+        complete = readable.count(b"\n") // group
+        held = text_lines.held_output(path, group)
+        assert held.damaged == damaged
+        assert held.items <= complete if damaged else held.items == complete
+        kept = lines[:held.items * group]
+        assert held.end == sum(len(line.encode()) + 1 for line in kept)
+        assert held.last == (kept[-1] if kept else None)
+        if not damaged:
+            assert held.lines == readable.count(b"\n")
+            assert held.extra == len(readable) - held.end
+        text_lines.keep_held(path, held)
+        writer = text_lines.LineWriter(path, append=True)
+        writer.write(["new"])
+        writer.close()
+        assert list(text_lines.iter_lines(path)) == kept + ["new"]
+    assert vars(text_lines.held_output(str(tmp_path / f"absent{suffix}"), group)) == vars(
+        text_lines.HeldOutput())

@@ -184,16 +184,89 @@ class OutputError(OSError):
     naming it and how many lines it got, which the programs print as their error."""
 
 
+class HeldOutput:
+    """What an output file written by `LineWriter` holds, in items of `group` lines (an n-best
+    list's N lines per input line), as `held_output` reads it.
+
+    Attributes:
+      items: complete items, in its first `end` bytes (uncompressed).
+      lines: complete lines (ending in "\n") it holds, in all.
+      last: the last line of the last complete item, without its "\n" (None for no item).
+      extra: bytes after the complete items (a partial item or line, of a run killed while
+        it wrote), which `keep_held` drops.
+      damaged: a .gz file whose compressed stream ends part way (a killed run's).
+    """
+
+    def __init__(self, items=0, lines=0, end=0, last=None, extra=0, damaged=False):
+        self.items, self.lines, self.end, self.last = items, lines, end, last
+        self.extra, self.damaged = extra, damaged
+
+
+def held_output(path, group=1):
+    """How much of an output file written by `LineWriter` (gzip-compressed where it ends in
+    .gz) is complete: its items of `group` lines (a translation per line, or an n-best list of
+    `group` lines per input line), up to a killed run's partial line or a damaged gzip
+    stream's end. An absent file holds nothing.
+
+    Returns:
+      A `HeldOutput`.
+    """
+    if not os.path.exists(path):
+        return HeldOutput()
+    held, size, raw = HeldOutput(), 0, None
+    try:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+            for raw in f:  # binary files split at b"\n" only
+                size += len(raw)
+                if not raw.endswith(b"\n"):
+                    break  # a partial line: the file's end
+                held.lines += 1
+                if held.lines % group == 0:
+                    held.items, held.end, held.last = held.lines // group, size, raw
+    except (EOFError, zlib.error, gzip.BadGzipFile):
+        held.damaged = True
+    held.extra = size - held.end
+    if held.last is not None:
+        held.last = held.last[:-1].decode("utf-8", errors="replace")
+    return held
+
+
+def keep_held(path, held):
+    """Cuts an output file to its complete items (`held_output`): a plain file is truncated;
+    a .gz file whose stream is damaged or holds more is written again with the items' lines
+    only (then `LineWriter(path, append=True)` adds a gzip member, which gzip and zcat read
+    as one stream)."""
+    if not (held.extra or held.damaged):
+        return
+    if not path.endswith(".gz"):
+        os.truncate(path, held.end)
+        return
+    temporary = f"{path}.tmp-{os.getpid()}"
+    try:
+        with gzip.open(path, "rb") as damaged, gzip.open(temporary, "wb") as kept:
+            left = held.end
+            while left:
+                chunk = damaged.read(min(left, 1 << 20))
+                kept.write(chunk)
+                left -= len(chunk)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
 class LineWriter:
     """Writes lines to a file (gzip-compressed where it ends in .gz) or stdout ("-"), one per
     item, in UTF-8 (as iter_lines reads them, whatever the locale's encoding: a Latin-1
     terminal's stdout could not take "’"), flushed after each call; a line break inside an
-    item becomes a space. The file is created at the first write, so a run that fails before
-    translating anything leaves an existing file alone. A write that fails raises OutputError
-    (BrokenPipeError, a reader that went away, passes unchanged)."""
+    item becomes a space. The file is created at the first write (or with `append`, added
+    to), so a run that fails before translating anything leaves an existing file alone. A
+    write that fails raises OutputError (BrokenPipeError, a reader that went away, passes
+    unchanged)."""
 
-    def __init__(self, path):
+    def __init__(self, path, append=False):
         self.path, self.file, self.written, self.failed = path, None, 0, False
+        self.mode = "ab" if append else "wb"
 
     def write(self, lines):
         text = "".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines)
@@ -202,7 +275,7 @@ class LineWriter:
                 if self.path == "-":
                     sys.stdout.flush()  # what was printed comes first
                 self.file = sys.stdout.buffer if self.path == "-" else (
-                    (gzip.open if self.path.endswith(".gz") else open)(self.path, "wb"))
+                    (gzip.open if self.path.endswith(".gz") else open)(self.path, self.mode))
             self.file.write(text.encode("utf-8"))
             self.file.flush()
         except BrokenPipeError:

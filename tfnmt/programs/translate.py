@@ -13,6 +13,11 @@ a TSV of pairs (a tab in 95% of those lines; each line is translated whole).
   echo "Das ist ein Haus." | python translate.py --model_dir=runs/de-en
   python translate.py --export=runs/de-en/export --input=test.de --output=test.en
   python translate.py --model_dir=runs/de-en --plot_attention=plots --input=one.de
+  python translate.py --export=runs/de-en/export --input=mono.de --output=mono.en --resume
+
+With --resume, a run stopped before the end of its input (Ctrl-C, a batch job's SIGTERM or
+SIGKILL) goes on where its --output file ends: the complete translations it holds are kept,
+and the input lines after them are translated and appended.
 
 n-best lists (`<line> ||| <translation> ||| <score>`, N lines per input line, best first),
 random sampling (back-translation), and scores of given translations (forced decoding:
@@ -46,6 +51,9 @@ flags.DEFINE_string("checkpoint", "auto", "With --model_dir: auto (averaged at t
 flags.DEFINE_string("input", "-", "Input file, one sentence per line ('-': stdin; .gz: "
                     "compressed).")
 flags.DEFINE_string("output", "-", "Output file, UTF-8 ('-': stdout; .gz: compressed).")
+flags.DEFINE_bool("resume", False, "Keep the complete translations the --output file holds (of "
+                  "a run of this input stopped before its end) and translate the input lines "
+                  "after them, appending. Default false: start over.")
 flags.DEFINE_integer("beam_size", 4, "With --model_dir: beam size.")
 flags.DEFINE_float("alpha", None, "With --model_dir: length penalty exponent (default: the one "
                    "train.py chose on dev, <model_dir>/decoding.json, else 0.6).")
@@ -102,6 +110,51 @@ def check_paths(input_path, output_path):
         cli.check_output_path(output_path, {"input": input_path,
                                             "score_targets": FLAGS.score_targets,
                                             "target_prefix": FLAGS.target_prefix})
+
+
+def resume_point(total):
+    """How many input lines the --output file holds the output of, for --resume (lines or
+    --n_best lists; checked against the input's `total` lines where known); the partial
+    output of a killed run after them is left out, said on stderr.
+
+    Returns:
+      (input lines done, `text_lines.HeldOutput` to cut the file to).
+    """
+    if FLAGS.output == "-":
+        raise app.UsageError("--resume goes on from where an --output file ends: give --output")
+    if os.path.exists(FLAGS.output) and not os.path.isfile(FLAGS.output):
+        raise app.UsageError(f"--resume reads what --output holds, and {FLAGS.output} is not a "
+                             "file (a pipe or a device): drop --resume")
+    held = text_lines.held_output(FLAGS.output, group=FLAGS.n_best)
+    lines = f"{held.lines:,} line{'s' if held.lines != 1 else ''}"
+    if total is not None and held.items > total:
+        raise app.UsageError(f"--output {FLAGS.output} holds the output of {held.items:,} input "
+                             f"lines, more than the input's {total:,}: it is not this input's "
+                             "output (give another --output, or drop --resume)")
+    if FLAGS.n_best > 1 and held.items and not held.last.startswith(f"{held.items - 1} ||| "):
+        raise app.UsageError(f"--output {FLAGS.output}: its {lines} are not the --n_best="
+                             f"{FLAGS.n_best} lists of the first {held.items:,} input lines "
+                             f"(line {held.lines:,} would start '{held.items - 1} ||| '): give "
+                             "another --output, or drop --resume")
+    if held.damaged or held.extra:
+        what = "a damaged gzip stream" if held.damaged else f"{held.extra:,} bytes"
+        print(f"translate.py: --output {FLAGS.output} ends in {what} after the output of its "
+              "first input lines, left out: those lines are translated again", file=sys.stderr)
+    return held.items, held
+
+
+def skip_lines(lines, count):
+    """Reads the first `count` of `lines` (input lines done by the run --resume goes on from).
+
+    Raises:
+      app.UsageError: the input ends before (stdin or a pipe; a file is counted before).
+    """
+    for skipped in range(count):
+        if next(lines, None) is None:
+            raise app.UsageError(f"the input ends after {skipped:,} line"
+                                 f"{'s' if skipped != 1 else ''}, and --output "
+                                 f"{FLAGS.output} holds the output of {count:,}: it is not this "
+                                 "input's output (give another --output, or drop --resume)")
 
 
 def score_lines(score, pairs):
@@ -207,6 +260,11 @@ def main(argv):
                                  f"{total} input line{'s' if total != 1 else ''}")
     if "score_targets" in paired and total is not None and os.path.isfile(FLAGS.score_targets):
         check_in_step(FLAGS.input, FLAGS.score_targets)
+    done, held = resume_point(total) if FLAGS.resume else (0, None)
+    if done and done == total:
+        print(f"translate.py: --output {FLAGS.output} holds the output of all {total:,} input "
+              "lines already", file=sys.stderr)
+        return 0
     cli.check_model_path(FLAGS.model_dir, FLAGS.export)
     from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
@@ -233,12 +291,21 @@ def main(argv):
         name = f"--{flag} {path}"
         invalid[name] = []
         lines = text_lines.paired_lines(lines, path, flag, invalid=invalid[name])
+    if done:
+        print(f"translate.py: --output {FLAGS.output} holds the output of the first {done:,} "
+              "input lines: going on from the next", file=sys.stderr)
+        skip_lines(lines, done)
+        for numbers in invalid.values():  # said by the run that translated them
+            numbers.clear()
+    if held is not None:
+        text_lines.keep_held(FLAGS.output, held)
     # A terminal's lines are translated as they are typed.
     interactive = FLAGS.input == "-" and sys.stdin.isatty()
     if interactive:
         print("translate.py: type a sentence per line (Ctrl-D ends)", file=sys.stderr)
     window_size = 1 if interactive else FLAGS.batch_size * WINDOW_BATCHES
-    writer, lines_read, start = text_lines.LineWriter(FLAGS.output), 0, time.monotonic()
+    writer = text_lines.LineWriter(FLAGS.output, append=FLAGS.resume)
+    lines_read, start = done, time.monotonic()
     try:
         for window_number, window in enumerate(text_lines.windows(lines, window_size)):
             sources = [line if isinstance(line, str) else line[0] for line in window]
@@ -261,7 +328,8 @@ def main(argv):
                     output="score" if FLAGS.score_targets else "translation"):
                 print(f"translate.py: {message}", file=sys.stderr)
             if not interactive and len(window) == window_size and lines_read != total:
-                print(progress(lines_read, total, time.monotonic() - start), file=sys.stderr)
+                print(progress(lines_read, total, time.monotonic() - start, done),
+                      file=sys.stderr)
             if FLAGS.plot_attention and window_number == 0:
                 plot_attention(FLAGS.model_dir, FLAGS.checkpoint, window[0], output[0],
                                FLAGS.plot_attention)
@@ -271,11 +339,11 @@ def main(argv):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM: what the output file holds
-        if FLAGS.output == "-" or not writer.written:
+        if FLAGS.output == "-" or not (writer.written or done):
             raise
         of_total = "" if total is None else f" of {total:,}"
         raise type(interrupt)(f"{FLAGS.output} holds the output of the first {lines_read:,}"
-                              f"{of_total} input lines") from None
+                              f"{of_total} input lines (--resume goes on from there)") from None
     finally:
         writer.close()
 
@@ -302,10 +370,10 @@ def check_in_step(input_path, targets_path):
                              f"{describe(found, ('--input', '--score_targets'))}")
 
 
-def progress(lines_read, total, seconds):
+def progress(lines_read, total, seconds, first=0):
     """A progress line on stderr between windows of a long input (`total`: its line count,
-    None for stdin)."""
-    rate = lines_read / max(seconds, 1e-9)
+    None for stdin; `first`: the lines a resumed run started after)."""
+    rate = (lines_read - first) / max(seconds, 1e-9)
     done = f"{lines_read:,} lines" if total is None else (
         f"{lines_read:,} of {total:,} lines, {(total - lines_read) / rate:.0f} s left")
     return f"translate.py: {done} ({rate:.1f} lines/s)"
