@@ -816,6 +816,20 @@ def test_translate_py_resumes_where_its_output_file_ends(exported, serving_fn, s
         f"translate.py: --output {out_gz}: its 140 lines are not the --n_best=4 lists of the "
         "first 35 input lines (line 140 would start '34 ||| '): give another --output, or "
         "drop --resume")
+    not_gzip = tmp_path / "plain.en.gz"
+    not_gzip.write_text("A house.\n")
+    big_tail = tmp_path / "binary.en"
+    big_tail.write_bytes(b"A house.\n" + bytes(2 << 20))
+    for path, message in (
+            (not_gzip, f"--output {not_gzip}: unreadable after 0 lines (Not a gzipped file "
+                       "(b'A ')): give another --output, or drop --resume"),
+            (big_tail, f"--output {big_tail} ends in 2,097,152 bytes after its 1 line, more "
+                       "than a killed run leaves of its output: it is not this input's output "
+                       "(give another --output, or drop --resume)")):
+        held = path.read_bytes()
+        refused = python("translate.py", *common, f"--output={path}")
+        assert refused.returncode == 1 and refused.stderr.strip() == f"translate.py: {message}"
+        assert path.read_bytes() == held
     refused = python("translate.py", export, "--resume")
     assert refused.returncode == 1 and refused.stderr.strip() == (
         "translate.py: --resume goes on from where an --output file ends: give --output")

@@ -281,11 +281,14 @@ def test_held_output_keeps_whole_items_and_appending_goes_on_after_them(suffix, 
         path = str(tmp_path / f"out{cut}{suffix}")
         with open(path, "wb") as f:
             f.write(whole[:cut])
+        held = text_lines.held_output(path, group)
+        if suffix and cut == 1:  # not even gzip's two-byte magic: not a gzip file
+            assert held.unreadable == "Not a gzipped file (b'\\x1f')" and held.items == 0
+            continue
         damaged = bool(suffix) and 0 < cut < len(whole)
         readable = zlib.decompressobj(31).decompress(whole[:cut]) if suffix else text[:cut]
         complete = readable.count(b"\n") // group
-        held = text_lines.held_output(path, group)
-        assert held.damaged == damaged
+        assert held.damaged == damaged and held.unreadable is None
         assert held.items <= complete if damaged else held.items == complete
         kept = lines[:held.items * group]
         assert held.end == sum(len(line.encode()) + 1 for line in kept)
@@ -300,3 +303,8 @@ def test_held_output_keeps_whole_items_and_appending_goes_on_after_them(suffix, 
         assert list(text_lines.iter_lines(path)) == kept + ["new"]
     assert vars(text_lines.held_output(str(tmp_path / f"absent{suffix}"), group)) == vars(
         text_lines.HeldOutput())
+    if suffix:  # corrupt data, which no killed run leaves: unreadable, not cut
+        corrupt = bytearray(whole)
+        corrupt[len(whole) // 2] ^= 0xFF
+        (tmp_path / "corrupt.gz").write_bytes(bytes(corrupt))
+        assert text_lines.held_output(str(tmp_path / "corrupt.gz"), group).unreadable

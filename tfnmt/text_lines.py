@@ -195,11 +195,14 @@ class HeldOutput:
       extra: bytes after the complete items (a partial item or line, of a run killed while
         it wrote), which `keep_held` drops.
       damaged: a .gz file whose compressed stream ends part way (a killed run's).
+      unreadable: why a .gz file cannot be read on (not gzip, or corrupt data, which no
+        killed run leaves), else None.
     """
 
-    def __init__(self, items=0, lines=0, end=0, last=None, extra=0, damaged=False):
+    def __init__(self, items=0, lines=0, end=0, last=None, extra=0, damaged=False,
+                 unreadable=None):
         self.items, self.lines, self.end, self.last = items, lines, end, last
-        self.extra, self.damaged = extra, damaged
+        self.extra, self.damaged, self.unreadable = extra, damaged, unreadable
 
 
 def held_output(path, group=1):
@@ -223,8 +226,10 @@ def held_output(path, group=1):
                 held.lines += 1
                 if held.lines % group == 0:
                     held.items, held.end, held.last = held.lines // group, size, raw
-    except (EOFError, zlib.error, gzip.BadGzipFile):
+    except EOFError:  # the stream ends part way
         held.damaged = True
+    except (zlib.error, gzip.BadGzipFile) as error:
+        held.unreadable = str(error)
     held.extra = size - held.end
     if held.last is not None:
         held.last = held.last[:-1].decode("utf-8", errors="replace")

@@ -91,6 +91,9 @@ flags.register_validator("sampling_temperature", lambda v: v > 0,
 # Sentences are sorted by length within a window of this many batches: enough that batches
 # pad little, few enough that output follows input closely and memory stays bounded.
 WINDOW_BATCHES = 64
+# What --resume leaves out at the end of an --output file at most: a killed run's partial
+# line or n-best list (translations are max_length subwords at most).
+PARTIAL_OUTPUT_BYTES = 1 << 20
 # The first input lines whose language is compared with the model's training sides (and
 # which are looked at for tabs).
 OTHER_LANGUAGE_SAMPLE = 1000
@@ -127,6 +130,14 @@ def resume_point(total):
                              "file (a pipe or a device): drop --resume")
     held = text_lines.held_output(FLAGS.output, group=FLAGS.n_best)
     lines = f"{held.lines:,} line{'s' if held.lines != 1 else ''}"
+    if held.unreadable:
+        raise app.UsageError(f"--output {FLAGS.output}: unreadable after {lines} "
+                             f"({held.unreadable}): give another --output, or drop --resume")
+    if held.extra > PARTIAL_OUTPUT_BYTES:
+        raise app.UsageError(f"--output {FLAGS.output} ends in {held.extra:,} bytes after its "
+                             f"{lines}, more than a killed run leaves of its output: it is "
+                             "not this input's output (give another --output, or drop "
+                             "--resume)")
     if total is not None and held.items > total:
         raise app.UsageError(f"--output {FLAGS.output} holds the output of {held.items:,} input "
                              f"lines, more than the input's {total:,}: it is not this input's "
