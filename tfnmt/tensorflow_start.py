@@ -142,6 +142,7 @@ class _FilteredLoader:
         return self.loader.create_module(spec)
 
     def exec_module(self, module):
+        _remove_finder()
         module.__spec__.loader = module.__loader__ = self.loader
         with filtered_stderr():
             self.loader.exec_module(module)
@@ -149,16 +150,21 @@ class _FilteredLoader:
 
 
 class _TensorFlowFinder:
-    """A sys.meta_path entry that hands the first `import tensorflow` to `_FilteredLoader`."""
+    """A sys.meta_path entry that hands the first `import tensorflow` to `_FilteredLoader`. It
+    stays until the import runs: a probe (`importlib.util.find_spec("tensorflow")`, as
+    tensorflow_datasets makes one) looks up the spec without importing."""
 
     def find_spec(self, name, path=None, target=None):
         if name != "tensorflow":
             return None
-        sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is not None and spec.loader is not None:
             spec.loader = _FilteredLoader(spec.loader)
         return spec
+
+
+def _remove_finder():
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TensorFlowFinder)]
 
 
 def install():
