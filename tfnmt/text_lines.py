@@ -252,6 +252,8 @@ def keep_held(path, held):
             left = held.end
             while left:
                 chunk = damaged.read(min(left, 1 << 20))
+                if not chunk:  # changed since it was read: keep what is there
+                    break
                 kept.write(chunk)
                 left -= len(chunk)
         os.replace(temporary, path)
