@@ -179,7 +179,7 @@ def time_translator(result, name, translate, sources, references, tokenizer,
     result[f"{name}_batch1_clients{clients}"]."""
     import tensorflow as tf
 
-    from tfnmt.inference.evaluation import translate_lines
+    from tfnmt.inference.batching import translate_lines
     from tfnmt.inference.sacrebleu_scores import corpus_scores
 
     batch_sizes = list(map(int, FLAGS.batch_sizes))
@@ -348,7 +348,7 @@ def same_as_eager(sources, translate_exported, matmul_dtype):
     import tensorflow as tf
 
     from tfnmt.checkpoints import load_model
-    from tfnmt.inference.evaluation import translate_lines
+    from tfnmt.inference.batching import translate_lines
     from tfnmt.inference.serving import TranslationModule
 
     model, proto, _ = load_model(FLAGS.model_dir)

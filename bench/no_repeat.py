@@ -25,7 +25,7 @@ METRICS = ("bleu", "chrf", "ter")
 def main(_):
     from tfnmt.data.corpus import read_split
     from tfnmt.inference import loading, significance
-    from tfnmt.inference.evaluation import translate_lines
+    from tfnmt.inference.batching import translate_lines
     from tfnmt.inference.sacrebleu_scores import sacrebleu_metrics
     from tfnmt.paths import read_settings
     from tfnmt.training.evaluator import run_bleu_tokenization

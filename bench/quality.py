@@ -291,7 +291,7 @@ def load_scorer(model_dir):
     """translate(step) -> test hypotheses of a tfnmt checkpoint (beam 4, alpha 0.6)."""
     # Imported only now: TensorFlow's thread pools must not compete with the training process.
     from tfnmt.checkpoints import load_model
-    from tfnmt.inference.evaluation import translate_lines
+    from tfnmt.inference.batching import translate_lines
     from tfnmt.inference.serving import TranslationModule
 
     def hypotheses(step):

@@ -1,64 +1,16 @@
 """Validation metrics: loss and perplexity by teacher forcing; translation of sentences in
-batches for sacreBLEU (`sacrebleu_scores`) to score."""
+batches (`batching`) for sacreBLEU (`sacrebleu_scores`) to score."""
 import math
 
 import numpy as np
 import tensorflow as tf
 
 from tfnmt.data.tokenizer import to_source_ids
+from tfnmt.inference.batching import translate_lines
 from tfnmt.inference import search_memory
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.greedy_search import greedy_decode
 from tfnmt.training.losses import masked_accuracy_sum, masked_loss_sum
-
-
-def in_length_order(process, items, batch_size=32, length=len):
-    """Applies `process` to batches of items of similar length (less padding), in order of
-    length; returns its outputs in item order.
-
-    Args:
-      process: a function list of items [B] -> one output per item.
-      items: a list.
-      batch_size: items per call.
-      length: an item's length, for batching.
-
-    Returns:
-      A list: the output of items[i] at i.
-
-    Raises:
-      ValueError: batch_size < 1.
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    order = sorted(range(len(items)), key=lambda i: length(items[i]))
-    outputs = [None] * len(items)
-    for start in range(0, len(order), batch_size):
-        index = order[start:start + batch_size]
-        for i, output in zip(index, process([items[i] for i in index]), strict=True):
-            outputs[i] = output
-    return outputs
-
-
-def translate_lines(translate_batch, lines, batch_size=32, length=len):
-    """Translates sentences in batches of similar length.
-
-    Args:
-      translate_batch: a function string [B] -> (translations string [B] tensor, scores).
-      lines: a list of str (or of other items `translate_batch` takes a list of).
-      batch_size: sentences per call.
-      length: an item's length, for batching.
-
-    Returns:
-      The translations, a list of str in input order.
-
-    Raises:
-      ValueError: batch_size < 1.
-    """
-    def texts(batch):
-        translations, _ = translate_batch(batch)
-        return [text.decode("utf-8") for text in translations.numpy()]
-
-    return in_length_order(texts, lines, batch_size, length)
 
 
 def loss_sums_function(model, label_smoothing=0.1):

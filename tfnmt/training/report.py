@@ -108,7 +108,7 @@ class ServedTranslator:
         """Translations of `sentences` (a list of str) with length penalty `alpha`: by a grid
         search already traced that holds alpha (`translate_alphas`: the same translations, in
         about the same time, without tracing the module's `serve`), else by `serve`."""
-        from tfnmt.inference.evaluation import translate_lines
+        from tfnmt.inference.batching import translate_lines
 
         for alphas in self._grid_searches:
             if float(alpha) in alphas:
@@ -128,7 +128,7 @@ class ServedTranslator:
         for about the time of one."""
         import tensorflow as tf
 
-        from tfnmt.inference.evaluation import in_length_order
+        from tfnmt.inference.batching import in_length_order
 
         self._load()
         alphas = tuple(float(alpha) for alpha in alphas)
