@@ -360,8 +360,7 @@ def test_an_export_given_as_model_dir_is_named_as_one(tmp_path):
     ct2.mkdir()
     for name in ("model.bin", "config.json", "spm.model"):
         (ct2 / name).write_bytes(b"")
-    ct2_hint = ("it is a CTranslate2 model: ctranslate2.Translator reads it, not tfnmt's "
-                "programs (docs/serving.md)")
+    ct2_hint = "it is a CTranslate2 model: translate.py and evaluate.py read it with --export"
     with pytest.raises(ModelDirError) as error:
         load_model(str(ct2))
     assert str(error.value) == f"{ct2} holds no trained model (no settings.json); {ct2_hint}"

@@ -31,7 +31,7 @@ def test_bad_decoding_flags_fail_fast(program, flag, message, tmp_path):
 
 
 def test_translate_lines_refuses_a_batch_size_below_one():
-    from tfnmt.inference.evaluation import translate_lines
+    from tfnmt.inference.batching import translate_lines
 
     for batch_size in (0, -3):
         with pytest.raises(ValueError, match="batch_size must be positive"):
@@ -417,7 +417,8 @@ def _flag_files(directory):
     ("translate.py", ["--model_dir=m", "--plot_attention=one.en"],
      "--plot_attention=one.en is a file, not a directory"),
     ("translate.py", ["--export=e", "--sampling_topk=5"],
-     "sampling needs --model_dir (exports search with beams)"),
+     "sampling needs --model_dir or a CTranslate2 model (SavedModel exports search with "
+     "beams)"),
     ("translate.py", ["--model_dir=m", "--sampling_topk=5", "--n_best=2"],
      "sampling draws one translation per sentence: drop --n_best"),
     ("translate.py", ["--model_dir=m", "--sampling_topk=5", "--no_repeat_ngram_size=3"],

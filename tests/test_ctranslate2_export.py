@@ -1,5 +1,6 @@
 """export.py --format=ctranslate2: CTranslate2 (an independent C++ implementation) must compute the
 model's own log-probabilities and find its greedy and beam translations."""
+import json
 import os
 import subprocess
 import sys
@@ -89,7 +90,8 @@ def test_ctranslate2_scores_what_the_model_computes(which, request):
     model, proto, path = request.getfixturevalue(which)
     processor, pieces, source_ids = piece_batches(proto)
     assert sorted(os.listdir(path)) == ["config.json", "model.bin", "shared_vocabulary.json",
-                                        "spm.model"]
+                                        "spm.model", "tfnmt.json"]
+    assert json.load(open(os.path.join(path, "tfnmt.json"))) == {"max_length": model.max_length}
     translator = ctranslate2.Translator(path, device="cpu", compute_type="float32")
     rng = np.random.default_rng(1)
     targets = [list(rng.integers(4, 600, size=n)) for n in (5, 1, 9, 3)]
@@ -213,3 +215,140 @@ def test_export_command_refuses_saved_model_options_for_ctranslate2(tiny_model_d
     assert result.stderr.strip() == ("export.py: --beam_size is for SavedModel exports; "
                                      "CTranslate2 takes its decoding options when it translates")
     assert not os.path.exists(tmp_path / "x")
+
+
+def model_source_ids(processor, text, max_length):
+    """[1, S] ids of `text` as the SavedModel reads it: at most max_length - 1 pieces, then EOS."""
+    return np.array([processor.encode(text)[:max_length - 1] + [EOS_ID]], np.int32)
+
+
+def test_translate_and_evaluate_run_a_ctranslate2_model(prenorm_export, tmp_path):
+    # translate.py and evaluate.py take the directory as --export, without TensorFlow: greedy
+    # translations are the model's own (tfnmt's greedy search of the model in TensorFlow),
+    # blank lines give "" (as the SavedModel answers them), a long line is cut as the SavedModel
+    # cuts it, and said; n-best lists are CTranslate2's beam with the flags' settings; scores of
+    # given translations are the model's log-probabilities; BLEU is sacreBLEU's of the output.
+    import sacrebleu
+
+    from helpers import imported_modules, python
+
+    model, proto, path = prenorm_export
+    processor = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    long_line = " ".join(SOURCES * 8)
+    lines = SOURCES + ["", " \u200b\t\u00ad", long_line]  # blanks, format characters
+    source = tmp_path / "in.de"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    output = tmp_path / "out.en"
+    greedy = python("translate.py", f"--export={path}", "--beam_size=1", f"--input={source}",
+                    f"--output={output}", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert greedy.returncode == 0, greedy.stderr[-3000:]
+    assert "tensorflow" not in imported_modules(greedy.stderr)
+    assert "ctranslate2" in imported_modules(greedy.stderr)
+    long_pieces = len(processor.encode(long_line))
+    assert (f"translate.py: line 7 ({long_pieces:,} subwords) is longer than the 63 subwords the "
+            "model reads: its translation covers the first 63") in greedy.stderr
+    expected = []
+    for line in lines:
+        if not line.strip(" \u200b\t\u00ad"):
+            expected.append("")
+            continue
+        ids, _ = greedy_decode(model, model_source_ids(processor, line, model.max_length),
+                               max_length=model.max_length)
+        expected.append(processor.decode([int(i) for i in ids.numpy()[0]
+                                          if i not in (PAD_ID, EOS_ID)]))
+    translations = output.read_text(encoding="utf-8").split("\n")[:-1]
+    assert translations == expected
+    assert sum(len(t.split()) for t in translations) >= len(SOURCES)  # not all empty
+
+    n_best = python("translate.py", f"--export={path}", "--beam_size=4", "--alpha=0.5",
+                    "--n_best=3", "--no_repeat_ngram_size=2", f"--input={source}")
+    assert n_best.returncode == 0, n_best.stderr[-3000:]
+    translator = ctranslate2.Translator(path, device="cpu", compute_type="float32")
+    results = translator.translate_batch(
+        [processor.encode(s, out_type=str) for s in SOURCES], beam_size=4, length_penalty=0.5,
+        num_hypotheses=3, no_repeat_ngram_size=2, return_scores=True, min_decoding_length=0,
+        max_input_length=model.max_length, max_decoding_length=model.max_length)
+    listed = n_best.stdout.splitlines()
+    assert len(listed) == 3 * len(lines)
+    for number, result in enumerate(results):
+        for rank, (hypothesis, score) in enumerate(zip(result.hypotheses, result.scores)):
+            got_number, text, value = listed[3 * number + rank].split(" ||| ")
+            assert (int(got_number), text) == (number, processor.decode(hypothesis))
+            assert float(value) == pytest.approx(score, abs=1e-5)
+    assert listed[3 * len(SOURCES)] == f"{len(SOURCES)} |||  ||| 0.000000"
+
+    rng = np.random.default_rng(3)
+    targets = [processor.decode([int(i) for i in rng.integers(4, 600, size=n)])
+               for n in (5, 1, 9, 3)] + ["x", "y", "z"]
+    target_file = tmp_path / "targets.en"
+    target_file.write_text("".join(t + "\n" for t in targets), encoding="utf-8")
+    scored = python("translate.py", f"--export={path}", f"--input={source}",
+                    f"--score_targets={target_file}")
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    for line, target, row in zip(lines, targets, scored.stdout.splitlines()):
+        target_ids = processor.encode(target)[:model.max_length - 1] + [EOS_ID]
+        log_probs = output_log_probs(model, model_source_ids(processor, line, model.max_length),
+                                     target_ids)
+        value, count = row.split("\t")
+        assert int(count) == len(target_ids)
+        assert float(value) == pytest.approx(float(np.sum(log_probs)), abs=2e-3)
+
+    references = tmp_path / "ref.en"
+    references.write_text("".join(f"{t} {s}\n" for t, s in zip(expected, lines)),
+                          encoding="utf-8")
+    evaluated = python("evaluate.py", f"--export={path}", f"--source={source}",
+                       f"--reference={references}", "--beam_size=1", "--json")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    bleu = sacrebleu.corpus_bleu(expected, [[f"{t} {s}" for t, s in zip(expected, lines)]])
+    assert json.loads(evaluated.stdout)["bleu"] == pytest.approx(bleu.score, abs=0.005)
+
+
+def test_translate_py_draws_and_forces_prefixes_with_a_ctranslate2_model(prenorm_export,
+                                                                         tmp_path):
+    # Sampling: the same --seed draws the same translations, another seed others; a prefix
+    # starts each translation; the flags CTranslate2 has no use for, and a CTranslate2
+    # directory without tfnmt.json, are refused in one line.
+    from helpers import python
+
+    model, proto, path = prenorm_export
+    source = tmp_path / "in.de"
+    source.write_text("".join(s + "\n" for s in SOURCES * 4), encoding="utf-8")
+    drawn = [python("translate.py", f"--export={path}", f"--input={source}",
+                    "--sampling_topk=0", f"--seed={seed}", "--sampling_temperature=2")
+             for seed in (5, 5, 6)]
+    assert all(d.returncode == 0 for d in drawn), drawn[0].stderr[-3000:]
+    assert drawn[0].stdout == drawn[1].stdout != drawn[2].stdout
+    assert len(set(drawn[0].stdout.splitlines())) > len(SOURCES)  # the same line, other draws
+
+    processor = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    prefixes = ["Gott sprach", "", "Und", "zu"]
+    prefix_file = tmp_path / "prefixes.en"
+    prefix_file.write_text("".join(p + "\n" for p in prefixes), encoding="utf-8")
+    source.write_text("".join(s + "\n" for s in SOURCES), encoding="utf-8")
+    forced = python("translate.py", f"--export={path}", f"--input={source}",
+                    f"--target_prefix={prefix_file}")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    plain = python("translate.py", f"--export={path}", f"--input={source}")
+    for prefix, got, free in zip(prefixes, forced.stdout.splitlines(),
+                                 plain.stdout.splitlines()):
+        assert got.startswith(processor.decode(processor.encode(prefix)))
+        if not prefix:
+            assert got == free
+
+    for flag in ("--beam_stop=bound", "--checkpoint=latest"):
+        refused = python("translate.py", f"--export={path}", f"--input={source}", flag)
+        assert refused.returncode == 1 and refused.stderr == (
+            f"translate.py: --{flag[2:].split('=')[0]} applies to --model_dir; {path} is a "
+            "CTranslate2 model, which searches its own way\n")
+    bare = tmp_path / "converted"
+    bare.mkdir()
+    for name in ("model.bin", "config.json", "shared_vocabulary.json", "spm.model"):
+        os.symlink(os.path.join(path, name), bare / name)
+    for script in ("translate.py", "evaluate.py"):
+        extra = [f"--input={source}"] if script == "translate.py" else [
+            f"--source={source}", f"--reference={source}"]
+        refused = python(script, f"--export={bare}", *extra)
+        assert refused.returncode == 1 and refused.stderr == (
+            f"{script}: {bare} is a CTranslate2 model without a readable tfnmt.json (the "
+            "model's max_length, which export.py --format=ctranslate2 writes): remove it and "
+            "export the model again\n")

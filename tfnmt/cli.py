@@ -50,9 +50,17 @@ def register_alpha_validator():
 
 def check_model_path(model_dir, export):
     """Raises app.UsageError (one line, before TensorFlow loads) for a --model_dir without
-    settings.json, or an --export that holds no SavedModel (translate.py, evaluate.py)."""
+    settings.json, or an --export that holds no SavedModel and is no CTranslate2 model of
+    export.py (translate.py, evaluate.py)."""
     try:
-        if export:
+        if export and paths.is_ctranslate2(export):
+            from tfnmt.inference.ctranslate2_translator import CTranslate2ModelError, model_settings
+
+            try:
+                model_settings(export)
+            except CTranslate2ModelError as error:
+                raise app.UsageError(str(error))
+        elif export:
             paths.latest_export(export)
         elif paths.read_settings(model_dir) is None:
             raise app.UsageError(paths.no_model_error(model_dir))
@@ -60,9 +68,17 @@ def check_model_path(model_dir, export):
         raise app.UsageError(str(error))
 
 
-def refuse_checkpoint_search_flags():
+def refuse_checkpoint_search_flags(export):
     """Raises app.UsageError for a checkpoint search's flag given with --export (translate.py,
-    evaluate.py), which would otherwise be ignored: an export searches as export.py built it."""
+    evaluate.py), which would otherwise be ignored: a SavedModel searches as export.py built
+    it; a CTranslate2 model searches with CTranslate2's beam search, which takes --beam_size,
+    --alpha (its length_penalty) and --no_repeat_ngram_size."""
+    if paths.is_ctranslate2(export):
+        for name in ("beam_stop", "checkpoint"):
+            if flags.FLAGS[name].present:
+                raise app.UsageError(f"--{name} applies to --model_dir; {export} is a "
+                                     "CTranslate2 model, which searches its own way")
+        return
     for name in ("beam_size", "alpha", "beam_stop", "no_repeat_ngram_size", "checkpoint"):
         if flags.FLAGS[name].present:
             raise app.UsageError(f"--{name} applies to --model_dir; an export searches as "

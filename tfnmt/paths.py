@@ -23,6 +23,7 @@ BEST = "best"                 # the checkpoint with the best dev metric (--best_
 BEST_STATE = "best.json"      # in BEST: the metric, its best value and step
 EXPORT = "export"             # export.py's default export_dir: numbered SavedModel versions
 CTRANSLATE2 = "ctranslate2"  # export.py --format=ctranslate2 (+ "-<quantization>")
+CTRANSLATE2_SETTINGS = "tfnmt.json"  # beside a CTranslate2 model: its max_length
 REPORT = "report.json"        # the final evaluation of the main job's end-of-run report
 TEST_TRANSLATIONS = "test.hyp"  # that report's translations of the test split, one per line
 DECODING = "decoding.json"    # the length penalty chosen on dev at the end of training
@@ -185,8 +186,7 @@ def other_kind(path):
     if is_export(path):
         return "it is a SavedModel export: translate.py and evaluate.py read it with --export"
     if is_ctranslate2(path):
-        return ("it is a CTranslate2 model: ctranslate2.Translator reads it, not tfnmt's "
-                "programs (docs/serving.md)")
+        return "it is a CTranslate2 model: translate.py and evaluate.py read it with --export"
     if os.path.exists(os.path.join(path, SETTINGS)):
         return "it is a training directory: give it as --model_dir"
     return ""

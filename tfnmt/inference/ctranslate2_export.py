@@ -7,11 +7,13 @@ SentencePiece model beside it:
 
   <output_dir>/model.bin, config.json, shared_vocabulary.json   (CTranslate2's files)
   <output_dir>/spm.model                                         (tokenize and detokenize)
+  <output_dir>/tfnmt.json        (the model's max_length, for translate.py and evaluate.py)
 
 (with separate vocabularies: source_vocabulary.json and target_vocabulary.json, and
 source.spm.model to tokenize, target.spm.model to detokenize).
 
-Translating with it (pieces in, pieces out; the source's end-of-sentence is added by the model's
+translate.py and evaluate.py run it as --export (`ctranslate2_translator`). Translating with it
+in Python (pieces in, pieces out; the source's end-of-sentence is added by the model's
 config, as tfnmt adds it):
 
   import ctranslate2, sentencepiece
@@ -34,6 +36,7 @@ the best k extensions per step where tfnmt keeps 2k (so tfnmt can keep a finishe
 that CTranslate2 drops); beam outputs agree where neither matters.
 """
 import errno
+import json
 import os
 import shutil
 import tempfile
@@ -42,7 +45,7 @@ import numpy as np
 
 from tfnmt.layers.embedding import sinusoid_table
 from tfnmt.data.vocabulary import as_protos, write_protos
-from tfnmt.paths import made_directory
+from tfnmt.paths import CTRANSLATE2_SETTINGS, made_directory
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")
@@ -171,7 +174,8 @@ def spm_pieces(spm_model_proto):
     return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
 
 
-def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=True):
+def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=True,
+                       extra_files=()):
     """Converts `model` into a new directory `output_dir` (its SentencePiece model(s) beside
     CTranslate2's files).
 
@@ -186,6 +190,7 @@ def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=T
       output_dir: a directory that must not exist yet.
       quantization: None (float32 weights) or one of QUANTIZATIONS.
       check: load and translate before publishing.
+      extra_files: paths of files copied into it (the training text's character pairs).
     Returns:
       output_dir.
     Raises:
@@ -213,6 +218,10 @@ def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=T
             model_dir = os.path.join(staging, "model")
             _Converter().convert(model_dir, quantization=quantization)
             write_protos(model_dir, protos)
+            with open(os.path.join(model_dir, CTRANSLATE2_SETTINGS), "w") as f:
+                json.dump({"max_length": model.max_length}, f)
+            for path in extra_files:
+                shutil.copy(path, model_dir)
             if check:
                 _check(model_dir, protos.source)
             try:  # a rename never replaces a directory with files in it

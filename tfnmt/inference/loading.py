@@ -1,15 +1,14 @@
 """Translators loaded for use in Python: from a model_dir's checkpoint (a `TranslationModule`
-built on the spot) or from an export (its signatures), behind the same functions."""
+built on the spot), from a SavedModel export (its signatures) or from a CTranslate2 export
+(`ctranslate2_translator`), behind the same functions. TensorFlow is imported only to load a
+checkpoint or a SavedModel."""
 import os
-
-import tensorflow as tf
 
 from tfnmt import text_lines
 from tfnmt.inference import search_memory
 from tfnmt.inference.decoding_threads import (PARALLEL_SEARCHES, export_searches,
                                               use_decoding_threads)
-from tfnmt.inference.serving import TranslationModule
-from tfnmt.paths import DamagedFileError, latest_export
+from tfnmt.paths import DamagedFileError, is_ctranslate2, latest_export
 
 
 def share_threads(export=None, sampling=None):
@@ -27,6 +26,8 @@ def share_threads(export=None, sampling=None):
     """
     if not export:
         return use_decoding_threads(1 if sampling else PARALLEL_SEARCHES)
+    if is_ctranslate2(export):  # CTranslate2 has threads of its own
+        return None
     try:
         version = latest_export(export)
     except FileNotFoundError:  # loading it names the problem
@@ -60,12 +61,15 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
 
     Args:
       model_dir: a training directory (used when `export` is not given).
-      export: an export version directory, or an export_dir (its newest version).
+      export: an export version directory, or an export_dir (its newest version); or a
+        CTranslate2 model directory (`ctranslate2_translator.load_signatures`, which takes
+        beam_size, alpha, n_best, sampling and no_repeat_ngram_size).
       beam_size, alpha, n_best, beam_stop, no_repeat_ngram_size: beam settings for a
-        model_dir (an export keeps its own); alpha None: the model_dir's
+        model_dir (a SavedModel keeps its own); alpha None: the model_dir's
         (`length_penalty.default_alpha`).
       checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
-      sampling: for a model_dir, draw translations at random (`TranslationModule`'s).
+      sampling: for a model_dir or a CTranslate2 model, draw translations at random
+        (`TranslationModule`'s).
 
     In a process where TensorFlow has not run yet, its CPU threads are first shared out among
     the parallel searches (`share_threads`).
@@ -84,10 +88,19 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
     Raises:
       FileNotFoundError: `export` holds no SavedModel.
       DamagedFileError: the export's files do not load (cut short, or missing).
+      ctranslate2_translator.CTranslate2ModelError: a CTranslate2 model without tfnmt.json.
       checkpoints.ModelDirError: the model_dir has no model that reads back.
       search_memory.SearchMemoryError: a beam of which one sentence's search does not fit in
         this machine's memory.
     """
+    if export and is_ctranslate2(export):
+        from tfnmt.inference import ctranslate2_translator
+
+        return ctranslate2_translator.load_signatures(
+            export, beam_size, alpha, n_best=n_best, sampling=sampling,
+            no_repeat_ngram_size=no_repeat_ngram_size)
+    import tensorflow as tf
+
     if export:
         import tensorflow_text  # noqa: F401  registers the SentencePiece ops
 
@@ -106,6 +119,7 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
     else:
         from tfnmt.checkpoints import load_model
         from tfnmt.inference.length_penalty import default_alpha
+        from tfnmt.inference.serving import TranslationModule
 
         share_threads(sampling=sampling)
         model, vocab, _ = load_model(model_dir, checkpoint)
@@ -160,6 +174,8 @@ def _check_translation_export(version, loaded):
     if signature is None:
         found = "has no serving_default signature"
     else:
+        import tensorflow as tf
+
         inputs, outputs = signature.structured_input_signature[1], signature.structured_outputs
         spec = inputs.get("sentences")
         if spec is not None and spec.dtype == tf.string and \
@@ -220,9 +236,10 @@ def other_language(model_dir, export, texts, name, side="source"):
     from tfnmt.data import side_order
 
     if export:
+        directory = export if is_ctranslate2(export) else os.path.join(latest_export(export),
+                                                                       "assets.extra")
         try:
-            profiles = side_order.read_profiles(os.path.join(
-                latest_export(export), "assets.extra", side_order.PROFILE_FILE))
+            profiles = side_order.read_profiles(os.path.join(directory, side_order.PROFILE_FILE))
         except FileNotFoundError:
             return None
     else:
@@ -238,6 +255,8 @@ def other_language(model_dir, export, texts, name, side="source"):
 
 def _from_strings(function, owner=None):
     """`function(**string tensors)` called with lists of str (holding `owner` alive)."""
+    import tensorflow as tf
+
     def call(**inputs):
         return function(**{k: tf.constant(v, tf.string) for k, v in inputs.items()})
     call.owner = owner

@@ -2,8 +2,9 @@
 
 What is translated: a split of the model's dataset (--split, the default: test), or your own
 line-aligned files (--source and --reference; repeat --reference for several references per
-sentence). Who translates: a training directory's checkpoint (--model_dir, beam search) or an
-export (--export, its own settings); or nobody, with --hypotheses naming translations made
+sentence). Who translates: a training directory's checkpoint (--model_dir, beam search), a
+SavedModel export (--export, its own settings) or a CTranslate2 model (--export, CTranslate2's
+beam search with --beam_size and --alpha); or nobody, with --hypotheses naming translations made
 elsewhere (scored against --reference, or without it against the --split of --model_dir).
 
   python evaluate.py                                                # test split, beam 4
@@ -13,6 +14,7 @@ elsewhere (scored against --reference, or without it against the --split of --mo
   python evaluate.py --hypotheses=news.hyp --reference=news.en --reference=news.2.en
   python evaluate.py --hypotheses=new.hyp --baseline=old.hyp --reference=news.en
   python evaluate.py --hypotheses=ct2.hyp --baseline=runs/de-en/test.hyp  # on the test split
+  python evaluate.py --export=runs/de-en/ctranslate2-int8 --baseline=runs/de-en/test.hyp
 
 With --baseline (another system's translations of the same sentences) it also scores those and
 tests each metric's difference: a 95% confidence interval by paired bootstrap resampling (1,000
@@ -31,15 +33,15 @@ from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli, text_lines  # noqa: E402
 from tfnmt.inference import bleu_tokenization  # noqa: E402
-from tfnmt.paths import (DEFAULT_MODEL_DIR, SETTINGS, is_export, other_kind,  # noqa: E402
-                         read_settings)
+from tfnmt.paths import (DEFAULT_MODEL_DIR, SETTINGS, is_ctranslate2, is_export,  # noqa: E402
+                         other_kind, read_settings)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", DEFAULT_MODEL_DIR, "Training directory: its checkpoints "
                     "translate (unless --export), its settings.json names the dataset of --split "
                     "(with --export: by default the directory the export lies in).")
-flags.DEFINE_string("export", None, "Translate with this SavedModel (version dir or export_dir) "
-                    "instead of a checkpoint.")
+flags.DEFINE_string("export", None, "Translate with this SavedModel (version dir or export_dir), "
+                    "or CTranslate2 model (export.py --format=ctranslate2), not a checkpoint.")
 flags.DEFINE_string("checkpoint", "auto", "auto (averaged at the newest update, else best, else "
                     "latest) | latest | averaged | best | a checkpoint path or directory, or a "
                     "checkpoint in the model_dir (ckpt-2000, best/ckpt-2000).")
@@ -54,11 +56,12 @@ flags.DEFINE_string("hypotheses", None, "Score these translations (one per line)
 flags.DEFINE_string("baseline", None, "Another system's translations of the same sentences, "
                     "one per line: also scored, and each difference tested (95% interval, "
                     "p-value).")
-flags.DEFINE_integer("beam_size", 4, "Beam size (checkpoints only).")
-flags.DEFINE_float("alpha", None, "Length penalty exponent (checkpoints only; default: the "
-                   "one train.py chose on dev, <model_dir>/decoding.json, else 0.6).")
+flags.DEFINE_integer("beam_size", 4, "Beam size (checkpoints and CTranslate2 models).")
+flags.DEFINE_float("alpha", None, "Length penalty exponent (checkpoints: default the one "
+                   "train.py chose on dev, <model_dir>/decoding.json, else 0.6; CTranslate2 "
+                   "models: its length_penalty, default 1).")
 cli.define_beam_stop_flag("Checkpoints only: ")
-cli.define_no_repeat_flag("Checkpoints only: ")
+cli.define_no_repeat_flag("Checkpoints and CTranslate2 models: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 flags.DEFINE_string("output", None, "Also write the translations here, one per line ('-': "
                     "stdout, before the scores; .gz: compressed).")
@@ -138,8 +141,9 @@ def _split_data(model_dir, split):
     own = "--reference" if FLAGS.hypotheses else "--source and --reference"
     settings = read_settings(model_dir)
     if settings is None:
-        if is_export(model_dir):
-            advice = f"it is a SavedModel export: give it as --export, with {own}"
+        if is_export(model_dir) or is_ctranslate2(model_dir):
+            kind = "a SavedModel export" if is_export(model_dir) else "a CTranslate2 model"
+            advice = f"it is {kind}: give it as --export, with {own}"
         elif FLAGS.export:  # the split is of the training data that model_dir names
             advice = ("--export scores the --split of the data its training directory names: "
                       "give that directory as --model_dir, or give --source and --reference")
@@ -226,17 +230,22 @@ def _scored_name(path, flag):
 
 
 def _translate(sources, unit):
-    from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
-    from tfnmt.inference.evaluation import translate_lines
-    from tfnmt.inference.search_memory import SearchMemoryError
+    from tfnmt.inference.batching import translate_lines
 
+    if FLAGS.export and is_ctranslate2(FLAGS.export):
+        errors = (OSError,)
+    else:
+        from tfnmt.checkpoints import ModelDirError
+        from tfnmt.inference.search_memory import SearchMemoryError
+
+        errors = (ModelDirError, OSError, SearchMemoryError)
     try:
         signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
                                              FLAGS.alpha, FLAGS.checkpoint,
                                              beam_stop=FLAGS.beam_stop,
                                              no_repeat_ngram_size=FLAGS.no_repeat_ngram_size)
-    except (ModelDirError, OSError, SearchMemoryError) as error:
+    except errors as error:
         raise app.UsageError(str(error))
     if message := loading.long_sources(signatures, sources, unit=unit):
         print(f"evaluate.py: of the {len(sources):,} sources, {message}", file=sys.stderr)
@@ -294,7 +303,7 @@ def main(argv):
         raise app.UsageError("--split scores the model's dataset, and --reference gives your "
                              "own sentences: drop --split")
     if FLAGS.export:
-        cli.refuse_checkpoint_search_flags()
+        cli.refuse_checkpoint_search_flags(FLAGS.export)
     if FLAGS.output:  # written after translating: refused before, not after that work
         cli.check_output_path(FLAGS.output, [("source", FLAGS.source),
                                              ("baseline", FLAGS.baseline)]

@@ -197,16 +197,18 @@ def export_ctranslate2(model, vocab, path, export_dir):
 
     quantization = ctranslate2_quantization()
     try:
-        final = ctranslate2_export.export_ctranslate2(model, vocab, export_dir, quantization,
-                                                      check=FLAGS.check)
+        final = ctranslate2_export.export_ctranslate2(
+            model, vocab, export_dir, quantization, check=FLAGS.check,
+            extra_files=side_profiles(FLAGS.model_dir))
     except FileExistsError as error:
         raise app.UsageError(str(error))
     except (ctranslate2_export.CTranslate2ExportError, OSError) as error:
         print(f"export.py: nothing published: {failure(error, export_dir)}", file=sys.stderr)
         return 1
     print(f"exported {path} to {final} (CTranslate2, weights in {quantization or 'float32'}); "
-          f"translate with max_input_length={model.max_length} and max_decoding_length="
-          f"{model.max_length}: the model has {model.max_length} positions")
+          f"translate.py --export={final} runs it; in your own code translate with "
+          f"max_input_length={model.max_length} and max_decoding_length={model.max_length}: the "
+          f"model has {model.max_length} positions")
 
 
 def run():

@@ -1,4 +1,5 @@
-"""Translate text with a trained model (checkpoint) or an exported SavedModel.
+"""Translate text with a trained model (checkpoint), an exported SavedModel, or a CTranslate2
+model (export.py --format=ctranslate2, run by CTranslate2 without TensorFlow).
 
 One sentence per line (a line ends at LF or CRLF only), from a file or stdin, to stdout or a
 file, one output line per input line, in input order. Input is read and translated in windows
@@ -14,6 +15,7 @@ a TSV of pairs (a tab in 95% of those lines; each line is translated whole).
   python translate.py --export=runs/de-en/export --input=test.de --output=test.en
   python translate.py --model_dir=runs/de-en --plot_attention=plots --input=one.de
   python translate.py --export=runs/de-en/export --input=mono.de --output=mono.en --resume
+  python translate.py --export=runs/de-en/ctranslate2 --input=test.de --alpha=1.0
 
 With --resume, a run stopped before the end of its input (Ctrl-C, a batch job's SIGTERM or
 SIGKILL) goes on where its --output file ends: the complete translations it holds are kept,
@@ -39,12 +41,13 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from absl import app, flags, logging  # noqa: E402
 
 from tfnmt import cli, text_lines  # noqa: E402
-from tfnmt.paths import cannot_write_in  # noqa: E402
+from tfnmt.paths import cannot_write_in, is_ctranslate2  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Training directory to translate with.")
 flags.DEFINE_string("export", None, "SavedModel version directory, or an export_dir (newest "
-                    "version); beam settings are the export's own.")
+                    "version): beam settings are the export's own; or a CTranslate2 model "
+                    "(export.py --format=ctranslate2), which takes the search flags.")
 flags.DEFINE_string("checkpoint", "auto", "With --model_dir: auto (averaged at the newest update, "
                     "else best, else latest) | latest | averaged | best | a checkpoint path or "
                     "directory, or one in the model_dir (ckpt-2000, best/ckpt-2000).")
@@ -54,11 +57,12 @@ flags.DEFINE_string("output", "-", "Output file, UTF-8 ('-': stdout; .gz: compre
 flags.DEFINE_bool("resume", False, "Keep the complete translations the --output file holds (of "
                   "a run of this input stopped before its end) and translate the input lines "
                   "after them, appending. Default false: start over.")
-flags.DEFINE_integer("beam_size", 4, "With --model_dir: beam size.")
+flags.DEFINE_integer("beam_size", 4, "With --model_dir or a CTranslate2 model: beam size.")
 flags.DEFINE_float("alpha", None, "With --model_dir: length penalty exponent (default: the one "
-                   "train.py chose on dev, <model_dir>/decoding.json, else 0.6).")
+                   "train.py chose on dev, <model_dir>/decoding.json, else 0.6); with a "
+                   "CTranslate2 model, its length_penalty (default 1).")
 cli.define_beam_stop_flag("With --model_dir: ")
-cli.define_no_repeat_flag("With --model_dir: ")
+cli.define_no_repeat_flag("With --model_dir or a CTranslate2 model: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")
 flags.DEFINE_integer("n_best", 1, "Translations per sentence, best first (<= --beam_size; "
                      "an export gives at most its own n_best); > 1 writes "
@@ -68,8 +72,8 @@ flags.DEFINE_string("score_targets", None, "Score these translations (one per --
                     "+ EOS>'.")
 flags.DEFINE_string("target_prefix", None, "A file of prefixes, one per --input line (an "
                     "empty line for none): each translation starts with its prefix.")
-flags.DEFINE_integer("sampling_topk", None, "With --model_dir: draw each token at random among "
-                     "the k most likely (0: among all) instead of beam search.")
+flags.DEFINE_integer("sampling_topk", None, "With --model_dir or a CTranslate2 model: draw each "
+                     "token at random among the k most likely (0: among all), not beam search.")
 flags.DEFINE_float("sampling_temperature", 1.0, "With sampling: divide the logits by this "
                    "(default 1: the model's distribution).")
 flags.DEFINE_integer("seed", 0, "With sampling: the draws' seed (same input, seed and "
@@ -170,8 +174,11 @@ def skip_lines(lines, count):
 
 def score_lines(score, pairs):
     """'<log-probability>\t<length>' of each target as a translation of its source."""
+    import numpy as np
+
     log_probs, lengths = score([s for s, _ in pairs], [t for _, t in pairs])
-    return [f"{p:.6f}\t{n}" for p, n in zip(log_probs.numpy().tolist(), lengths.numpy().tolist())]
+    return [f"{p:.6f}\t{n}" for p, n in zip(np.asarray(log_probs).tolist(),
+                                            np.asarray(lengths).tolist())]
 
 
 def n_best_lines(translate_n_best, numbered_lines):
@@ -187,7 +194,7 @@ def n_best_lines(translate_n_best, numbered_lines):
                              "--n_best sets how many, up to its --beam_size)")
     return [[f"{number} ||| {t.decode('utf-8')} ||| {v:.6f}"
              for t, v in zip(texts[:FLAGS.n_best], values[:FLAGS.n_best])]
-            for (number, _), texts, values in zip(numbered_lines, translations.numpy(),
+            for (number, _), texts, values in zip(numbered_lines, np.asarray(translations),
                                                   np.array(scores))]
 
 
@@ -230,16 +237,18 @@ def main(argv):
         if FLAGS[flag].present and not sampling:
             raise app.UsageError(f"--{flag} is for sampling: give --sampling_topk (0: among "
                                  "all words)")
-    if sampling and FLAGS.export:
-        raise app.UsageError("sampling needs --model_dir (exports search with beams)")
+    ctranslate2 = bool(FLAGS.export) and is_ctranslate2(FLAGS.export)
+    if sampling and FLAGS.export and not ctranslate2:
+        raise app.UsageError("sampling needs --model_dir or a CTranslate2 model (SavedModel "
+                             "exports search with beams)")
     if FLAGS.export:
-        cli.refuse_checkpoint_search_flags()
+        cli.refuse_checkpoint_search_flags(FLAGS.export)
     if sampling and FLAGS.n_best > 1:
         raise app.UsageError("sampling draws one translation per sentence: drop --n_best")
     if sampling and FLAGS.no_repeat_ngram_size:
         raise app.UsageError("--no_repeat_ngram_size is a beam search rule: drop it or "
                              "--sampling_topk")
-    if FLAGS.model_dir and FLAGS.n_best > FLAGS.beam_size:
+    if (FLAGS.model_dir or ctranslate2) and FLAGS.n_best > FLAGS.beam_size:
         raise app.UsageError(f"--n_best={FLAGS.n_best} needs --beam_size >= {FLAGS.n_best}")
     if FLAGS.score_targets and (FLAGS.n_best > 1 or sampling):
         raise app.UsageError("--score_targets scores the given translations, translating "
@@ -277,17 +286,16 @@ def main(argv):
               "lines already", file=sys.stderr)
         return 0
     cli.check_model_path(FLAGS.model_dir, FLAGS.export)
-    from tfnmt.checkpoints import ModelDirError
     from tfnmt.inference import loading
-    from tfnmt.inference.search_memory import SearchMemoryError
 
+    errors = (OSError,) if ctranslate2 else loading_errors()
     try:
         signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
                                              FLAGS.alpha, FLAGS.checkpoint,
                                              n_best=FLAGS.n_best, sampling=sampling,
                                              beam_stop=FLAGS.beam_stop,
                                              no_repeat_ngram_size=FLAGS.no_repeat_ngram_size)
-    except (ModelDirError, FileNotFoundError, OSError, SearchMemoryError) as error:
+    except errors as error:
         raise app.UsageError(str(error))
     for flag, signature in (("score_targets", "score"),
                             ("target_prefix", "translate_with_prefix")):
@@ -359,6 +367,14 @@ def main(argv):
         writer.close()
 
 
+def loading_errors():
+    """What loading a checkpoint or a SavedModel raises for a model that cannot translate."""
+    from tfnmt.checkpoints import ModelDirError
+    from tfnmt.inference.search_memory import SearchMemoryError
+
+    return ModelDirError, OSError, SearchMemoryError
+
+
 def tabbed_lines(lines, name):
     """A line saying that `lines` (the input's first) look like a TSV of pairs
     (`text_lines.tabbed_pairs`), each of which is translated whole, tab and all; else None."""
@@ -393,7 +409,7 @@ def progress(lines_read, total, seconds, first=0):
 def translate_window(signatures, window, first_number):
     """The output lines of a window of input lines (of (line, paired line) pairs with
     --score_targets or --target_prefix) that starts at input line `first_number`."""
-    from tfnmt.inference.evaluation import in_length_order, translate_lines
+    from tfnmt.inference.batching import in_length_order, translate_lines
 
     if FLAGS.score_targets:
         return in_length_order(lambda pairs: score_lines(signatures["score"], pairs), window,

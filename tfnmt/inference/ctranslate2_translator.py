@@ -1,0 +1,151 @@
+"""A CTranslate2 model (export.py --format=ctranslate2) behind the functions
+`loading.load_signatures` gives for a checkpoint or a SavedModel, so that translate.py and
+evaluate.py run it with `--export=<model_dir>/ctranslate2`. Neither TensorFlow nor
+tensorflow-text is imported: CTranslate2 searches, SentencePiece tokenizes.
+
+Each sentence is cut to the model's max_length - 1 subwords (then EOS), as the SavedModel cuts
+it, and the search stops at max_length subwords. A sentence without a character that carries
+text (blank, or only control and format characters or U+FFFD) is answered with "" and score 0,
+as the SavedModel answers it. The search is CTranslate2's own: its length penalty divides a
+hypothesis' log-probability by length**alpha (tfnmt's by ((5 + length) / 6)**alpha), and its
+scores are those normalised log-probabilities; `score` gives the unnormalised log-probability
+of a given translation, as the SavedModel's `score` does.
+"""
+import json
+import os
+import unicodedata
+
+import numpy as np
+
+from tfnmt.data import vocabulary
+from tfnmt.paths import CTRANSLATE2_SETTINGS
+
+DEFAULT_ALPHA = 1.0  # CTranslate2's default length_penalty
+# Unicode categories of characters that carry no text (tfnmt.data.tokenizer.has_content).
+_NO_TEXT = {"Zs", "Zl", "Zp", "Cc", "Cf"}
+
+
+class CTranslate2ModelError(ValueError):
+    """A CTranslate2 directory that translate.py cannot run (its tfnmt.json missing)."""
+
+
+def model_settings(directory):
+    """The settings export.py wrote beside the CTranslate2 model ({"max_length": int}).
+
+    Raises:
+      CTranslate2ModelError: the directory lacks them (converted by other means).
+    """
+    try:
+        with open(os.path.join(directory, CTRANSLATE2_SETTINGS)) as f:
+            settings = json.load(f)
+        int(settings["max_length"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CTranslate2ModelError(
+            f"{directory} is a CTranslate2 model without a readable {CTRANSLATE2_SETTINGS} (the "
+            "model's max_length, which export.py --format=ctranslate2 writes): remove it and "
+            "export the model again") from None
+    return settings
+
+
+def has_content(text):
+    """Whether `text` has a character that carries text (not a blank, control or format
+    character, or U+FFFD)."""
+    return any(not (c.isspace() or c == "\ufffd" or unicodedata.category(c) in _NO_TEXT)
+               for c in text)
+
+
+def load_signatures(directory, beam_size=4, alpha=None, n_best=1, sampling=None,
+                    no_repeat_ngram_size=0, threads=None):
+    """`loading.load_signatures`' functions, run by CTranslate2.
+
+    Args:
+      directory: a directory export.py --format=ctranslate2 wrote.
+      beam_size, n_best, no_repeat_ngram_size: CTranslate2's beam_size, num_hypotheses and
+        no_repeat_ngram_size.
+      alpha: CTranslate2's length_penalty (None: DEFAULT_ALPHA).
+      sampling: None, or {"top_k", "temperature", "seed"}: draw each translation at random
+        (CTranslate2's sampling_topk, 0 for all words, and sampling_temperature).
+      threads: CPU threads of the search (None: the cores this process may use).
+
+    Returns:
+      {"serving_default", "translate_n_best", "translate_with_prefix", "score",
+      "source_lengths"}, as `loading.load_signatures` gives them, with numpy arrays (UTF-8
+      bytes for text) in place of tensors.
+
+    Raises:
+      CTranslate2ModelError: no tfnmt.json beside the model.
+      OSError: the model does not load.
+    """
+    import ctranslate2
+    import sentencepiece
+
+    from tfnmt.cpu_quota import usable_cores
+
+    max_length = int(model_settings(directory)["max_length"])
+    names = vocabulary.file_names(not os.path.exists(
+        os.path.join(directory, vocabulary.file_names(False)["source"])))
+    source_sp, target_sp = (sentencepiece.SentencePieceProcessor(
+        model_file=os.path.join(directory, names[side])) for side in ("source", "target"))
+    gpu = ctranslate2.get_cuda_device_count() > 0
+    try:
+        translator = ctranslate2.Translator(
+            directory, device="cuda" if gpu else "cpu", inter_threads=1,
+            intra_threads=0 if gpu else threads or usable_cores())
+    except (RuntimeError, ValueError) as error:
+        raise OSError(f"{directory} does not load as a CTranslate2 model: {error}") from None
+    if sampling is not None:
+        ctranslate2.set_random_seed(sampling["seed"] % 2**32)
+        search = dict(beam_size=1, sampling_topk=sampling["top_k"],
+                      sampling_temperature=sampling["temperature"])
+    else:
+        search = dict(beam_size=beam_size,
+                      length_penalty=DEFAULT_ALPHA if alpha is None else alpha,
+                      no_repeat_ngram_size=no_repeat_ngram_size)
+    # An end at the first step allowed, as tfnmt's searches allow it (CTranslate2's default: 1).
+    limits = dict(max_input_length=max_length, max_decoding_length=max_length,
+                  min_decoding_length=0)
+
+    def pieces(processor, texts):
+        return [processor.encode(text, out_type=str)[:max_length - 1] for text in texts]
+
+    def translate(sentences, columns, prefixes=None):
+        """-> (translations bytes [B, columns], scores float32 [B, columns])."""
+        translations = np.full([len(sentences), columns], b"", object)
+        scores = np.zeros([len(sentences), columns], np.float32)
+        rows = [i for i, text in enumerate(sentences) if has_content(text)]
+        if rows:
+            prefix = None if prefixes is None else [
+                pieces(target_sp, [prefixes[i]])[0] or None for i in rows]
+            results = translator.translate_batch(
+                pieces(source_sp, [sentences[i] for i in rows]), target_prefix=prefix,
+                num_hypotheses=columns, return_scores=True, **search, **limits)
+            for i, result in zip(rows, results):
+                for column, (hypothesis, score) in enumerate(
+                        zip(result.hypotheses, result.scores)):
+                    translations[i, column] = target_sp.decode(hypothesis).encode("utf-8")
+                    scores[i, column] = score
+        return translations, scores
+
+    def serving_default(sentences):
+        translations, scores = translate(sentences, 1)
+        return translations[:, 0], scores[:, 0]
+
+    def with_prefix(sentences, prefixes):
+        translations, scores = translate(sentences, 1, prefixes)
+        return translations[:, 0], scores[:, 0]
+
+    def score(sentences, targets):
+        results = translator.score_batch(pieces(source_sp, sentences),
+                                         pieces(target_sp, targets),
+                                         max_input_length=max_length)
+        return (np.array([sum(result.log_probs) for result in results], np.float32),
+                np.array([len(result.log_probs) for result in results], np.int32))
+
+    def source_lengths(sentences):
+        return (np.array([len(source_sp.encode(text)) for text in sentences], np.int32),
+                max_length - 1)
+
+    return {"serving_default": serving_default,
+            "translate_n_best": lambda sentences: translate(sentences, n_best),
+            "translate_with_prefix": with_prefix, "score": score,
+            "source_lengths": source_lengths}
