@@ -693,6 +693,7 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
 
     from tfnmt.checkpoints import load_model
     from tfnmt.data.special_tokens import EOS_ID, PAD_ID
+    from tfnmt.inference import ctranslate2_translator
     from tfnmt.inference.ctranslate2_export import export_ctranslate2
     from tfnmt.inference.greedy_search import greedy_decode
     from tfnmt.inference.saved_model import export_saved_model
@@ -789,6 +790,13 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     theirs = ctranslate2.Translator(ct2_dir, device="cpu", compute_type="float32") \
         .translate_batch(pieces, beam_size=1, max_decoding_length=10, min_decoding_length=0)
     assert [r.hypotheses[0] for r in theirs] == ours
+    # translate.py's CTranslate2 functions: the source side's SentencePiece model tokenizes,
+    # the target side's detokenizes, the search runs to the model's max_length.
+    texts, _ = ctranslate2_translator.load_signatures(ct2_dir, beam_size=1)["serving_default"](
+        [s for s, _ in pairs])
+    ids, _ = greedy_decode(model, source_ids.to_tensor(PAD_ID), max_length=model.max_length)
+    assert [t.decode("utf-8") for t in texts] == [
+        target_sp.decode([int(i) for i in row if i not in (PAD_ID, EOS_ID)]) for row in ids.numpy()]
 
 
 @pytest.mark.parametrize("flag, message", [
