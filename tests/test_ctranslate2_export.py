@@ -352,3 +352,21 @@ def test_translate_py_draws_and_forces_prefixes_with_a_ctranslate2_model(prenorm
             f"{script}: {bare} is a CTranslate2 model without a readable tfnmt.json (the "
             "model's max_length, which export.py --format=ctranslate2 writes): remove it and "
             "export the model again\n")
+
+
+def test_a_machine_without_ctranslate2_is_told_which_package_to_install(prenorm_export,
+                                                                        monkeypatch):
+    import importlib.util
+
+    from tfnmt.inference.ctranslate2_translator import CTranslate2ModelError, check_runnable
+
+    path = prenorm_export[2]
+    check_runnable(path)
+    installed = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "ctranslate2" else
+                        installed(name, *args))
+    with pytest.raises(CTranslate2ModelError) as error:
+        check_runnable(path)
+    assert str(error.value) == (f"{path} is a CTranslate2 model, and the ctranslate2 package is "
+                                "not installed (pip install ctranslate2)")

@@ -186,6 +186,15 @@ def test_translate_and_evaluate_say_input_in_the_other_language(small_corpus, ti
     assert side_order.read_profiles(os.path.join(model_dir, side_order.PROFILE_FILE)) == {
         "source": expected[0], "target": expected[1]}
     assert other_language(None, export_dir, [t for _, t in dev], "x").startswith(f"x {said[:30]}")
+    # A CTranslate2 model keeps it beside its files.
+    result = python("export.py", f"--model_dir={model_dir}", "--check=false",
+                    "--format=ctranslate2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    ct2_dir = os.path.join(model_dir, "ctranslate2")
+    assert side_order.read_profiles(os.path.join(ct2_dir, side_order.PROFILE_FILE)) == {
+        "source": expected[0], "target": expected[1]}
+    assert other_language(None, ct2_dir, [t for _, t in dev], "x").startswith(f"x {said[:30]}")
+    assert other_language(None, ct2_dir, [s for s, _ in dev], "x") is None
 
 
 def test_a_split_given_the_other_way_round_is_told_apart(small_corpus):

@@ -54,10 +54,10 @@ def check_model_path(model_dir, export):
     export.py (translate.py, evaluate.py)."""
     try:
         if export and paths.is_ctranslate2(export):
-            from tfnmt.inference.ctranslate2_translator import CTranslate2ModelError, model_settings
+            from tfnmt.inference.ctranslate2_translator import CTranslate2ModelError, check_runnable
 
             try:
-                model_settings(export)
+                check_runnable(export)
             except CTranslate2ModelError as error:
                 raise app.UsageError(str(error))
         elif export:

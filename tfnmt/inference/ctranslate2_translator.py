@@ -26,7 +26,20 @@ _NO_TEXT = {"Zs", "Zl", "Zp", "Cc", "Cf"}
 
 
 class CTranslate2ModelError(ValueError):
-    """A CTranslate2 directory that translate.py cannot run (its tfnmt.json missing)."""
+    """A CTranslate2 directory that translate.py cannot run: its tfnmt.json missing, or the
+    ctranslate2 package."""
+
+
+def check_runnable(directory):
+    """Raises CTranslate2ModelError where `directory` cannot be run here (`model_settings`; the
+    ctranslate2 or sentencepiece package not installed)."""
+    import importlib.util
+
+    model_settings(directory)
+    for package in ("ctranslate2", "sentencepiece"):
+        if importlib.util.find_spec(package) is None:
+            raise CTranslate2ModelError(f"{directory} is a CTranslate2 model, and the {package} "
+                                        f"package is not installed (pip install {package})")
 
 
 def model_settings(directory):
@@ -74,10 +87,14 @@ def load_signatures(directory, beam_size=4, alpha=None, n_best=1, sampling=None,
 
     Raises:
       CTranslate2ModelError: no tfnmt.json beside the model.
-      OSError: the model does not load.
+      OSError: the model does not load, or ctranslate2 does not import.
     """
-    import ctranslate2
-    import sentencepiece
+    try:
+        import ctranslate2
+        import sentencepiece
+    except ImportError as error:
+        raise OSError(f"{directory} is a CTranslate2 model, and {error.name or 'ctranslate2'} "
+                      f"does not import here ({error})") from None
 
     from tfnmt.cpu_quota import usable_cores
 
