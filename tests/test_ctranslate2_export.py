@@ -352,6 +352,25 @@ def test_translate_py_draws_and_forces_prefixes_with_a_ctranslate2_model(prenorm
             f"{script}: {bare} is a CTranslate2 model without a readable tfnmt.json (the "
             "model's max_length, which export.py --format=ctranslate2 writes): remove it and "
             "export the model again\n")
+    # Files that do not load: each named in one line.
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(path, broken)
+    os.remove(broken / "spm.model")
+    (broken / "target.spm.model").write_bytes(b"")
+    said = {}
+    said["holds no spm.model"] = python("translate.py", f"--export={broken}", f"--input={source}")
+    (broken / "spm.model").write_bytes(b"not a model")
+    said["spm.model does not load as a SentencePiece model: "] = python(
+        "translate.py", f"--export={broken}", f"--input={source}")
+    shutil.copy(os.path.join(path, "spm.model"), broken / "spm.model")
+    os.truncate(broken / "model.bin", 5000)
+    said["does not load as a CTranslate2 model: "] = python(
+        "translate.py", f"--export={broken}", f"--input={source}")
+    for message, result in said.items():
+        assert result.returncode == 1 and len(result.stderr.splitlines()) == 1, result.stderr
+        assert message in result.stderr
 
 
 def test_a_machine_without_ctranslate2_is_told_which_package_to_install(prenorm_export,

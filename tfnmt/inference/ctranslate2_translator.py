@@ -67,6 +67,26 @@ def has_content(text):
                for c in text)
 
 
+def _processors(directory, sentencepiece):
+    """(source, target) SentencePieceProcessors of the model's spm.model (or source.spm.model
+    and target.spm.model), or OSError naming what is missing or does not load."""
+    shared, separate = vocabulary.file_names(False), vocabulary.file_names(True)
+    names = shared if os.path.exists(os.path.join(directory, shared["source"])) else separate
+    processors = []
+    for side in ("source", "target"):
+        path = os.path.join(directory, names[side])
+        if not os.path.exists(path):
+            raise OSError(f"{directory} holds no {shared['source']} (nor {separate['source']} "
+                          f"and {separate['target']}): the SentencePiece model export.py puts "
+                          "beside CTranslate2's files; remove it and export the model again")
+        try:
+            processors.append(sentencepiece.SentencePieceProcessor(model_file=path))
+        except (RuntimeError, OSError) as error:
+            raise OSError(f"{path} does not load as a SentencePiece model: "
+                          f"{str(error).strip().splitlines()[0]}") from None
+    return tuple(processors)
+
+
 def load_signatures(directory, beam_size=4, alpha=None, n_best=1, sampling=None,
                     no_repeat_ngram_size=0, threads=None):
     """`loading.load_signatures`' functions, run by CTranslate2.
@@ -99,10 +119,7 @@ def load_signatures(directory, beam_size=4, alpha=None, n_best=1, sampling=None,
     from tfnmt.cpu_quota import usable_cores
 
     max_length = int(model_settings(directory)["max_length"])
-    names = vocabulary.file_names(not os.path.exists(
-        os.path.join(directory, vocabulary.file_names(False)["source"])))
-    source_sp, target_sp = (sentencepiece.SentencePieceProcessor(
-        model_file=os.path.join(directory, names[side])) for side in ("source", "target"))
+    source_sp, target_sp = _processors(directory, sentencepiece)
     gpu = ctranslate2.get_cuda_device_count() > 0
     try:
         translator = ctranslate2.Translator(
