@@ -4,6 +4,8 @@ import importlib.util
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 import time
 
 import pytest
@@ -236,12 +238,24 @@ def test_tfds_translation_dataset_with_mock_data(monkeypatch):
     assert len(pairs) == 7 and all(isinstance(s, str) and isinstance(t, str) for s, t in pairs)
 
 
-def test_embedded_corpus_is_a_local_tfds_builder(tmp_path, monkeypatch):
-    # Read in batches of 100 (a last, partial one included): every pair of the file, in order.
+def test_embedded_corpus_is_read_from_its_files_as_its_tfds_builder_reads_it(tmp_path,
+                                                                            monkeypatch):
+    # tfnmt reads the files, without TensorFlow; the local TFDS builder (`tfds.load`) gives the
+    # same pairs, read in batches of 100 (a last, partial one included): every pair of the
+    # file, in order.
     monkeypatch.setattr(corpus, "TFDS_READ_BATCH", 100)
-    pairs = list(corpus.read_corpus("embedded", "dev", tfds_data_dir=str(tmp_path)))
-    assert len(pairs) == 462
-    assert pairs == [(s.strip(), t.strip()) for s, t, *_ in read_split("dev")]
+    for split, count in (("train", 46930), ("dev", 462), ("test", 1136)):
+        pairs = list(corpus.read_corpus("embedded", split))
+        assert len(pairs) == count
+        assert pairs == [(s.strip(), t.strip()) for s, t, *_ in read_split(split)]
+        assert pairs == [(s.strip(), t.strip()) for s, t in
+                         corpus.read_tfds(corpus.EMBEDDED_TFDS_NAME, split, str(tmp_path))]
+    code = ("import sys; from tfnmt.data import corpus; "
+            "print(sum(1 for _ in corpus.read_corpus('embedded', 'test')), "
+            "'tensorflow' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout == "1136 False\n", result.stderr[-3000:]
 
 
 def test_corpus_paths_that_cannot_be_meant_as_given_say_why(tmp_path, monkeypatch):

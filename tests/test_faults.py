@@ -279,7 +279,8 @@ def test_a_full_disk_while_the_data_is_prepared_stops_with_one_line(size, writte
 def test_the_embedded_corpus_is_read_in_a_read_only_home(tmp_path):
     # A container's read-only home: TFDS's default directory (~/tensorflow_datasets) cannot be
     # written, and `python train.py` stopped with a traceback (OSError: Read-only file system)
-    # preparing the embedded corpus there; it is prepared in the temporary directory instead.
+    # preparing the embedded corpus there; its TFDS builder (which `tfds.load` reads; tfnmt
+    # reads the files) is prepared in the temporary directory instead.
     import gzip
 
     from tfnmt.paths import EMBEDDED_DIR
@@ -288,7 +289,7 @@ def test_the_embedded_corpus_is_read_in_a_read_only_home(tmp_path):
     home.mkdir()
     temporary.mkdir()
     code = ("from tfnmt.data import corpus; "
-            "print(sum(1 for _ in corpus.read_corpus('embedded', 'dev')))")
+            "print(sum(1 for _ in corpus.read_tfds(corpus.EMBEDDED_TFDS_NAME, 'dev')))")
     env = {k: v for k, v in os.environ.items() if k != "TFDS_DATA_DIR"}
     result = subprocess.run(
         ["unshare", "--map-root-user", "--mount", "sh", "-c",

@@ -42,7 +42,7 @@ def run(script, **env):
 def test_tensorflow_starts_without_the_lines_its_log_level_hides():
     # The same start (TensorFlow imported through Keras, a first op) with and without the
     # filter, at the entry points' TF_CPP_MIN_LOG_LEVEL=2; a probe for TensorFlow before
-    # (tensorflow_datasets makes one, as evaluate.py reads the embedded corpus' split) does
+    # (tensorflow_datasets makes one, as evaluate.py reads a TFDS dataset's split) does
     # not import it, and leaves the import to come filtered.
     script = ("import importlib.util, os\n"
               "if os.environ['FILTER'] == '1':\n"

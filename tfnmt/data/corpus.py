@@ -392,7 +392,7 @@ def read_corpus(dataset, split, files=None, tfds_data_dir=None, log_skipped=True
     if split not in SPLITS:
         raise CorpusError(f"split must be one of {SPLITS}, got {split!r}")
     if dataset == EMBEDDED:
-        pairs = read_tfds(EMBEDDED_TFDS_NAME, split, tfds_data_dir, download)
+        pairs = read_embedded(split)
     elif dataset == "files":
         if not files:
             raise CorpusError(f"--dataset=files needs --{split}_files (a TSV or 'src,tgt')")
@@ -412,6 +412,24 @@ def read_corpus(dataset, split, files=None, tfds_data_dir=None, log_skipped=True
         _logged_skips.add(key)
         logging.warning("%s/%s: skipped %d pair%s with an empty side", dataset, split, skipped,
                         "" if skipped == 1 else "s")
+
+
+def read_embedded(split):
+    """The embedded corpus' (German, English) pairs of a split, in file order, read from
+    tfnmt/data/de-en/<split>.tsv.gz: what its TFDS builder (`tfds_embedded`, `tfnmt_de_en`)
+    gives, without TensorFlow or a prepared copy.
+
+    Args:
+      split: "train", "dev" or "test".
+
+    Yields:
+      (German, English) strings.
+    """
+    # The repository's own files: UTF-8, German, English and a source column per line.
+    with gzip.open(os.path.join(EMBEDDED_DIR, f"{split}.tsv.gz"), "rt", encoding="utf-8") as lines:
+        for line in lines:
+            german, english = line.rstrip("\r\n").split("\t")[:2]
+            yield german, english
 
 
 def read_split(data, split):

@@ -3,14 +3,12 @@
     import tfnmt.data.tfds_embedded, tensorflow_datasets as tfds
     ds = tfds.load("tfnmt_de_en", split="validation", as_supervised=True)
 
-It reads tfnmt/data/de-en/*.tsv.gz from this repository: preparing it downloads nothing.
+It reads tfnmt/data/de-en/*.tsv.gz from this repository (`corpus.read_embedded`, which tfnmt's
+programs read them with): preparing it downloads nothing.
 """
-import gzip
-import os
-
 import tensorflow_datasets as tfds
 
-from tfnmt.paths import EMBEDDED_DIR
+from tfnmt.data.corpus import read_embedded
 
 
 class TfnmtDeEn(tfds.core.GeneratorBasedBuilder):
@@ -31,13 +29,10 @@ class TfnmtDeEn(tfds.core.GeneratorBasedBuilder):
 
     def _split_generators(self, dl_manager):
         del dl_manager
-        return {tfds_split: self._generate_examples(os.path.join(EMBEDDED_DIR, f"{split}.tsv.gz"))
+        return {tfds_split: self._generate_examples(split)
                 for split, tfds_split in (("train", "train"), ("dev", "validation"),
                                           ("test", "test"))}
 
-    def _generate_examples(self, path):
-        # The repository's own files: UTF-8, German, English and a source column per line.
-        with gzip.open(path, "rt", encoding="utf-8") as lines:
-            for index, line in enumerate(lines):
-                german, english = line.rstrip("\r\n").split("\t")[:2]
-                yield index, {"de": german, "en": english}
+    def _generate_examples(self, split):
+        for index, (german, english) in enumerate(read_embedded(split)):
+            yield index, {"de": german, "en": english}

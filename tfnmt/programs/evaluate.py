@@ -321,7 +321,7 @@ def main(argv):
     baseline = _read_lines(FLAGS.baseline, "baseline") if FLAGS.baseline else None
     if baseline is not None and not from_split:  # a split's count is known once it is read
         _aligned(baseline, references[0], "--baseline and --reference")
-    if not FLAGS.hypotheses:  # before reading a split, which runs TensorFlow
+    if not FLAGS.hypotheses:  # before reading a split, which runs TensorFlow for TFDS's
         cli.check_model_path(FLAGS.model_dir, FLAGS.export)
         from tfnmt.inference.loading import share_threads
 
