@@ -297,8 +297,10 @@ def test_translate_and_evaluate_run_a_ctranslate2_model(prenorm_export, tmp_path
     references.write_text("".join(f"{t} {s}\n" for t, s in zip(expected, lines)),
                           encoding="utf-8")
     evaluated = python("evaluate.py", f"--export={path}", f"--source={source}",
-                       f"--reference={references}", "--beam_size=1", "--json")
+                       f"--reference={references}", "--beam_size=1", "--json",
+                       env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "tensorflow" not in imported_modules(evaluated.stderr)
     bleu = sacrebleu.corpus_bleu(expected, [[f"{t} {s}" for t, s in zip(expected, lines)]])
     assert json.loads(evaluated.stdout)["bleu"] == pytest.approx(bleu.score, abs=0.005)
 
