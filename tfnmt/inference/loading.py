@@ -166,6 +166,16 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
     return functions
 
 
+def load_errors(export=None):
+    """The errors `load_signatures` raises for a model that cannot translate (the programs say
+    each in one line); for a CTranslate2 `export`, known without importing TensorFlow."""
+    if export and is_ctranslate2(export):
+        return (OSError,)
+    from tfnmt.checkpoints import ModelDirError
+
+    return ModelDirError, OSError, search_memory.SearchMemoryError
+
+
 def _check_translation_export(version, loaded):
     """Raises DamagedFileError for a SavedModel whose serving_default signature is not
     export.py's (`sentences` string [B] in, `translations` and `scores` out): another tool's

@@ -233,19 +233,12 @@ def _translate(sources, unit):
     from tfnmt.inference import loading
     from tfnmt.inference.batching import translate_lines
 
-    if FLAGS.export and is_ctranslate2(FLAGS.export):
-        errors = (OSError,)
-    else:
-        from tfnmt.checkpoints import ModelDirError
-        from tfnmt.inference.search_memory import SearchMemoryError
-
-        errors = (ModelDirError, OSError, SearchMemoryError)
     try:
         signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
                                              FLAGS.alpha, FLAGS.checkpoint,
                                              beam_stop=FLAGS.beam_stop,
                                              no_repeat_ngram_size=FLAGS.no_repeat_ngram_size)
-    except errors as error:
+    except loading.load_errors(FLAGS.export) as error:
         raise app.UsageError(str(error))
     if message := loading.long_sources(signatures, sources, unit=unit):
         print(f"evaluate.py: of the {len(sources):,} sources, {message}", file=sys.stderr)

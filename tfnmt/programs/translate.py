@@ -288,14 +288,13 @@ def main(argv):
     cli.check_model_path(FLAGS.model_dir, FLAGS.export)
     from tfnmt.inference import loading
 
-    errors = (OSError,) if ctranslate2 else loading_errors()
     try:
         signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
                                              FLAGS.alpha, FLAGS.checkpoint,
                                              n_best=FLAGS.n_best, sampling=sampling,
                                              beam_stop=FLAGS.beam_stop,
                                              no_repeat_ngram_size=FLAGS.no_repeat_ngram_size)
-    except errors as error:
+    except loading.load_errors(FLAGS.export) as error:
         raise app.UsageError(str(error))
     for flag, signature in (("score_targets", "score"),
                             ("target_prefix", "translate_with_prefix")):
@@ -365,14 +364,6 @@ def main(argv):
                               f"{of_total} input lines (--resume goes on from there)") from None
     finally:
         writer.close()
-
-
-def loading_errors():
-    """What loading a checkpoint or a SavedModel raises for a model that cannot translate."""
-    from tfnmt.checkpoints import ModelDirError
-    from tfnmt.inference.search_memory import SearchMemoryError
-
-    return ModelDirError, OSError, SearchMemoryError
 
 
 def tabbed_lines(lines, name):
