@@ -165,7 +165,7 @@ def test_training_evaluation_batches_fewer_sentences_of_a_wide_beam(tiny):
 
 def test_a_model_dir_translator_searches_within_half_the_memory_available(
         tiny_model_dir, monkeypatch):
-    from tfnmt.inference import loading
+    from tfnmt.inference import loading, serving
 
     built = []
 
@@ -173,7 +173,7 @@ def test_a_model_dir_translator_searches_within_half_the_memory_available(
         built.append(kwargs)
         return TranslationModule(*args, **kwargs)
 
-    monkeypatch.setattr(loading, "TranslationModule", recorded)
+    monkeypatch.setattr(serving, "TranslationModule", recorded)  # loading imports it when used
     monkeypatch.setattr(search_memory, "available_bytes", lambda: 8 * GIB)
     translate = loading.load_signatures(tiny_model_dir, beam_size=5)["serving_default"]
     assert built[-1]["memory_budget"] == 4 * GIB
