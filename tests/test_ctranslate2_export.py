@@ -1,5 +1,6 @@
 """export.py --format=ctranslate2: CTranslate2 (an independent C++ implementation) must compute the
-model's own log-probabilities and find its greedy and beam translations."""
+model's own log-probabilities and find its greedy and beam translations; translate.py and
+evaluate.py run the converted model (`ctranslate2_translator`)."""
 import json
 import os
 import subprocess
