@@ -11,11 +11,13 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def python(script, *args, env=None, timeout=300, cwd=ROOT):
-    """Runs one of the entry points (train.py, export.py, ...) in a fresh process."""
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
+def python(script, *args, env=None, timeout=300, cwd=ROOT, input=None):
+    """Runs one of the entry points (train.py, export.py, ...) in a fresh process (`input`:
+    its standard input's text)."""
+    environment = dict(os.environ, **{"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd,
-                          env=environment, timeout=timeout, capture_output=True, text=True)
+                          env=environment, timeout=timeout, capture_output=True, text=True,
+                          input=input)
 
 
 def piece_counts(model_path, texts):

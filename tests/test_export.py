@@ -13,7 +13,7 @@ import sentencepiece
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from helpers import started, teacher_forced_log_prob
+from helpers import python, started, teacher_forced_log_prob
 from tfnmt import checkpoints
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
@@ -599,6 +599,43 @@ def test_the_no_repeat_rule_reaches_every_beam_search(module, tiny_model_dir, mo
         TranslationModule(module.model, proto, no_repeat_ngram_size=-1)
 
 
+GRAPPLER_LOG = {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "meta_optimizer=1"}
+GRAPPLER_ITEM = "Starting optimization for grappler item"  # one line per function rewritten
+
+
+def test_the_translation_programs_search_without_graph_rewrites_on_a_cpu(tiny_model_dir,
+                                                                         exported, tmp_path):
+    # TensorFlow logs each function Grappler rewrites (GRAPPLER_LOG). Where a GPU's device file
+    # exists the rewrites stay, without one they stop, in the same process.
+    (tmp_path / "nvidia0").touch()
+    code = ("import sys, tensorflow as tf\n"
+            "from tfnmt.inference.loading import skip_graph_rewrites\n"
+            "double = lambda: tf.function(lambda x: 2 * x + tf.reduce_sum(x))(tf.ones([3]))\n"
+            f"print(skip_graph_rewrites(gpu_files=({str(tmp_path / 'nvidia[0-9]*')!r},)))\n"
+            "double()\n"
+            "print('--', file=sys.stderr, flush=True)\n"
+            "print(skip_graph_rewrites(gpu_files=()))\n"
+            "double()\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, env=dict(os.environ, **GRAPPLER_LOG))
+    assert result.returncode == 0 and result.stdout.split() == ["False", "True"], result.stderr
+    with_gpu, without = result.stderr.split("\n--\n")
+    assert GRAPPLER_ITEM in with_gpu and GRAPPLER_ITEM not in without
+    # translate.py from an export, evaluate.py from a model_dir's checkpoint: their searches
+    # run unrewritten, and translate.
+    translated = python("translate.py", f"--export={exported}", "--input=-",
+                        input="Guten Morgen!\n", env=GRAPPLER_LOG)
+    assert translated.returncode == 0 and translated.stdout.count("\n") == 1, translated.stderr
+    assert GRAPPLER_ITEM not in translated.stderr
+    (tmp_path / "in.de").write_text("Guten Morgen!\nDas ist ein Haus.\n", encoding="utf-8")
+    (tmp_path / "ref.en").write_text("Good morning!\nThis is a house.\n", encoding="utf-8")
+    scored = python("evaluate.py", f"--model_dir={tiny_model_dir}", "--beam_size=2",
+                    f"--source={tmp_path / 'in.de'}", f"--reference={tmp_path / 'ref.en'}",
+                    env=GRAPPLER_LOG)
+    assert scored.returncode == 0 and "BLEU" in scored.stdout, scored.stderr[-3000:]
+    assert GRAPPLER_ITEM not in scored.stderr
+
+
 def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus, tmp_path):
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
@@ -786,7 +823,8 @@ def test_translate_py_resumes_where_its_output_file_ends(exported, serving_fn, s
 
     # n-best lists, gzip-compressed, of a run killed as it wrote line 2 of list 65: the
     # numbering goes on from 64 (each list the export's for its sentence alone, as searched
-    # at --batch_size=1, to the printed score's last digit).
+    # at --batch_size=1; the scores to float32 rounding: translate.py runs the graph without
+    # TensorFlow's rewrites, this process with them).
     translate_n_best = tf.saved_model.load(exported).signatures["translate_n_best"]
     lists = []
     for n, sentence in enumerate(sources):
@@ -799,7 +837,11 @@ def test_translate_py_resumes_where_its_output_file_ends(exported, serving_fn, s
     resumed = python("translate.py", *common, "--n_best=2", f"--output={out_gz}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     with gzip.open(out_gz, "rt", encoding="utf-8") as f:
-        assert f.read().splitlines() == lists
+        written = [line.rsplit(" ||| ", 1) for line in f.read().splitlines()]
+    expected_lists = [line.rsplit(" ||| ", 1) for line in lists]
+    assert [text for text, _ in written] == [text for text, _ in expected_lists]
+    np.testing.assert_allclose([float(v) for _, v in written],
+                               [float(v) for _, v in expected_lists], rtol=1e-5)
     assert "ends in a damaged gzip stream after the output" in resumed.stderr
 
     # Refused before any work, the file unchanged: more output than input; lists numbered

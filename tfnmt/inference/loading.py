@@ -35,6 +35,38 @@ def share_threads(export=None, sampling=None):
     return use_decoding_threads(export_searches(version))
 
 
+def skip_graph_rewrites(export=None, gpu_files=None):
+    """Turns TensorFlow's graph rewrites (Grappler) off for this process's later functions, on
+    a CPU: a translation program's searches run as traced or as exported. Rewriting a search's
+    graph takes seconds at its first call and made the searches no faster on a CPU (same
+    translations, about 3 s less per translate.py process on 2 cores; docs/serving.md). TF
+    Serving keeps its own settings.
+
+    Call it in a program's process only: the setting stays for the rest of the process.
+
+    Args:
+      export: the model translate.py or evaluate.py was given (a CTranslate2 model: nothing to
+        do, and TensorFlow is not imported).
+      gpu_files: glob patterns of GPU device files; where one exists, the rewrites stay
+        (`serving.GPU_DEVICE_FILES` by default).
+
+    Returns:
+      Whether the rewrites were turned off.
+    """
+    import glob
+
+    if export and is_ctranslate2(export):
+        return False
+    if gpu_files is None:
+        from tfnmt.inference.serving import GPU_DEVICE_FILES as gpu_files
+    if any(glob.glob(pattern) for pattern in gpu_files):
+        return False
+    import tensorflow as tf
+
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    return True
+
+
 def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=None, checkpoint="auto",
                       beam_stop="finished", no_repeat_ngram_size=0):
     """A translation function from a model_dir's checkpoint or from an export.

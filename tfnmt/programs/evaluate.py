@@ -316,9 +316,10 @@ def main(argv):
         _aligned(baseline, references[0], "--baseline and --reference")
     if not FLAGS.hypotheses:  # before reading a split, which runs TensorFlow for TFDS's
         cli.check_model_path(FLAGS.model_dir, FLAGS.export)
-        from tfnmt.inference.loading import share_threads
+        from tfnmt.inference.loading import share_threads, skip_graph_rewrites
 
         share_threads(FLAGS.export)
+        skip_graph_rewrites(FLAGS.export)
     if FLAGS.source:
         _say_other_languages(lines, references)
     if from_split:

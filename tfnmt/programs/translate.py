@@ -288,6 +288,7 @@ def main(argv):
     cli.check_model_path(FLAGS.model_dir, FLAGS.export)
     from tfnmt.inference import loading
 
+    loading.skip_graph_rewrites(FLAGS.export)
     try:
         signatures = loading.load_signatures(FLAGS.model_dir, FLAGS.export, FLAGS.beam_size,
                                              FLAGS.alpha, FLAGS.checkpoint,
