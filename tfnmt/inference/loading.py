@@ -39,7 +39,7 @@ def skip_graph_rewrites(export=None, gpu_files=None):
     """Turns TensorFlow's graph rewrites (Grappler) off for this process's later functions, on
     a CPU: a translation program's searches run as traced or as exported. Rewriting a search's
     graph takes seconds at its first call and made the searches no faster on a CPU (same
-    translations, about 3 s less per translate.py process on 2 cores; docs/serving.md). TF
+    translations, 2-3 s less per translate.py process on 2 cores; docs/serving.md). TF
     Serving keeps its own settings.
 
     Call it in a program's process only: the setting stays for the rest of the process.
