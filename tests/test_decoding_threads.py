@@ -4,7 +4,7 @@ import os
 import pytest
 
 from tfnmt.inference.decoding_threads import (SEARCH_FILE, decoding_threads, export_searches,
-                                              write_search_settings)
+                                              gpu_present, write_search_settings)
 
 NO_GPU = ("/nonexistent/nvidia[0-9]*",)
 
@@ -33,6 +33,11 @@ def test_threads_the_user_set_and_a_gpu_keep_the_default(tmp_path):
     assert decoding_threads(2, 4, limited, NO_GPU) == (2, 4)
     (tmp_path / "nvidia0").touch()
     assert decoding_threads(2, 2, {}, (str(tmp_path / "nvidia[0-9]*"),)) is None
+    # Any of the patterns: AMD's device file after NVIDIA's.
+    amd = NO_GPU + (str(tmp_path / "kfd"),)
+    assert not gpu_present(amd) and decoding_threads(2, 2, {}, amd) == (1, 2)
+    (tmp_path / "kfd").touch()
+    assert gpu_present(amd) and decoding_threads(2, 2, {}, amd) is None
 
 
 def test_an_exports_searches_are_read_back_and_a_bad_record_reads_as_unknown(tmp_path):

@@ -53,6 +53,12 @@ def export_searches(path):
     return searches if valid else None
 
 
+def gpu_present(gpu_files):
+    """Whether this machine has a GPU: one of the glob patterns `gpu_files` (GPU device files,
+    `serving.GPU_DEVICE_FILES`) matches a file."""
+    return any(glob.glob(pattern) for pattern in gpu_files)
+
+
 def decoding_threads(searches, cores, environ, gpu_files):
     """Threads per op and ops at once for `searches` parallel searches on `cores` cores.
 
@@ -73,7 +79,7 @@ def decoding_threads(searches, cores, environ, gpu_files):
         return None
     user_threads = any(environ.get(name) for name in THREAD_VARIABLES) \
         and not environ.get(SET_BY_TFNMT)
-    if user_threads or any(glob.glob(pattern) for pattern in gpu_files):
+    if user_threads or gpu_present(gpu_files):
         return None
     return max(1, cores // searches), cores
 

@@ -6,7 +6,7 @@ import os
 
 from tfnmt import text_lines
 from tfnmt.inference import search_memory
-from tfnmt.inference.decoding_threads import (PARALLEL_SEARCHES, export_searches,
+from tfnmt.inference.decoding_threads import (PARALLEL_SEARCHES, export_searches, gpu_present,
                                               use_decoding_threads)
 from tfnmt.paths import DamagedFileError, is_ctranslate2, latest_export
 
@@ -53,13 +53,11 @@ def skip_graph_rewrites(export=None, gpu_files=None):
     Returns:
       Whether the rewrites were turned off.
     """
-    import glob
-
     if export and is_ctranslate2(export):
         return False
     if gpu_files is None:
         from tfnmt.inference.serving import GPU_DEVICE_FILES as gpu_files
-    if any(glob.glob(pattern) for pattern in gpu_files):
+    if gpu_present(gpu_files):
         return False
     import tensorflow as tf
 
