@@ -1,9 +1,11 @@
 """Small builders shared by the tests."""
+import atexit
 import fcntl
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import keras
 import numpy as np
@@ -11,11 +13,64 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# TFNMT_TEST_PRELOAD=0: every entry point a test runs starts as a fresh process.
+PRELOAD = os.environ.get("TFNMT_TEST_PRELOAD", "1") != "0"
+_servers = {}  # kind ("train", "decode"): (server process, socket path)
+
+
+def _compared(environment):
+    """What of an environment must be the server's (pytest sets PYTEST_CURRENT_TEST, the test
+    it runs, in its own)."""
+    return {k: v for k, v in environment.items() if k != "PYTEST_CURRENT_TEST"}
+
+
+# The servers' environment: the entry points' usual one, as the suite's process has it before
+# any test changes it.
+_SERVER_ENVIRONMENT = _compared(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+
+def entry_point_command(script, environment):
+    """The command that runs an entry point (train.py, export.py, translate.py, evaluate.py)
+    as `python <script>` started fresh with `environment` would run it: through this worker's
+    tests/preload_server.py for its kind where `environment` is the server's, which saves the
+    program TensorFlow's import (see there); else `python <script>`."""
+    path = os.path.join(ROOT, script)
+    if not PRELOAD or _compared(environment) != _SERVER_ENVIRONMENT or \
+            script not in ("train.py", "export.py", "translate.py", "evaluate.py"):
+        return [sys.executable, path]
+    return [sys.executable, os.path.join(ROOT, "tests", "preload_client.py"),
+            preload_server("train" if script == "train.py" else "decode"), path]
+
+
+def preload_server(kind):
+    """The socket path of this worker's tests/preload_server.py for `kind` ("train" or
+    "decode"), started on first use (its clients wait while it imports)."""
+    if kind not in _servers:
+        directory = tempfile.mkdtemp(prefix="tfnmt-preload-")  # short: a socket path's limit
+        socket_path = os.path.join(directory, kind)
+        with open(os.path.join(directory, "log"), "w") as log:
+            # Its stdin: a pipe that closes when this worker ends, and the server with it.
+            server = subprocess.Popen(
+                [sys.executable, os.path.join(ROOT, "tests", "preload_server.py"),
+                 socket_path, kind], env=_SERVER_ENVIRONMENT, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        server.stdout.readline()  # "listening" (or nothing, where it failed: clients run fresh)
+        _servers[kind] = (server, socket_path)
+        atexit.register(_stop_server, server, directory)
+    return _servers[kind][1]
+
+
+def _stop_server(server, directory):
+    server.kill()
+    server.wait()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 def python(script, *args, env=None, timeout=300, cwd=ROOT, input=None):
-    """Runs one of the entry points (train.py, export.py, ...) in a fresh process (`input`:
-    its standard input's text)."""
+    """Runs one of the entry points (train.py, export.py, ...) as a fresh process would
+    (`entry_point_command`; `input`: its standard input's text)."""
     environment = dict(os.environ, **{"TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd,
+    return subprocess.run([*entry_point_command(script, environment), *args], cwd=cwd,
                           env=environment, timeout=timeout, capture_output=True, text=True,
                           input=input)
 
@@ -60,20 +115,20 @@ def built_once(tmp_path_factory, name, build):
 
 
 def started(script, *args):
-    """An entry point started in a fresh process (stdout and stderr piped, text), with Ctrl-C's
-    SIGINT and a closed terminal's SIGHUP acting as at a terminal: a test runner started in the
-    background (`cmd &` in a script) has SIGINT ignored, one under nohup SIGHUP, and its
-    children would inherit that."""
+    """An entry point started as a fresh process would be (`entry_point_command`; stdout and
+    stderr piped, text), with Ctrl-C's SIGINT and a closed terminal's SIGHUP acting as at a
+    terminal: a test runner started in the background (`cmd &` in a script) has SIGINT
+    ignored, one under nohup SIGHUP, and its children would inherit that."""
     import signal
 
     def as_at_a_terminal():
         for signum in (signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
 
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=as_at_a_terminal)
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen([*entry_point_command(script, environment), *args], cwd=ROOT,
+                            env=environment, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=as_at_a_terminal)
 
 
 def train_flags(small_corpus, train_data, model_dir, **overrides):

@@ -1,0 +1,120 @@
+"""tests/preload_server.py and tests/preload_client.py, which run the suite's entry points: a
+program run through them gets what the same program started fresh gets (its arguments, standard
+streams, working directory and exit code; a signal sent to the process the test holds, and death
+by it), and the program dies with the client that stands for it."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import PRELOAD, ROOT, entry_point_command, preload_server
+
+CLIENT = os.path.join(ROOT, "tests", "preload_client.py")
+
+# Says what it was given; then exits with the code its first argument names, or waits for a
+# signal ("wait", once it has printed its pid).
+PROBE = r"""
+import json, os, sys
+print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "stdin": sys.stdin.read(),
+                  "path": sys.path[0], "name": __name__, "file": __file__,
+                  "streams": [[s.encoding, s.errors, s.line_buffering, s.write_through,
+                               type(s.buffer).__name__, s.buffer.raw.isatty()
+                               if hasattr(s.buffer, "raw") else s.buffer.isatty()]
+                              for s in (sys.stdin, sys.stdout, sys.stderr)],
+                  "preloaded": "tensorflow" in sys.modules}), flush=True)
+print("Grüße an stderr", file=sys.stderr)
+if sys.argv[1] == "wait":
+    print(os.getpid(), flush=True)
+    sys.stdin.close()
+    import signal
+    while True:
+        signal.pause()
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def probe(tmp_path):
+    (tmp_path / "probe.py").write_text(PROBE)
+    return str(tmp_path / "probe.py")
+
+
+def commands(script):
+    """{"fresh": `python <script>`, "server": the same through this worker's decode server}."""
+    return {"fresh": [sys.executable, script],
+            "server": [sys.executable, CLIENT, preload_server("decode"), script]}
+
+
+def test_a_program_run_by_the_server_gets_what_a_fresh_process_gets(probe, tmp_path):
+    results = {route: subprocess.run([*command, "3", "ä b"], cwd=tmp_path,
+                                     input="zwei\nZeilen\n", capture_output=True, text=True,
+                                     timeout=120)
+               for route, command in commands(probe).items()}
+    said = {route: json.loads(result.stdout) for route, result in results.items()}
+    # The server's child has TensorFlow imported already: it ran there, not in a fallback.
+    assert said["server"].pop("preloaded") is True and said["fresh"].pop("preloaded") is False
+    assert said["server"] == said["fresh"] == {
+        "argv": [probe, "3", "ä b"], "cwd": str(tmp_path), "stdin": "zwei\nZeilen\n",
+        "path": os.path.dirname(probe), "name": "__main__", "file": probe,
+        "streams": said["fresh"]["streams"]}
+    assert results["server"].stderr == results["fresh"].stderr == "Grüße an stderr\n"
+    assert results["server"].returncode == results["fresh"].returncode == 3
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_reaches_the_program_and_the_client_dies_as_it_did(signum, probe):
+    for route, command in commands(probe).items():
+        process = subprocess.Popen([*command, "wait"], text=True, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                    signal.SIG_DFL))
+        try:
+            said = json.loads(process.stdout.readline())
+            process.stdout.readline()  # its pid: it waits for the signal now
+            process.send_signal(signum)
+            out, err = process.communicate(timeout=60)
+        finally:
+            process.kill()
+        assert said["preloaded"] is (route == "server")
+        assert process.returncode == -signum, (route, err)
+        if signum == signal.SIGINT:  # Python's KeyboardInterrupt, then death by SIGINT
+            assert err.splitlines()[-1] == "KeyboardInterrupt", (route, err)
+
+
+def test_a_killed_client_takes_its_program_down(probe):
+    process = subprocess.Popen(commands(probe)["server"] + ["wait"], text=True,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        assert json.loads(process.stdout.readline())["preloaded"] is True
+        program = int(process.stdout.readline())
+        assert program != process.pid
+        os.kill(program, 0)  # running
+        process.kill()
+        process.wait(timeout=60)
+    finally:
+        process.kill()
+    deadline = time.monotonic() + 60
+    while os.path.exists(f"/proc/{program}") and time.monotonic() < deadline:
+        time.sleep(0.05)  # killed by the server, then reaped by it
+    assert not os.path.exists(f"/proc/{program}")
+
+
+def test_entry_points_go_through_the_server_only_with_its_environment():
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    fresh = [sys.executable, os.path.join(ROOT, "train.py")]
+    assert entry_point_command("train.py", dict(environment, TF_CPP_MIN_LOG_LEVEL="0")) == fresh
+    assert entry_point_command("train.py", dict(environment, TF_ENABLE_ONEDNN_OPTS="0",
+                                                SOME_SETTING="x")) == fresh
+    through = entry_point_command("train.py", environment)
+    decoding = entry_point_command("translate.py", environment)
+    if PRELOAD:  # TFNMT_TEST_PRELOAD=0 sends every program fresh
+        assert through == [sys.executable, CLIENT, preload_server("train"), fresh[1]]
+        assert decoding == [sys.executable, CLIENT, preload_server("decode"),
+                            os.path.join(ROOT, "translate.py")]
+    else:
+        assert through == fresh
