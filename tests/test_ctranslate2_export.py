@@ -3,14 +3,12 @@ model's own log-probabilities and find its greedy and beam translations; transla
 evaluate.py run the converted model (`ctranslate2_translator`)."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import output_log_probs
+from helpers import output_log_probs, python
 from tfnmt import checkpoints
 from tfnmt.data.special_tokens import EOS_ID, PAD_ID
 from tfnmt.inference.beam_search import beam_search
@@ -22,7 +20,6 @@ from tfnmt.model.transformer import Transformer
 ctranslate2 = pytest.importorskip("ctranslate2")
 sentencepiece = pytest.importorskip("sentencepiece")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ["Und Jesus sprach zu ihnen.", "Das Haus ist klein.", "Gott",
            "Guten Morgen, wie geht es?"]
 MAX_LENGTH = 12
@@ -39,9 +36,7 @@ def cli_export(tiny_model_dir, tmp_path_factory):
         if name != "export" and not name.startswith("ctranslate2"):
             os.symlink(os.path.join(tiny_model_dir, name), model_dir / name)
     (model_dir / "export").write_text("not a directory")
-    result = subprocess.run([sys.executable, "export.py", f"--model_dir={model_dir}",
-                             "--format=ctranslate2"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
+    result = python("export.py", f"--model_dir={model_dir}", "--format=ctranslate2")
     assert result.returncode == 0, result.stderr[-3000:]
     out = str(model_dir / "ctranslate2")
     model, vocab, _ = checkpoints.load_model(tiny_model_dir)
@@ -208,10 +203,8 @@ def test_an_export_written_meanwhile_by_another_is_kept(cli_export, tmp_path, mo
 
 
 def test_export_command_refuses_saved_model_options_for_ctranslate2(tiny_model_dir, tmp_path):
-    result = subprocess.run([sys.executable, "export.py", f"--model_dir={tiny_model_dir}",
-                             "--format=ctranslate2", "--beam_size=5",
-                             f"--export_dir={tmp_path / 'x'}"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
+    result = python("export.py", f"--model_dir={tiny_model_dir}", "--format=ctranslate2",
+                    "--beam_size=5", f"--export_dir={tmp_path / 'x'}")
     assert result.returncode == 1
     assert result.stderr.strip() == ("export.py: --beam_size is for SavedModel exports; "
                                      "CTranslate2 takes its decoding options when it translates")

@@ -13,7 +13,7 @@ import sentencepiece
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from helpers import python, started, teacher_forced_log_prob
+from helpers import entry_point_command, python, started, teacher_forced_log_prob
 from tfnmt import checkpoints
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
@@ -640,8 +640,9 @@ def test_translate_and_evaluate_commands(tiny_model_dir, exported, small_corpus,
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
     def run(*args, stdin="", returncode=0, stderr=False):
-        result = subprocess.run([sys.executable, *args], cwd=ROOT, input=stdin.encode(),
-                                capture_output=True, timeout=300, env=environment)
+        result = subprocess.run([*entry_point_command(args[0], environment), *args[1:]],
+                                cwd=ROOT, input=stdin.encode(), capture_output=True,
+                                timeout=300, env=environment)
         assert result.returncode == returncode, result.stderr[-3000:]
         # No spurious oneDNN error line (an int Transpose's) where oneDNN runs.
         assert b"oneDNN supports DT_" not in result.stderr
@@ -879,9 +880,7 @@ def test_translate_py_resumes_where_its_output_file_ends(exported, serving_fn, s
     assert refused.returncode == 1 and refused.stderr.strip() == (
         "translate.py: --resume reads what --output holds, and /dev/null is not a file (a pipe "
         "or a device): drop --resume")
-    short = subprocess.run([sys.executable, "translate.py", export, f"--output={out}",
-                            "--resume"], input="Ein Haus.\n", cwd=ROOT, capture_output=True,
-                           text=True, timeout=300)
+    short = python("translate.py", export, f"--output={out}", "--resume", input="Ein Haus.\n")
     assert short.returncode == 1 and short.stderr.strip().splitlines()[-1] == (
         f"translate.py: the input ends after 1 line, and --output {out} holds the output of 70: "
         "it is not this input's output (give another --output, or drop --resume)")
@@ -1146,11 +1145,8 @@ def test_auto_matmul_export_chooses_its_search_on_the_serving_machine(tiny_model
 def test_export_command_matmul_dtype(tiny_model_dir, tmp_path):
     def export(*flags):
         # --check=false: the C++ loader check has its own tests; this one is about the flag.
-        return subprocess.run([sys.executable, "export.py", f"--model_dir={tiny_model_dir}",
-                               f"--export_dir={tmp_path / 'export'}", "--check=false", *flags],
-                              cwd=ROOT,
-                              capture_output=True, text=True, timeout=300,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        return python("export.py", f"--model_dir={tiny_model_dir}",
+                      f"--export_dir={tmp_path / 'export'}", "--check=false", *flags)
 
     # auto (the default); one search per dtype
     result = export("--parallel_searches=1", "--no_repeat_ngram_size=3")
@@ -1174,9 +1170,8 @@ def test_export_command_matmul_dtype(tiny_model_dir, tmp_path):
 
     n_best = tf.saved_model.load(str(tmp_path / "export" / "2")).signatures["translate_n_best"]
     assert n_best.structured_outputs["translations"].shape.as_list() == [None, 1]
-    asked = subprocess.run([sys.executable, "translate.py", f"--export={tmp_path / 'export'}",
-                            "--n_best=2"], input="Das Haus.\n", cwd=ROOT, capture_output=True,
-                           text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    asked = python("translate.py", f"--export={tmp_path / 'export'}", "--n_best=2",
+                   input="Das Haus.\n")
     assert asked.returncode != 0 and asked.stdout == ""
     assert asked.stderr.strip().endswith(
         "the export gives 1 translation per sentence, fewer than --n_best=2 (export.py "
