@@ -39,12 +39,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def prepare(kind):
     """What tfnmt.cli.run does before TensorFlow is imported (after the allocator), then the
     imports."""
-    from tfnmt import cpu_kernels, cpu_quota, tensorflow_start
+    from tfnmt import cli
 
-    if kind == "train":
-        cpu_kernels.use_onednn()
-    cpu_quota.limit_threads()
-    tensorflow_start.install()
+    cli.before_tensorflow(training=kind == "train")
     import tensorflow  # noqa: F401
     import tensorflow_text  # noqa: F401
 
@@ -166,9 +163,9 @@ def become(request, fds):
 def main():
     path, kind = sys.argv[1:]
     sys.path[0] = ROOT  # not tests/: a child's path starts with its script's directory
-    for optional in ("IPython", "matplotlib"):
-        sys.modules.setdefault(optional, None)
-    from tfnmt import allocator
+    from tfnmt import allocator, cli
+
+    cli.leave_out_optional_imports()
 
     allocator.use_fast_allocator()  # may execute this server again, with tcmalloc preloaded
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
