@@ -10,6 +10,8 @@ import tempfile
 import keras
 import numpy as np
 
+from preload_server import PER_PROGRAM
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -19,9 +21,9 @@ _servers = {}  # kind ("train", "decode"): (server process, socket path)
 
 
 def _compared(environment):
-    """What of an environment must be the server's (pytest sets PYTEST_CURRENT_TEST, the test
-    it runs, in its own)."""
-    return {k: v for k, v in environment.items() if k != "PYTEST_CURRENT_TEST"}
+    """What of an environment must be the server's (the rest a server's child takes from its
+    client)."""
+    return {k: v for k, v in environment.items() if k not in PER_PROGRAM}
 
 
 # The servers' environment: the entry points' usual one, as the suite's process has it before
@@ -32,8 +34,9 @@ _SERVER_ENVIRONMENT = _compared(dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 def entry_point_command(script, environment):
     """The command that runs an entry point (train.py, export.py, translate.py, evaluate.py)
     as `python <script>` started fresh with `environment` would run it: through this worker's
-    tests/preload_server.py for its kind where `environment` is the server's, which saves the
-    program TensorFlow's import (see there); else `python <script>`."""
+    tests/preload_server.py for its kind where `environment` is the server's but for
+    `preload_server.PER_PROGRAM`, which saves the program TensorFlow's import (see there); else
+    `python <script>`."""
     path = os.path.join(ROOT, script)
     if not PRELOAD or _compared(environment) != _SERVER_ENVIRONMENT or \
             script not in ("train.py", "export.py", "translate.py", "evaluate.py"):

@@ -36,7 +36,8 @@ def main():
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             connection.connect(path)
-            request = json.dumps({"argv": argv, "cwd": os.getcwd()}).encode() + b"\n"
+            request = json.dumps({"argv": argv, "cwd": os.getcwd(),
+                                  "environ": dict(os.environ)}).encode() + b"\n"
             socket.send_fds(connection, [request], [0, 1, 2])
             replies = connection.makefile("r")
             reply = replies.readline()

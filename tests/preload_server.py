@@ -9,11 +9,14 @@ its imports are done: the server did what `tfnmt.cli.run` does before TensorFlow
 a CPU quota; the filtered start), imported TensorFlow and tfnmt, and touched nothing else of
 TensorFlow's runtime. The child runs the script as `__main__`, with the client's standard
 streams, working directory and arguments, in a process group of its own, and exits as Python
-exits a script. tests/helpers.py sends a program here only when its environment is the
-server's and its script is of the server's kind (train.py: "train"; the others: "decode").
+exits a script. tests/helpers.py sends a program here only when its script is of the server's
+kind (train.py: "train"; the others: "decode") and its environment is the server's but for
+variables read only while a program runs (TF_CONFIG, PYTHONUNBUFFERED), which the child takes
+from the client.
 
 One connection per program, from tests/preload_client.py: the client sends a JSON line
-{"argv": [script, args...], "cwd": ...} with its file descriptors 0, 1 and 2; the server
+{"argv": [script, args...], "cwd": ..., "environ": {...}} with its file descriptors 0, 1 and 2;
+the server
 answers "pid <pid>" once the child runs, then "status <wait status>" when it has ended. A
 client that goes away first (a test's timeout killed it) has its child's process group
 killed. The server prints "listening" once clients can connect, and ends when its standard
@@ -34,6 +37,10 @@ import socket
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Environment variables a program reads only while it runs, never at an import (TF_CONFIG:
+# train.py and tf.distribute; PYTHONUNBUFFERED: `become` builds the standard streams by it),
+# and pytest's PYTEST_CURRENT_TEST: a child takes the client's (or has none where it has none).
+PER_PROGRAM = ("TF_CONFIG", "PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST")
 
 
 def prepare(kind):
@@ -77,6 +84,11 @@ def serve(listener):
                 connection, _ = listener.accept()
                 try:
                     message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+                    while not message.endswith(b"\n"):  # the rest of a long line
+                        more = connection.recv(1 << 16)
+                        if not more:
+                            raise OSError("the client went away mid-request")
+                        message += more
                     request = json.loads(message)
                 except (OSError, ValueError):
                     connection.close()  # the client runs the program itself
@@ -126,12 +138,12 @@ def serve(listener):
                     pass
 
 
-def standard_stream(fd, made):
+def standard_stream(fd, made, unbuffered):
     """sys.stdin (fd 0), sys.stdout (1) or sys.stderr (2) on that descriptor, as Python makes
     it at its start (CPython's create_stdio), for what the descriptor is now (a pipe, a file, a
-    terminal); `made`: this process's own, for the encoding and errors."""
+    terminal); `made`: this process's own, for the encoding and errors; `unbuffered`: as
+    `python -u` or PYTHONUNBUFFERED makes them."""
     writing = fd > 0
-    unbuffered = isinstance(sys.__stdout__.buffer, io.FileIO)  # python -u, PYTHONUNBUFFERED
     raw = io.FileIO(fd, "wb" if writing else "rb", closefd=False)
     buffer = raw if unbuffered and writing else (
         io.BufferedWriter(raw) if writing else io.BufferedReader(raw))
@@ -149,9 +161,15 @@ def become(request, fds):
     for target, fd in enumerate(fds):  # the server's own are 0-2: these are above
         os.dup2(fd, target)
         os.close(fd)
+    unbuffered = bool(request["environ"].get("PYTHONUNBUFFERED"))  # the server has no -u
     for fd, name in enumerate(("stdin", "stdout", "stderr")):
-        setattr(sys, name, standard_stream(fd, getattr(sys, name)))
+        setattr(sys, name, standard_stream(fd, getattr(sys, name), unbuffered))
         setattr(sys, f"__{name}__", getattr(sys, name))
+    for name in PER_PROGRAM:  # the rest is the server's, as a fresh program's start leaves it
+        if name in request["environ"]:
+            os.environ[name] = request["environ"][name]
+        else:
+            os.environ.pop(name, None)
     os.chdir(request["cwd"])
     script = os.path.abspath(request["argv"][0])
     sys.argv = list(request["argv"])

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from helpers import PRELOAD, ROOT, entry_point_command, preload_server
+from preload_server import PER_PROGRAM
 
 CLIENT = os.path.join(ROOT, "tests", "preload_client.py")
 
@@ -25,6 +26,8 @@ print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "stdin": sys.stdin.read(
                                type(s.buffer).__name__, s.buffer.raw.isatty()
                                if hasattr(s.buffer, "raw") else s.buffer.isatty()]
                               for s in (sys.stdin, sys.stdout, sys.stderr)],
+                  "per_program": {name: os.environ.get(name) for name in
+                                  ("TF_CONFIG", "PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST")},
                   "preloaded": "tensorflow" in sys.modules}), flush=True)
 print("Grüße an stderr", file=sys.stderr)
 if sys.argv[1] == "wait":
@@ -49,8 +52,16 @@ def commands(script):
             "server": [sys.executable, CLIENT, preload_server("decode"), script]}
 
 
-def test_a_program_run_by_the_server_gets_what_a_fresh_process_gets(probe, tmp_path):
-    results = {route: subprocess.run([*command, "3", "ä b"], cwd=tmp_path,
+# The variables a program reads only while it runs (preload_server.PER_PROGRAM) as the suite
+# has them, then each changed: set, or unset (PYTHONUNBUFFERED also changes the streams).
+ENVIRONMENTS = [{}, {"TF_CONFIG": '{"cluster": {}}', "PYTEST_CURRENT_TEST": "a test",
+                     "PYTHONUNBUFFERED": "" if os.environ.get("PYTHONUNBUFFERED") else "1"}]
+
+
+@pytest.mark.parametrize("changes", ENVIRONMENTS)
+def test_a_program_run_by_the_server_gets_what_a_fresh_process_gets(changes, probe, tmp_path):
+    environment = {k: v for k, v in dict(os.environ, **changes).items() if v}
+    results = {route: subprocess.run([*command, "3", "ä b"], cwd=tmp_path, env=environment,
                                      input="zwei\nZeilen\n", capture_output=True, text=True,
                                      timeout=120)
                for route, command in commands(probe).items()}
@@ -60,7 +71,10 @@ def test_a_program_run_by_the_server_gets_what_a_fresh_process_gets(probe, tmp_p
     assert said["server"] == said["fresh"] == {
         "argv": [probe, "3", "ä b"], "cwd": str(tmp_path), "stdin": "zwei\nZeilen\n",
         "path": os.path.dirname(probe), "name": "__main__", "file": probe,
-        "streams": said["fresh"]["streams"]}
+        "streams": said["fresh"]["streams"],
+        "per_program": {name: environment.get(name) for name in PER_PROGRAM}}
+    unbuffered = bool(environment.get("PYTHONUNBUFFERED"))
+    assert said["fresh"]["streams"][1][3] is unbuffered  # stdout's write-through
     assert results["server"].stderr == results["fresh"].stderr == "Grüße an stderr\n"
     assert results["server"].returncode == results["fresh"].returncode == 3
 
@@ -112,6 +126,9 @@ def test_entry_points_go_through_the_server_only_with_its_environment():
                                                 SOME_SETTING="x")) == fresh
     through = entry_point_command("train.py", environment)
     decoding = entry_point_command("translate.py", environment)
+    # A cluster's worker: its own TF_CONFIG (and, in some tests, unbuffered output).
+    worker = dict(environment, TF_CONFIG='{"cluster": {}}', PYTHONUNBUFFERED="1")
+    assert entry_point_command("train.py", worker) == through
     if PRELOAD:  # TFNMT_TEST_PRELOAD=0 sends every program fresh
         assert through == [sys.executable, CLIENT, preload_server("train"), fresh[1]]
         assert decoding == [sys.executable, CLIENT, preload_server("decode"),

@@ -19,8 +19,8 @@ import sacrebleu
 import sentencepiece
 import tensorflow as tf
 
-from helpers import (ROOT, imported_modules, python, started, teacher_forced_log_prob,
-                     train_flags)
+from helpers import (ROOT, entry_point_command, imported_modules, python, started,
+                     teacher_forced_log_prob, train_flags)
 from tfnmt import cpu_kernels, fast_ops
 from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes
 from tfnmt.data import records, side_order
@@ -899,8 +899,8 @@ def running_cluster(commands, **environment):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(tf_config),
                    **environment)
         processes.append(subprocess.Popen(  # Ctrl-C acting as at a terminal (helpers.started)
-            [sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
+            [*entry_point_command(args[0], env), *args[1:]], cwd=ROOT, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)))
     try:
         yield processes
