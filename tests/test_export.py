@@ -1,4 +1,5 @@
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -13,7 +14,8 @@ import sentencepiece
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from helpers import entry_point_command, python, started, teacher_forced_log_prob
+from helpers import (built_once, entry_point_command, python, started,
+                     teacher_forced_log_prob)
 from tfnmt import checkpoints
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
@@ -66,8 +68,18 @@ def module(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def exported(module, tmp_path_factory):
-    return export_saved_model(module, str(tmp_path_factory.mktemp("export")))
+def exported(module, tiny_model_dir, tmp_path_factory):
+    """The module's export (version 1), written once for every xdist worker whose tiny model
+    is the same files (its build is deterministic; the directory is keyed by the files' digest,
+    so workers with different models would each write their own). Tests copy it to change it."""
+    digest = hashlib.sha256()
+    for name in ("settings.json", "spm.model", "checkpoints/ckpt-1.index",
+                 "checkpoints/ckpt-1.data-00000-of-00001"):
+        with open(os.path.join(tiny_model_dir, name), "rb") as f:
+            digest.update(f.read())
+    export_dir = built_once(tmp_path_factory, f"export-{digest.hexdigest()[:16]}",
+                            lambda path: export_saved_model(module, path))
+    return os.path.join(export_dir, "1")
 
 
 def graph_ops(export_path):
@@ -185,8 +197,9 @@ def test_only_core_and_tf_text_ops(exported):
 
 
 def test_versions_are_new_directories_never_overwritten(module, exported, tmp_path):
-    export_dir = os.path.dirname(exported)
     assert os.path.basename(exported) == "1"
+    export_dir = str(tmp_path / "export")  # a copy: `exported` is shared
+    shutil.copytree(exported, os.path.join(export_dir, "1"))
     # What an export killed mid-write leaves (its process is gone), and one still being written.
     finished = subprocess.Popen(["true"])
     finished.wait()
