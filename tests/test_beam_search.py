@@ -1,5 +1,6 @@
 import concurrent.futures
 import contextlib
+import weakref
 
 import keras
 import numpy as np
@@ -68,26 +69,43 @@ def repeats_an_ngram(tokens, n):
     return len(grams) != len(set(grams))
 
 
-def reference_beam_search(model, source, k, alpha, limit, stop, no_repeat=0):
-    """Beam search written plainly, one sentence: every step re-runs the decoder over each
-    whole prefix (the alive ones as one batch) and extends every alive hypothesis by every
-    token, in float64 numpy. Keeps the 2k best extensions (with no_repeat = n, of those that
-    hold no n-gram twice), of which those ending in EOS are finished (scored log P / lp) and
-    the k best others go on. Stops at `limit`, or once k have finished ("finished"), or once
-    the best alive one under lp(limit) cannot beat the k-th finished ("bound"); at the limit
-    the alive ones compete as they are. -> ([(tokens, score)] best first, steps taken)."""
-    memory, padding = model.encode(source[None])
+_LOG_PROBS = weakref.WeakKeyDictionary()  # model: {(source, prefix): log-probabilities}
 
+
+def next_token_log_probs(model, source, prefixes):
+    """float64 [len(prefixes), V]: log P(next token | prefix, source) for each prefix (all of
+    one length), the decoder re-run over the whole prefix (the prefixes not seen before as one
+    batch). Remembered per model and source: searches of one sentence under another stop rule,
+    alpha or n-gram rule ask for many of the same prefixes."""
+    known = _LOG_PROBS.setdefault(model, {})
+    sentence = source.numpy().tobytes()
+    missing = [tokens for tokens in prefixes if (sentence, tokens) not in known]
+    if missing:
+        memory, padding = model.encode(source[None])
+        rows = len(missing)
+        logits = model.decode(tf.constant([[BOS_ID, *tokens] for tokens in missing]),
+                              tf.repeat(memory, rows, 0), tf.repeat(padding, rows, 0))[:, -1]
+        for tokens, row in zip(missing,
+                               tf.nn.log_softmax(tf.cast(logits, tf.float64)).numpy()):
+            known[sentence, tokens] = row
+    return np.stack([known[sentence, tokens] for tokens in prefixes])
+
+
+def reference_beam_search(model, source, k, alpha, limit, stop, no_repeat=0):
+    """Beam search written plainly, one sentence: every step takes each alive prefix's
+    next-token log-probabilities from the decoder re-run over the whole prefix
+    (`next_token_log_probs`) and extends every alive hypothesis by every token, in float64
+    numpy. Keeps the 2k best extensions (with no_repeat = n, of those that hold no n-gram
+    twice), of which those ending in EOS are finished (scored log P / lp) and the k best others
+    go on. Stops at `limit`, or once k have finished ("finished"), or once the best alive one
+    under lp(limit) cannot beat the k-th finished ("bound"); at the limit the alive ones
+    compete as they are. -> ([(tokens, score)] best first, steps taken)."""
     def lp(n):
         return ((5.0 + n) / 6.0) ** alpha
 
     alive, finished = [((), 0.0)], []
     for length in range(1, limit + 1):
-        # The alive prefixes are all `length - 1` long: one decoder pass over all of them.
-        rows = len(alive)
-        logits = model.decode(tf.constant([[BOS_ID, *tokens] for tokens, _ in alive]),
-                              tf.repeat(memory, rows, 0), tf.repeat(padding, rows, 0))[:, -1]
-        log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float64)).numpy()
+        log_probs = next_token_log_probs(model, source, [tokens for tokens, _ in alive])
         extensions = [(tokens + (t,), log_prob + log_probs[i, t])
                       for i, (tokens, log_prob) in enumerate(alive) for t in range(VOCAB)
                       if not (no_repeat and repeats_an_ngram(tokens + (t,), no_repeat))]
