@@ -16,11 +16,10 @@ from the client.
 
 One connection per program, from tests/preload_client.py: the client sends a JSON line
 {"argv": [script, args...], "cwd": ..., "environ": {...}} with its file descriptors 0, 1 and 2;
-the server
-answers "pid <pid>" once the child runs, then "status <wait status>" when it has ended. A
-client that goes away first (a test's timeout killed it) has its child's process group
-killed. The server prints "listening" once clients can connect, and ends when its standard
-input (a pipe from the pytest worker) closes.
+the server answers "pid <pid>" once the child runs, then "status <wait status>" when it has
+ended. A client that goes away first (a test's timeout killed it) has its child's process
+group killed. The server prints "listening" once clients can connect, and ends when its
+standard input (a pipe from the pytest worker) closes.
 
 Usage: python tests/preload_server.py SOCKET_PATH train|decode
 """
