@@ -26,8 +26,7 @@ print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "stdin": sys.stdin.read(
                                type(s.buffer).__name__, s.buffer.raw.isatty()
                                if hasattr(s.buffer, "raw") else s.buffer.isatty()]
                               for s in (sys.stdin, sys.stdout, sys.stderr)],
-                  "per_program": {name: os.environ.get(name) for name in
-                                  ("TF_CONFIG", "PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST")},
+                  "per_program": {name: os.environ.get(name) for name in PER_PROGRAM},
                   "preloaded": "tensorflow" in sys.modules}), flush=True)
 print("Grüße an stderr", file=sys.stderr)
 if sys.argv[1] == "wait":
@@ -37,7 +36,7 @@ if sys.argv[1] == "wait":
     while True:
         signal.pause()
 sys.exit(int(sys.argv[1]))
-"""
+""".replace("PER_PROGRAM", repr(PER_PROGRAM))
 
 
 @pytest.fixture
