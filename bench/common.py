@@ -183,6 +183,43 @@ def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+# OpenNMT-tf's Transformer with a tfnmt model's shape: shared embeddings and softmax, dropout on
+# residuals and embeddings (and attention where the model has it), none in the feed-forward
+# layer, LayerNorm where the model puts it (OpenNMT-tf's own default is pre-norm; `small` and
+# `base` are post-norm, as the paper).
+PEER_MODEL = """import opennmt
+
+def model():
+    return opennmt.models.Transformer(
+        source_inputter=opennmt.inputters.WordEmbedder(embedding_size={d_model}),
+        target_inputter=opennmt.inputters.WordEmbedder(embedding_size={d_model}),
+        num_layers={num_layers}, num_units={d_model}, num_heads={num_heads},
+        ffn_inner_dim={d_ff}, dropout={dropout}, attention_dropout={attention_dropout},
+        ffn_dropout=0.0, pre_norm={pre_norm},
+        share_embeddings=opennmt.models.EmbeddingsSharingLevel.ALL)
+"""
+
+# Runs `onmt-main` after setting Keras's global policy from PEER_POLICY (OpenNMT-tf enables
+# mixed precision only on GPUs).
+PEER_LAUNCHER = """import os, sys
+import tensorflow as tf
+if os.environ.get("PEER_POLICY"):
+    tf.keras.mixed_precision.set_global_policy(os.environ["PEER_POLICY"])
+from opennmt.bin.main import main
+sys.exit(main())
+"""
+
+
+def peer_model_script(model, dropout):
+    """The model.py `onmt-main --model` reads for a tfnmt model of settings `model` (a preset
+    or settings.json's "model"), with `dropout` on its residuals and embeddings."""
+    return PEER_MODEL.format(
+        d_model=model["d_model"], num_layers=model["num_layers"], num_heads=model["num_heads"],
+        d_ff=model["d_ff"], dropout=dropout,
+        attention_dropout=model.get("attention_dropout", 0.0),
+        pre_norm=bool(model.get("norm_first", False)))
+
+
 def prepared_data(data_dir):
     """Prepares the embedded corpus into `data_dir` (once; later runs reuse it)."""
     from tfnmt.data import records

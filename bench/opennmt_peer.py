@@ -11,11 +11,12 @@ this project's TensorFlow 2.21; install it in its own virtual environment and pa
 
 The corpus is the embedded train split tokenized with the bench's own 8k SentencePiece model
 (runs/bench-data/spm.model); the model has the shape of tfnmt's --preset (`small`: d_model 256,
-3+3 layers, 4 heads, d_ff 1024; `base`: the paper's 512, 6+6, 8, 2,048), shared embeddings and
-softmax, dropout 0.1 on residuals and embeddings only, 4,096-token batches with width-1 length
-buckets, Adam + Noam warm-up 4,000, label smoothing 0.1. OpenNMT-tf enables mixed precision
-only on GPUs, so `--mixed_precision=bf16` sets Keras's global mixed_bfloat16 policy before it
-starts.
+3+3 layers, 4 heads, d_ff 1024; `base`: the paper's 512, 6+6, 8, 2,048) and its LayerNorm
+placement (post-norm for both, as tfnmt's; OpenNMT-tf's own default is pre-norm), shared
+embeddings and softmax, dropout 0.1 on residuals and embeddings only, 4,096-token batches with
+width-1 length buckets, Adam + Noam warm-up 4,000, label smoothing 0.1. OpenNMT-tf enables
+mixed precision only on GPUs, so `--mixed_precision=bf16` sets Keras's global mixed_bfloat16
+policy before it starts.
 
 Training speed is the median of OpenNMT-tf's own "target" tokens/s log lines after the first
 --skip_logs. With --decode, the trained checkpoint then translates the test split with
@@ -32,7 +33,8 @@ import statistics
 import subprocess
 import time
 
-from common import cpu_description, peer_environment, prepared_data
+from common import (PEER_LAUNCHER, cpu_description, peer_environment,
+                    peer_model_script, prepared_data)
 from tfnmt import paths  # noqa: E402
 from tfnmt.model.presets import PRESETS  # noqa: E402
 
@@ -55,25 +57,6 @@ flags.DEFINE_bool("decode", False, "Translate the test split after training and 
 flags.DEFINE_bool("train", True, "Train (anew). --notrain --decode: only decode the model an "
                   "earlier run left in --work_dir.")
 flags.mark_flag_as_required("onmt_python")
-
-MODEL = """import opennmt
-
-def model():
-    return opennmt.models.Transformer(
-        source_inputter=opennmt.inputters.WordEmbedder(embedding_size={d_model}),
-        target_inputter=opennmt.inputters.WordEmbedder(embedding_size={d_model}),
-        num_layers={num_layers}, num_units={d_model}, num_heads={num_heads},
-        ffn_inner_dim={d_ff}, dropout={dropout}, attention_dropout=0.0, ffn_dropout=0.0,
-        share_embeddings=opennmt.models.EmbeddingsSharingLevel.ALL)
-"""
-
-LAUNCHER = """import os, sys
-import tensorflow as tf
-if os.environ.get("PEER_POLICY"):
-    tf.keras.mixed_precision.set_global_policy(os.environ["PEER_POLICY"])
-from opennmt.bin.main import main
-sys.exit(main())
-"""
 
 CONFIG = """model_dir: {work}/model
 data:
@@ -173,7 +156,8 @@ def train(work, launcher):
          "--from_format", "sentencepiece", "--save_vocab", os.path.join(work, "vocab.txt")],
         log_path=os.path.join(work, "vocab.log"))
     shape = PRESETS[FLAGS.preset]
-    for name, text in (("model.py", MODEL.format(**shape)), ("launcher.py", LAUNCHER),
+    for name, text in (("model.py", peer_model_script(shape, shape["dropout"])),
+                       ("launcher.py", PEER_LAUNCHER),
                        ("config.yml", CONFIG.format(work=work, steps=FLAGS.steps,
                                                     log_every=FLAGS.log_every, **shape))):
         with open(os.path.join(work, name), "w") as f:

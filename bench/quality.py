@@ -49,7 +49,8 @@ import subprocess
 import sys
 import time
 
-from common import MALLOC, ROOT, cpu_description, peer_environment
+from common import (MALLOC, PEER_LAUNCHER, ROOT, cpu_description, peer_environment,
+                    peer_model_script)
 from tfnmt import cpu_kernels, paths  # noqa: E402
 
 from absl import app, flags  # noqa: E402
@@ -88,18 +89,6 @@ flags.DEFINE_string("plot", "runs/quality/quality.png", "PNG plot of test BLEU a
 flags.DEFINE_integer("score_sentences", 0, "Score only the first N test sentences (0: all).")
 flags.DEFINE_list("combine", [], "Train nothing: merge the JSON lines that earlier runs of this "
                   "script printed on one machine (files) into one result and plot.")
-
-PEER_MODEL = """import opennmt
-
-def model():
-    return opennmt.models.Transformer(
-        source_inputter=opennmt.inputters.WordEmbedder(embedding_size={d_model}),
-        target_inputter=opennmt.inputters.WordEmbedder(embedding_size={d_model}),
-        num_layers={num_layers}, num_units={d_model}, num_heads={num_heads},
-        ffn_inner_dim={d_ff}, dropout={dropout}, attention_dropout={attention_dropout},
-        ffn_dropout=0.0, pre_norm={norm_first},
-        share_embeddings=opennmt.models.EmbeddingsSharingLevel.ALL)
-"""
 
 PEER_CONFIG = """model_dir: {work}/model
 data:
@@ -435,13 +424,9 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
     recipe = peer_recipe(settings, recipe_name)
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "model.py"), "w") as f:
-        f.write(PEER_MODEL.format(
-            d_model=model["d_model"], num_layers=model["num_layers"],
-            num_heads=model["num_heads"], d_ff=model["d_ff"], dropout=recipe["dropout"],
-            attention_dropout=model.get("attention_dropout", 0.0),
-            norm_first=bool(model.get("norm_first", False))))
+        f.write(peer_model_script(model, recipe["dropout"]))
     with open(os.path.join(work, "launcher.py"), "w") as f:
-        f.write(LAUNCHER)
+        f.write(PEER_LAUNCHER)
     policy = {"bf16": "mixed_bfloat16", "none": ""}[FLAGS.mixed_precision]
     references = [t for _, t in test_pairs()]
     # Raw text where OpenNMT-tf tokenizes (and detokenizes its translations) itself.
@@ -511,14 +496,6 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
                             **bleu(launcher, run_dir, step)})
     return {"recipe": recipe, "checkpoints": results, "calibration": calibration}
 
-
-LAUNCHER = """import os, sys
-import tensorflow as tf
-if os.environ.get("PEER_POLICY"):
-    tf.keras.mixed_precision.set_global_policy(os.environ["PEER_POLICY"])
-from opennmt.bin.main import main
-sys.exit(main())
-"""
 
 
 def at_budget(checkpoints, budget):
