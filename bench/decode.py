@@ -124,10 +124,11 @@ def main(argv):
     if FLAGS.ct2_model:
         result = {}
         cores = len(os.sched_getaffinity(0))
+        concurrent = (load_ctranslate2(FLAGS.ct2_model, max_length, FLAGS.clients,
+                                       max(1, cores // FLAGS.clients))
+                      if FLAGS.clients > 1 else None)  # --clients below 2: not timed
         time_translator(result, "ctranslate2", load_ctranslate2(FLAGS.ct2_model, max_length),
-                        sources, references, tokenizer,
-                        load_ctranslate2(FLAGS.ct2_model, max_length, FLAGS.clients,
-                                         max(1, cores // FLAGS.clients)))
+                        sources, references, tokenizer, concurrent)
         print(json.dumps(result))
         return
     result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS,
