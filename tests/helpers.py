@@ -117,18 +117,19 @@ def built_once(tmp_path_factory, name, build):
     return path
 
 
-def started(script, *args):
+def started(script, *args, **environment):
     """An entry point started as a fresh process would be (`entry_point_command`; stdout and
     stderr piped, text), with Ctrl-C's SIGINT and a closed terminal's SIGHUP acting as at a
     terminal: a test runner started in the background (`cmd &` in a script) has SIGINT
-    ignored, one under nohup SIGHUP, and its children would inherit that."""
+    ignored, one under nohup SIGHUP, and its children would inherit that. `environment`:
+    variables added to this process's."""
     import signal
 
     def as_at_a_terminal():
         for signum in (signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
 
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **environment)
     return subprocess.Popen([*entry_point_command(script, environment), *args], cwd=ROOT,
                             env=environment, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, preexec_fn=as_at_a_terminal)

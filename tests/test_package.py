@@ -1,8 +1,10 @@
 """`pip install .`: the tfnmt package with its corpus, and the tfnmt-* commands."""
 import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import zipfile
 
 from helpers import ROOT
@@ -18,7 +20,7 @@ def run(*args, **kwargs):
 
 def test_pip_installs_the_package_its_corpus_and_commands(tmp_path):
     # Built from a copy (setuptools writes build/ beside the sources), without build isolation
-    # and installed without dependencies: no download; the venv sees this Python's TensorFlow.
+    # and installed without dependencies: no download.
     source = tmp_path / "source"
     shutil.copytree(os.path.join(ROOT, "tfnmt"), source / "tfnmt",
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -36,7 +38,15 @@ def test_pip_installs_the_package_its_corpus_and_commands(tmp_path):
         assert f"{command} = tfnmt.programs." in entry_points.decode()
 
     venv = tmp_path / "venv"
-    run(sys.executable, "-m", "venv", "--system-site-packages", str(venv))
+    run(sys.executable, "-m", "venv", str(venv))
+    # The venv sees this Python's packages (TensorFlow...) after its own, also where the suite
+    # runs in a virtualenv, whose packages a venv made from it with --system-site-packages
+    # would not see.
+    outer = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE
+                                      else [])
+    purelib = sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)})
+    with open(os.path.join(purelib, "outer_packages.pth"), "w") as pth:
+        pth.write("".join(f"{path}\n" for path in outer))
     run(str(venv / "bin" / "pip"), "install", "-q", "--no-deps", "--no-index",
         str(tmp_path / "wheels" / wheel))
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH="")
@@ -46,11 +56,12 @@ def test_pip_installs_the_package_its_corpus_and_commands(tmp_path):
                 "print(os.path.exists(os.path.join(p.EMBEDDED_DIR, 'train.tsv.gz')))",
                 cwd=str(tmp_path), env=environment).stdout.split()
     assert where[0].startswith(str(venv)) and where[1] == "True"
-    help_text = subprocess.run([str(venv / "bin" / "tfnmt-translate"), "--help"],
-                               capture_output=True, text=True, cwd=str(tmp_path),
-                               env=environment, timeout=300).stdout  # absl exits 1 after help
+    helped = subprocess.run([str(venv / "bin" / "tfnmt-translate"), "--help"],
+                            capture_output=True, text=True, cwd=str(tmp_path),
+                            env=environment, timeout=300)  # absl exits 1 after help
     # The program's flags listed, each with its help (not only the description's examples).
-    assert "Translate text with a trained model" in help_text and "\n  --n_best: " in help_text
+    assert "Translate text with a trained model" in helped.stdout, helped.stderr[-3000:]
+    assert "\n  --n_best: " in helped.stdout
     error = subprocess.run([str(venv / "bin" / "tfnmt-train"), "--batch_tokens=-1"],
                            capture_output=True, text=True, cwd=str(tmp_path), env=environment,
                            timeout=300)

@@ -19,7 +19,7 @@ import sacrebleu
 import sentencepiece
 import tensorflow as tf
 
-from helpers import (ROOT, entry_point_command, imported_modules, python, started,
+from helpers import (ROOT, imported_modules, python, started,
                      teacher_forced_log_prob, train_flags)
 from tfnmt import cpu_kernels, fast_ops
 from tfnmt.checkpoints import ModelDirError, checkpoint_prefixes
@@ -896,12 +896,7 @@ def running_cluster(commands, **environment):
     processes = []
     for index, args in enumerate(commands):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(tf_config),
-                   **environment)
-        processes.append(subprocess.Popen(  # Ctrl-C acting as at a terminal (helpers.started)
-            [*entry_point_command(args[0], env), *args[1:]], cwd=ROOT, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)))
+        processes.append(started(*args, TF_CONFIG=json.dumps(tf_config), **environment))
     try:
         yield processes
     finally:
