@@ -497,7 +497,6 @@ def run_peer(work, data_work, settings, recipe_name, budgets, calibration=None):
     return {"recipe": recipe, "checkpoints": results, "calibration": calibration}
 
 
-
 def at_budget(checkpoints, budget):
     before = [c for c in checkpoints if c["minutes"] <= budget + 1e-9]
     return before[-1] if before else None
