@@ -58,7 +58,8 @@ def main(argv):
 
     from tfnmt.data import pipeline
     from tfnmt.data.special_tokens import PAD_ID
-    from tfnmt.training.distribute import batch_iterator, cpu_has_bf16, resolve_mixed_precision
+    from tfnmt.training.distribute import batch_iterator
+    from tfnmt.training.precision import cpu_has_bf16, resolve_mixed_precision
 
     result = {"machine": cpu_description(), "malloc": MALLOC, "kernels": KERNELS,
               "tensorflow": tf.__version__,
@@ -73,7 +74,7 @@ def main(argv):
             "bf16": (round(matmul_ceiling(tf.bfloat16), 1)
                      if cpu_has_bf16() or FLAGS.mixed_precision == "bf16" else None)}
     manifest = prepared_data(FLAGS.data_dir)
-    precision = resolve_mixed_precision(FLAGS.mixed_precision)
+    precision, _ = resolve_mixed_precision(FLAGS.mixed_precision)
     result["precision"] = precision
     model, trainer = build_trainer(FLAGS.preset, precision,
                                    manifest["settings"]["vocab_size"], FLAGS.jit_compile)

@@ -31,9 +31,10 @@ def main(argv):
     del argv
     import tensorflow as tf
 
-    from tfnmt.training.distribute import batch_iterator, resolve_mixed_precision
+    from tfnmt.training.distribute import batch_iterator
+    from tfnmt.training.precision import resolve_mixed_precision
 
-    precision = resolve_mixed_precision(FLAGS.mixed_precision)
+    precision, _ = resolve_mixed_precision(FLAGS.mixed_precision)
     _, trainer = build_trainer(FLAGS.preset, precision, FLAGS.vocab_size, FLAGS.jit_compile)
     ids = tf.random.stateless_uniform([FLAGS.batch, FLAGS.length], [1, 2], 4, FLAGS.vocab_size,
                                       tf.int32)  # [B, T], no special ids

@@ -711,6 +711,10 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 replica(s)" in first.stdout and "step      1/1 | loss" in first.stdout
     assert "vocabulary 500 source, 500 target" in first.stdout
+    chosen = re.search(r"precision (bf16|none) \(auto: (?:bf16 products timed (\d+\.\d\d)x "
+                       r"float32's|no native bf16 on this CPU)\)", first.stdout)
+    assert chosen, first.stdout[:2000]  # the log says what auto chose and why
+    assert chosen[1] == ("bf16" if chosen[2] and float(chosen[2]) >= 1.15 else "none")
     assert "| lr 0.00e+00 |" in first.stdout  # the rate after the last step (Noam's: 8.84e-02)
     with open(os.path.join(model_dir, "settings.json")) as f:
         saved = json.load(f)["train"]

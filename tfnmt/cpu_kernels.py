@@ -97,7 +97,7 @@ def user_environment(environ=os.environ):
 # emulated; a cap below them (SSE41, AVX, AVX2, AVX2_VNNI, ...) leaves oneDNN none.
 _ISA_WORDS_FROM_AVX512 = ("AVX512", "AVX10", "AMX", "ALL", "DEFAULT")
 # Those that keep native bfloat16 instructions (AVX512_CORE only emulates them): training's
-# `auto` (distribute.cpu_has_bf16) and an `auto` export's search (serving_precision) take
+# `auto` (precision.cpu_has_bf16) and an `auto` export's search (serving_precision) take
 # bfloat16 only under these or no cap.
 BF16_ISA_WORDS = ("ALL", "BF16", "FP16", "AMX", "AVX10")
 

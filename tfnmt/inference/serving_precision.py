@@ -15,7 +15,7 @@ bench/README.md suggests to reproduce an AVX2 CPU), under which a bfloat16 produ
 import tensorflow as tf
 
 from tfnmt.cpu_kernels import BF16_ISA_WORDS
-from tfnmt.training.distribute import BF16_MIN_SPEEDUP, NATIVE_BF16_FLAGS
+from tfnmt.training.precision import BF16_MIN_SPEEDUP, NATIVE_BF16_FLAGS, fastest_interleaved
 
 CPUINFO = "/proc/cpuinfo"  # read by the graph, on the serving machine
 ENVIRON = "/proc/self/environ"  # the serving process' environment: NAME=value, NUL-separated
@@ -33,7 +33,7 @@ def has_native_bf16(cpuinfo=CPUINFO, environ=ENVIRON):
     """In the graph: whether the process that runs it may search in bfloat16: its CPU computes
     bfloat16 natively (one of NATIVE_BF16_FLAGS among its Linux CPU flags; False where the file
     is missing), and its environment leaves oneDNN's bfloat16 instructions on
-    (ONEDNN_MAX_CPU_ISA unset or naming a bfloat16 ISA, as `distribute.cpu_has_bf16` decides
+    (ONEDNN_MAX_CPU_ISA unset or naming a bfloat16 ISA, as `precision.cpu_has_bf16` decides
     for training). A Python-side check would see the exporting machine, not the serving one.
     TensorFlow's graph optimizer folds the reads into a constant when a process first runs the
     graph.
@@ -59,8 +59,9 @@ def bf16_speedup(weights, rows=64, repeats=4, windows=5):
     """In the graph: how many times faster this CPU multiplies [rows, D] x [D, V] in bfloat16
     than in float32, with `weights` [V, D] (the output layer: a search step's largest product,
     at its row count). Each dtype runs `windows` timed groups of `repeats` products on fresh
-    random inputs (never folded or merged by the graph optimizer); the fastest group counts,
-    so kernel set-up in the first one does not.
+    random inputs (never folded or merged by the graph optimizer), the two dtypes' groups in
+    turn after an untimed group of each (`precision.fastest_interleaved`); the fastest group
+    of each counts, so neither kernel set-up nor a burst of load from elsewhere does.
 
     Args:
       weights: [V, D] float32.
@@ -70,29 +71,31 @@ def bf16_speedup(weights, rows=64, repeats=4, windows=5):
       A float64 scalar tensor: float32 seconds / bfloat16 seconds.
     """
     depth = tf.shape(weights)[1]
+    dtypes = (tf.float32, tf.bfloat16)
+    kernels = {dtype: tf.cast(weights, dtype) for dtype in dtypes}
+    # [windows + 1, repeats, rows, D] per dtype: the untimed group's inputs, then the timed ones.
+    inputs = {dtype: tf.cast(tf.random.uniform([windows + 1, repeats, rows, depth]), dtype)
+              for dtype in dtypes}
+    groups = {dtype: 0 for dtype in dtypes}
+    previous = [*kernels.values(), *inputs.values()]
 
-    def best_seconds(dtype, after):
-        kernel = tf.cast(weights, dtype)
-        inputs = tf.cast(tf.random.uniform([windows, repeats, rows, depth]), dtype)
-        best, previous = None, [kernel, inputs, after]
-        for window in range(windows):
-            with tf.control_dependencies(previous):
-                start = tf.timestamp()
-            with tf.control_dependencies([start]):
-                done = tf.add_n([tf.matmul(inputs[window, i], kernel, transpose_b=True)[0, 0]
-                                 for i in range(repeats)])
-            with tf.control_dependencies([done]):
-                end = tf.timestamp()
-            # The seconds depend on the products' data too: the graph optimizer prunes
-            # computations reached only by control edges, and the window would time nothing.
-            seconds = tf.where(tf.math.is_nan(tf.cast(done, tf.float32)),
-                               tf.constant(float("inf"), tf.float64), end - start)
-            best = seconds if best is None else tf.minimum(best, seconds)
-            previous = [end]
-        return best
+    def time_group(dtype):
+        group, groups[dtype] = groups[dtype], groups[dtype] + 1
+        with tf.control_dependencies(previous):
+            start = tf.timestamp()
+        with tf.control_dependencies([start]):
+            done = tf.add_n([tf.matmul(inputs[dtype][group, i], kernels[dtype],
+                                       transpose_b=True)[0, 0] for i in range(repeats)])
+        with tf.control_dependencies([done]):
+            end = tf.timestamp()
+        previous[:] = [end]
+        # The seconds depend on the products' data too: the graph optimizer prunes
+        # computations reached only by control edges, and the group would time nothing.
+        return tf.where(tf.math.is_nan(tf.cast(done, tf.float32)),
+                        tf.constant(float("inf"), tf.float64), end - start)
 
-    float32 = best_seconds(tf.float32, tf.constant(0.0, tf.float64))
-    return float32 / tf.maximum(best_seconds(tf.bfloat16, float32), 1e-9)
+    fastest = fastest_interleaved(time_group, dtypes, windows, minimum=tf.minimum)
+    return fastest[tf.float32] / tf.maximum(fastest[tf.bfloat16], 1e-9)
 
 
 class SearchPrecision(tf.Module):

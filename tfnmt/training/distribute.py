@@ -1,12 +1,8 @@
 """Choosing a tf.distribute strategy, and the cluster role of this process."""
-import os
-
 import keras
 import tensorflow as tf
 
-from tfnmt import cpu_kernels
 from tfnmt.training import cluster
-from tfnmt.training.settings import SettingsError
 
 
 def split_cpu(num_devices):
@@ -132,75 +128,3 @@ class PreReducedAdam(keras.optimizers.Adam):
             lr=tf.cast(learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype),
             beta2=tf.cast(self.beta_2, dtype), epsilon=tf.cast(self.epsilon, dtype),
             grad=tf.cast(gradient, dtype))
-
-
-NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # Linux CPU flags of native bfloat16
-
-# bfloat16 training is chosen where its products run at least this much faster than float32's.
-BF16_MIN_SPEEDUP = 1.15
-
-
-def cpu_has_bf16(cpuinfo="/proc/cpuinfo"):
-    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX, by the Linux CPU flags
-    in `cpuinfo`) and oneDNN may use it (ONEDNN_MAX_CPU_ISA unset or at a bf16 ISA)."""
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
-    if cap and not any(word in cap for word in cpu_kernels.BF16_ISA_WORDS):
-        return False
-    return any(flag in cpu_kernels.cpu_flags(cpuinfo) for flag in NATIVE_BF16_FLAGS)
-
-
-def bf16_matmul_speedup(rows=1024, depth=256, cols=1024, repeats=5):
-    """How many times faster this CPU multiplies [rows, depth]·[depth, cols] in bfloat16 than
-    in float32 (best of `repeats` timings of each; about half a second). Native bf16 is not
-    always faster: with AVX512-BF16 but no AMX, an Intel Xeon ran bf16 products at 0.6× the
-    float32 rate (CHANGELOG.md)."""
-    import time
-
-    def best_seconds(dtype):
-        a = tf.cast(tf.random.stateless_normal([rows, depth], [1, 2]), dtype)
-        b = tf.cast(tf.random.stateless_normal([depth, cols], [3, 4]), dtype)
-        times = []
-        for _ in range(repeats + 1):  # the first builds the kernel
-            start = time.perf_counter()
-            for _ in range(4):
-                product = tf.matmul(a, b)
-            product.numpy()
-            times.append(time.perf_counter() - start)
-        return min(times[1:])
-
-    with tf.device("/CPU:0"):
-        return best_seconds(tf.float32) / best_seconds(tf.bfloat16)
-
-
-def resolve_mixed_precision(name, bf16_speedup=bf16_matmul_speedup):
-    """The mixed precision to train with.
-
-    Args:
-      name: "auto", "none", "bf16" or "fp16".
-      bf16_speedup: () -> this CPU's bf16/float32 matmul speed ratio (for "auto" on a CPU
-        with native bf16).
-
-    Returns:
-      For "auto": "bf16" on GPUs of compute capability >= 8.0, and on CPUs with native bf16
-      whose bf16 products run at least BF16_MIN_SPEEDUP times faster than float32's; else
-      "none". Any other name as given.
-
-    Raises:
-      SettingsError: "bf16" on a CPU where a bfloat16 product would abort the process
-        (`cpu_kernels.bf16_abort_reason`).
-    """
-    gpus = tf.config.list_physical_devices("GPU")
-    if name == "bf16" and not gpus:
-        reason = cpu_kernels.bf16_abort_reason()
-        if reason:
-            raise SettingsError(f"--mixed_precision=bf16: {reason}; train with "
-                                "--mixed_precision=none or auto, or lift the cap")
-    if name != "auto":
-        return name
-    if gpus:
-        capability = tf.config.experimental.get_device_details(gpus[0]).get(
-            "compute_capability", (0, 0))
-        return "bf16" if tuple(capability) >= (8, 0) else "none"
-    if not cpu_has_bf16():
-        return "none"
-    return "bf16" if bf16_speedup() >= BF16_MIN_SPEEDUP else "none"

@@ -27,10 +27,10 @@ from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS, is_disk_full, rea
 from tfnmt.training import cluster_sync, fine_tune
 from tfnmt.training.best import BestCheckpoint
 from tfnmt.training.budget import TrainingBudget
-from tfnmt.training.distribute import (PreReducedAdam, batch_iterator, resolve_mixed_precision,
-                                       task_role)
+from tfnmt.training.distribute import PreReducedAdam, batch_iterator, task_role
 from tfnmt.training.evaluator import Evaluator
 from tfnmt.training.late_dropout import DropoutStart
+from tfnmt.training.precision import resolve_mixed_precision
 from tfnmt.training.schedule import make_schedule, paper_adam
 from tfnmt.training.settings import SettingsError, write_json
 from tfnmt.training.stats import TrainingStats
@@ -159,7 +159,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     # Seed before any tokenizer exists: tf.random.set_seed deletes their TF resources.
     keras.utils.set_random_seed(t["seed"])
     os.makedirs(model_dir, exist_ok=True)
-    precision = resolve_mixed_precision(t["mixed_precision"])  # before any work: may refuse
+    # Before any work: it may refuse.
+    precision, precision_reason = resolve_mixed_precision(t["mixed_precision"])
     max_length = settings["data"]["max_length"]
     pipeline.bucket_batch_sizes([max_length + 1], t["batch_tokens"])  # refuses before any work
     manifest, vocab = _prepare_data(settings, strategy, data_dir)
@@ -169,7 +170,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
         f"{vocab.source.vocab_size:,d} source, {vocab.target.vocab_size:,d} target"
     log(f"data: {_describe_data(manifest, settings['data'])}, "
         f"vocabulary {sizes}, {strategy.num_replicas_in_sync} replica(s), "
-        f"precision {precision}" + (" (auto)" if t["mixed_precision"] == "auto" else ""))
+        f"precision {precision}" + (f" ({precision_reason})" if precision_reason else ""))
     for line in _held_out_warnings(manifest):
         log(line)
     advice = _longer_pairs_advice(settings, checkpoint_dir)
