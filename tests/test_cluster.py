@@ -1,6 +1,7 @@
 """TF_CONFIG, read and checked without TensorFlow (tfnmt/training/cluster.py), train.py's
-refusal of one that cannot place the process in a training cluster, and the settings and
-directories a cluster's workers compare with the chief's (tfnmt/training/cluster_sync.py)."""
+refusal of one that cannot place the process in a training cluster, the settings and
+directories a cluster's workers compare with the chief's, and the precision `auto` agrees on
+(tfnmt/training/cluster_sync.py)."""
 import json
 import os
 import types
@@ -200,6 +201,27 @@ def test_workers_settings_are_compared_without_their_paths():
     assert cluster_sync._describe([["clip_norm", 1.0, None], ["lr_scale", 3.0, 1.0]],
                                   "here", "on the chief") == (
         "--clip_norm=1.0 here, (not given) on the chief; --lr_scale=3.0 here, 1.0 on the chief")
+
+
+@pytest.mark.parametrize("mine, others, expected", [
+    ("bf16", {"worker 1": "bf16", "worker 2": "bf16"}, ("bf16", "; the same on every worker")),
+    ("none", {"worker 1": "none"}, ("none", "; the same on every worker")),
+    ("bf16", {"worker 1": "bf16", "worker 2": "none"},
+     ("none", "; worker 2 chose none: float32 on every worker")),
+    ("none", {"worker 1": "bf16", "worker 2": "bf16"},
+     ("none", "; worker 1 chose bf16, worker 2 chose bf16: float32 on every worker")),
+])
+def test_auto_trains_in_bf16_only_where_every_worker_chose_it(mine, others, expected):
+    # Every process computes the same precision from the same choices (its own and the
+    # others'), so none waits on another: a mixed cluster trains in float32 on every worker.
+    from tfnmt.training import cluster_sync
+
+    precision, reason = cluster_sync.combined_precision(mine, "auto: here", others)
+    assert (precision, reason) == (expected[0], "auto: here" + expected[1])
+    everyone = {"worker 0": mine, **others}
+    for task, choice in everyone.items():
+        rest = {other: value for other, value in everyone.items() if other != task}
+        assert cluster_sync.combined_precision(choice, "", rest)[0] == precision
 
 
 def test_workers_find_the_chiefs_file_only_in_the_directories_they_share(tmp_path):

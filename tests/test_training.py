@@ -893,14 +893,17 @@ def free_ports(count):
 
 
 @contextlib.contextmanager
-def running_cluster(commands, **environment):
+def running_cluster(commands, environments=None, **environment):
     """One train.py process per command line, the workers of one local cluster (worker 0 the
-    chief), their output piped; all killed on leaving (a cluster worker ignores SIGTERM)."""
+    chief), their output piped; all killed on leaving (a cluster worker ignores SIGTERM).
+    `environment`: variables added for every worker; `environments`: for each worker, its own."""
     workers = [f"127.0.0.1:{port}" for port in free_ports(len(commands))]
     processes = []
     for index, args in enumerate(commands):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        processes.append(started(*args, TF_CONFIG=json.dumps(tf_config), **environment))
+        own = (environments or [{}] * len(commands))[index]
+        processes.append(started(*args, TF_CONFIG=json.dumps(tf_config),
+                                 **dict(environment, **own)))
     try:
         yield processes
     finally:
@@ -994,14 +997,25 @@ def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_
         name.startswith(".cluster-") for name in os.listdir(model_dir))
 
     # Every worker resumes from the chief's checkpoint, even one whose own copy is gone (a new
-    # machine), and the workers' weights stay one model.
+    # machine), and the workers' weights stay one model. That worker's CPU has no bf16 (oneDNN
+    # capped at AVX2, where a bf16 product would abort it): where the chief's auto chose bf16,
+    # both train in float32.
     shutil.rmtree(os.path.join(model_dir, "workers", "1"))
-    with running_cluster([args + ["--train_steps=9"]] * 2) as processes:
+    with running_cluster([args + ["--train_steps=9"]] * 2,
+                         environments=[{}, {"ONEDNN_MAX_CPU_ISA": "AVX2"}]) as processes:
         outputs = finish_cluster(processes)
     for out, _ in outputs:
         assert f"resumed from {model_dir}/checkpoints/ckpt-6 at step 6\n" in out, out
         assert "step      9/9" in out, out
     assert_workers_agree(model_dir, "ckpt-9")
+    chief_choice = re.search(r"precision none \(auto: (.*)\)\n", outputs[0][0])
+    assert chief_choice, outputs[0][0]
+    timed = re.match(r"bf16 products timed (\d+\.\d\d)x float32's", chief_choice[1])
+    if timed and float(timed[1]) >= 1.15:  # the chief alone would have trained in bf16
+        assert chief_choice[1].endswith("; worker 1 chose none: float32 on every worker")
+    else:
+        assert chief_choice[1].endswith("; the same on every worker")
+    assert "precision none (auto: no native bf16 on this CPU; " in outputs[1][0]
 
 
 def test_a_cluster_whose_chief_cannot_prepare_the_data_stops_in_one_line(small_corpus,

@@ -24,6 +24,7 @@ vocabulary; the new data is tokenized with it), with a fresh optimizer unless --
 """
 import math
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -551,8 +552,13 @@ def main(argv):
         return 128 + interrupted.signum  # as a shell reports a process the signal ended
     if metrics is None:  # a worker other than the chief: the chief reports, then all leave
         if not cluster_sync.leave_together(strategy):
-            raise app.UsageError("the chief stopped before the end of its report (its output "
-                                 "says why); this worker's training is complete")
+            # With the chief gone, TensorFlow's heartbeat thread would log its failure after
+            # this line, as the interpreter tears down; this worker has nothing left to save.
+            print(f"{os.path.basename(sys.argv[0])}: the chief stopped before the end of its "
+                  "report (its output says why); this worker's training is complete",
+                  file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(1)
         return 0
     print(dev_line(settings, metrics), flush=True)
     final_report(settings, metrics)

@@ -8,6 +8,9 @@ through the key-value store and barriers of TensorFlow's coordination service:
   system), stops the cluster in one line. Without this a cluster trains on: each worker updates
   its copy of the weights with its own settings from the shared gradients (or from weights
   that were not restored), and the copies drift apart silently;
+- the precision `--mixed_precision=auto` trains in: each process times its own CPU, and the
+  cluster takes bf16 only where every worker chose it (float32 is safe on every CPU; a worker
+  whose CPU lacks native bf16 would emulate it, or abort under an ISA cap);
 - the chief's work that the others wait for (preparing the data): they wait as long as it
   takes, and stop with the chief's error where it fails;
 - at the end, leaving together: a worker whose training is done waits while the chief
@@ -37,6 +40,7 @@ SETTINGS_KEY = "tfnmt/settings"
 SHARED_FILE = ".cluster-{}"
 VERDICT_KEY = "tfnmt/settings_verdict/{}/{}"
 OUTCOME_KEY = "tfnmt/settings_outcome"
+PRECISION_KEY = "tfnmt/precision/{}/{}"
 END_BARRIER = "tfnmt/end"
 # How long a worker waits at the end for the chief's evaluation and test report.
 END_WAIT_MS = 7 * 24 * 3600 * 1000
@@ -231,6 +235,42 @@ def agree_on_start(strategy, settings):
     if refused:
         chief, chiefs_value = ("this chief", "here") if is_chief else ("the chief", "on the chief")
         raise SettingsError(_refusal(refused, chief, chiefs_value, "there", chiefs_directories))
+
+
+def agree_on_precision(strategy, precision, reason):
+    """Under `multi_worker` with `--mixed_precision=auto`: the precision every process trains
+    in. Each publishes what auto chose for its CPU and reads the others' choices; where they
+    differ, all train in float32 ("none"), which is safe on every CPU.
+
+    Args:
+      strategy: the training strategy.
+      precision, reason: this process's choice and why (`precision.resolve_mixed_precision`).
+
+    Returns:
+      (precision, reason): the agreed precision, and why, for the log.
+    """
+    if not in_cluster(strategy):
+        return precision, reason
+    ctx = context.context()
+    resolver = strategy.cluster_resolver
+    ctx.set_config_key_value(PRECISION_KEY.format(resolver.task_type, resolver.task_id),
+                             precision)
+    choices = {}
+    with stopping_at_once():  # for every other process's timing
+        for job, index in _other_tasks(strategy):
+            choices[f"{job} {index}"] = ctx.get_config_key_value(
+                PRECISION_KEY.format(job, index))
+    return combined_precision(precision, reason, choices)
+
+
+def combined_precision(precision, reason, choices):
+    """(precision, reason) for the whole cluster: this process's `precision` where every other
+    task's in `choices` ({task name: precision}) is the same, else "none"."""
+    others = sorted(task for task, choice in choices.items() if choice != precision)
+    if not others:
+        return precision, f"{reason}; the same on every worker"
+    named = ", ".join(f"{task} chose {choices[task]}" for task in others)
+    return "none", f"{reason}; {named}: float32 on every worker"
 
 
 def chief_first(strategy, what, work):
