@@ -74,8 +74,10 @@ def main(argv):
             "bf16": (round(matmul_ceiling(tf.bfloat16), 1)
                      if cpu_has_bf16() or FLAGS.mixed_precision == "bf16" else None)}
     manifest = prepared_data(FLAGS.data_dir)
-    precision, _ = resolve_mixed_precision(FLAGS.mixed_precision)
+    precision, reason = resolve_mixed_precision(FLAGS.mixed_precision)
     result["precision"] = precision
+    if reason:
+        result["precision_chosen"] = reason
     model, trainer = build_trainer(FLAGS.preset, precision,
                                    manifest["settings"]["vocab_size"], FLAGS.jit_compile)
     settings = model.settings
