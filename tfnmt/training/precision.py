@@ -6,7 +6,7 @@ about 1.9x. So `auto` on a CPU with native bfloat16 times products in both dtype
 bfloat16 where it is at least BF16_MIN_SPEEDUP times faster. The timing windows of the two
 dtypes alternate and the fastest of each counts (`fastest_interleaved`): a burst of load from
 elsewhere on the machine (another process, a busy virtual machine host) then slows windows of
-both, and cannot cost the run its precision by landing on one dtype's windows only.
+both dtypes rather than all of one's, which made bf16 look slower than float32 where it is not.
 """
 import os
 
