@@ -87,7 +87,7 @@ def test_a_burst_of_load_cannot_change_the_timed_ratio():
             fastest = precision.fastest_interleaved(time_window, list(seconds), windows)
             assert fastest == seconds, (burst_start, burst_length)
             assert len(calls) == calls_in_all
-    # The first round builds kernels: it does not count even when it is the slowest.
+    # The first round builds kernels: it does not count, not even when it is the fastest.
     time_window, calls = bursty_clock(seconds, 0, 2, slowdown=0.1)
     assert precision.fastest_interleaved(time_window, list(seconds), windows) == seconds
     assert calls == ["float32", "bfloat16"] * (windows + 1)
