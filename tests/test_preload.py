@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+import helpers
 from helpers import PRELOAD, ROOT, entry_point_command, preload_server
 from preload_server import PER_PROGRAM
 
@@ -106,15 +107,30 @@ def test_a_killed_client_takes_its_program_down(probe):
         assert json.loads(process.stdout.readline())["preloaded"] is True
         program = int(process.stdout.readline())
         assert program != process.pid
-        os.kill(program, 0)  # running
+        started = process_stat(program)[19]  # running
         process.kill()
         process.wait(timeout=60)
     finally:
         process.kill()
     deadline = time.monotonic() + 60
-    while os.path.exists(f"/proc/{program}") and time.monotonic() < deadline:
+    while (stat := process_stat(program)) and stat[19] == started \
+            and time.monotonic() < deadline:
         time.sleep(0.05)  # killed by the server, then reaped by it
-    assert not os.path.exists(f"/proc/{program}")
+    # Gone (its number may since belong to another process or thread, which started later).
+    server = helpers._servers["decode"][0]
+    assert not stat or stat[19] != started, (
+        f"state {stat[0]}, parent {stat[1]}; the decode server {server.pid}, exit "
+        f"{server.poll()}")
+
+
+def process_stat(pid):
+    """Fields 3 on of /proc/<pid>/stat (state, parent pid, ..., at 19 the start time in clock
+    ticks since boot), or None where no process or thread has that number."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
 
 
 def test_entry_points_go_through_the_server_only_with_its_environment():
