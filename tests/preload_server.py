@@ -102,7 +102,20 @@ def serve(listener):
                     return request, fds
                 for fd in fds:
                     os.close(fd)
-                connection.sendall(f"pid {pid}\n".encode())
+                try:
+                    os.setpgid(pid, pid)  # as the child does: its group exists for a killpg
+                except OSError:  # the child set it first
+                    pass
+                try:
+                    connection.sendall(f"pid {pid}\n".encode())
+                except OSError:  # the client is gone already (killed): so is its program
+                    connection.close()
+                    connections[pid] = None
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                    continue
                 connections[pid] = connection
                 selector.register(connection, selectors.EVENT_READ, pid)
             elif key.fileobj == 0:

@@ -4,6 +4,7 @@ streams, working directory and exit code; a signal sent to the process the test 
 by it), and the program dies with the client that stands for it."""
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -121,6 +122,29 @@ def test_a_killed_client_takes_its_program_down(probe):
     assert not stat or stat[19] != started, (
         f"state {stat[0]}, parent {stat[1]}; the decode server {server.pid}, exit "
         f"{server.poll()}")
+
+
+def test_a_client_gone_before_its_program_started_takes_it_down(probe, tmp_path):
+    # A client killed while the server forks its program (a busy machine can run the program
+    # before the server tells the client its pid): the server's reply fails, and the program
+    # is killed then, not left running; the server serves on.
+    import socket
+
+    read_end, write_end = os.pipe()
+    with open(os.devnull) as stdin, socket.socket(socket.AF_UNIX) as client:
+        client.connect(preload_server("decode"))
+        request = json.dumps({"argv": [probe, "wait"], "cwd": str(tmp_path),
+                              "environ": dict(os.environ)}) + "\n"
+        socket.send_fds(client, [request.encode()], [stdin.fileno(), write_end, write_end])
+    os.close(write_end)
+    # The pipe ends once the program's copies are gone: with it (killed or never started).
+    with os.fdopen(read_end) as output:
+        deadline = time.monotonic() + 60
+        while select.select([output], [], [], 1)[0] == [] or output.readline():
+            assert time.monotonic() < deadline, "the program still runs"
+    result = subprocess.run(commands(probe)["server"] + ["3"], capture_output=True, text=True,
+                            stdin=subprocess.DEVNULL, timeout=120)
+    assert result.returncode == 3 and json.loads(result.stdout)["preloaded"] is True
 
 
 def process_stat(pid):
