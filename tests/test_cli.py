@@ -235,6 +235,48 @@ def test_ctrl_c_in_a_finalizer_stops_the_program(kept, signal_name):
 
 
 
+STOPPED_IN_A_CLUSTER = """
+import atexit, sys
+sys.path.insert(0, sys.argv[1])
+from absl import app
+from tfnmt import cli
+
+
+def main(argv):
+    # As TensorFlow's heartbeat thread logs a lost cluster task while the interpreter tears down.
+    atexit.register(lambda: print("logged at teardown", file=sys.stderr, flush=True))
+    print("the run's last line")  # stdout is a pipe here: buffered
+    stop = getattr(cli, argv[2], None) or getattr(app, argv[2])
+    raise stop("the chief stopped")
+
+
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("raised", ["ExitAtOnce", "UsageError"])
+def test_a_stop_at_once_is_the_programs_last_line_and_loses_no_output(raised, tmp_path):
+    # A cluster worker whose chief had stopped printed its line, then TensorFlow's heartbeat
+    # thread logged the lost chief after it as the interpreter tore down. A UsageError (the
+    # reference) goes through that teardown; an ExitAtOnce ends the process after its line.
+    import os
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    program = tmp_path / "program.py"
+    program.write_text(STOPPED_IN_A_CLUSTER)
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    result = subprocess.run([sys.executable, str(program), ROOT, raised], capture_output=True,
+                            text=True, timeout=60, env=environment)
+    assert (result.returncode, result.stdout) == (1, "the run's last line\n"), result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert "program.py: the chief stopped" in lines, result.stderr
+    assert lines[-1] == ("program.py: the chief stopped" if raised == "ExitAtOnce"
+                         else "logged at teardown"), result.stderr
+
+
 @pytest.mark.parametrize("program", ["train.py", "export.py", "translate.py", "evaluate.py"])
 def test_help_lists_every_flag_of_the_program_with_its_default(program):
     # README: `python train.py --help  # every flag, with its default`. absl's --help lists the

@@ -185,6 +185,19 @@ def _parse_flags(argv):
     return argv
 
 
+class ExitAtOnce(Exception):
+    """Raised from a program's main: `run` prints its message as the program's one line and the
+    process exits with `code` right after, without tearing the interpreter down. A process of a
+    training cluster that stops while another is gone or stopping: TensorFlow's threads (the
+    coordination service's heartbeat) would log the lost task after that line as the interpreter
+    tears down. Whatever the program wrote is flushed first; it must have closed its own files
+    (no finalizer runs)."""
+
+    def __init__(self, message, code=1):
+        super().__init__(message)
+        self.code = code
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (what `kill`, Kubernetes and Slurm send before they kill a job), raised where
     Ctrl-C raises KeyboardInterrupt: a program cleans up and says what it leaves as for Ctrl-C,
@@ -261,6 +274,7 @@ def run(main, doc=None, training=False):
     (`paths.DamagedFileError`) and an output file that could not be written
     (`text_lines.OutputError`) printed as one line, `<program>: <message>`, and exit code 1
     (absl would print the module's help before a UsageError, and a hint after a flag error);
+    an `ExitAtOnce` the same way, the process exiting right after its line;
     Ctrl-C outside what a program handles itself prints `<program>: interrupted` (exit 130),
     also where it lands in a finalizer (`keep_interrupts`); SIGTERM the same, as
     `<program>: stopped by SIGTERM` (exit 143; `Terminated`).
@@ -300,6 +314,12 @@ def run(main, doc=None, training=False):
     def main_with_one_line_usage_errors(argv):
         try:
             return main(argv)
+        except ExitAtOnce as stop:
+            print(f"{os.path.basename(sys.argv[0])}: {stop}", file=sys.stderr)
+            for stream in (sys.stdout, sys.stderr):
+                if stream is not None:
+                    stream.flush()
+            os._exit(stop.code)
         except (app.UsageError, DamagedFileError, OutputError) as error:
             print(f"{os.path.basename(sys.argv[0])}: {error}", file=sys.stderr)
             return 1

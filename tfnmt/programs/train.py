@@ -24,7 +24,6 @@ vocabulary; the new data is tokenized with it), with a fresh optimizer unless --
 """
 import math
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -542,23 +541,22 @@ def main(argv):
     print(f"memory allocator: {cli.ALLOCATOR}; CPU kernels: {cli.KERNELS}"
           + (f"; TensorFlow threads: {cli.THREADS}" if cli.THREADS else "")
           + ("; stock ops (--plain_ops)" if FLAGS.plain_ops else ""), flush=True)
+    # A process of a cluster stops right after its line: with another process gone or
+    # stopping, TensorFlow's heartbeat thread would log the lost task after it as the
+    # interpreter tears down (what the run wrote is closed by then: checkpoints, summaries).
+    one_line_stop = cli.ExitAtOnce if cluster_sync.in_cluster(strategy) else app.UsageError
     try:
         metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
     except (TrainingError, SettingsError, ModelDirError, CorpusError, BatchingError,
             records.PreparedDataError, DataDirInUseError) as error:
-        raise app.UsageError(str(error))
+        raise one_line_stop(str(error)) from None
     except TrainingInterrupted as interrupted:  # Ctrl-C or SIGTERM: the last update is saved
         print(interrupted, flush=True)
         return 128 + interrupted.signum  # as a shell reports a process the signal ended
     if metrics is None:  # a worker other than the chief: the chief reports, then all leave
         if not cluster_sync.leave_together(strategy):
-            # With the chief gone, TensorFlow's heartbeat thread would log its failure after
-            # this line, as the interpreter tears down; this worker has nothing left to save.
-            print(f"{os.path.basename(sys.argv[0])}: the chief stopped before the end of its "
-                  "report (its output says why); this worker's training is complete",
-                  file=sys.stderr, flush=True)
-            sys.stdout.flush()
-            os._exit(1)
+            raise one_line_stop("the chief stopped before the end of its report (its output "
+                                "says why); this worker's training is complete")
         return 0
     print(dev_line(settings, metrics), flush=True)
     final_report(settings, metrics)
