@@ -224,6 +224,108 @@ def test_auto_trains_in_bf16_only_where_every_worker_chose_it(mine, others, expe
         assert cluster_sync.combined_precision(choice, "", rest)[0] == precision
 
 
+class CoordinationStore:
+    """The coordination service's key-value store and barriers as the processes of a cluster
+    (threads named "worker <i>" here) share them: a read waits for its key, a barrier for every
+    process. The chief hosts the service: once it has stopped (`stopped`), a read fails. Worker
+    2 reads slowly (a busy machine)."""
+
+    def __init__(self, processes):
+        import threading
+
+        self.values, self.changed = {}, threading.Condition()
+        self.barriers = {}
+        self.processes = processes
+        self.stopped = False
+
+    def set_config_key_value(self, key, value):
+        with self.changed:
+            self.values[key] = value
+            self.changed.notify_all()
+
+    def get_config_key_value(self, key):
+        import threading
+        import time
+
+        if threading.current_thread().name == "worker 2":
+            time.sleep(0.25)
+        with self.changed:
+            if not self.changed.wait_for(lambda: key in self.values or self.stopped, timeout=20):
+                raise TimeoutError(f"no process set {key}")
+            if self.stopped:
+                raise ConnectionError("the chief's coordination service is gone")
+            return self.values[key]
+
+    def wait_at_barrier(self, name, timeout_ms):
+        import threading
+
+        with self.changed:
+            barrier = self.barriers.setdefault(name, threading.Barrier(self.processes))
+        barrier.wait(timeout=20)
+
+
+@pytest.mark.parametrize("name, precisions, expected", [
+    ("bf16", ["bf16", "refused", "bf16"], [
+        "worker 1 cannot train with --mixed_precision=bf16: no kernel on worker 1", "refused",
+        "worker 1 cannot train with --mixed_precision=bf16: no kernel on worker 1"]),
+    ("bf16", ["refused", "refused", "bf16"], [
+        "refused", "refused",
+        "worker 0 cannot train with --mixed_precision=bf16: no kernel on worker 0; "
+        "worker 1 cannot train with --mixed_precision=bf16: no kernel on worker 1"]),
+    ("bf16", ["bf16"] * 3, [("bf16", "")] * 3),
+    ("auto", ["bf16", "none", "bf16"], [
+        ("none", "auto 0; worker 1 chose none: float32 on every worker"),
+        ("none", "auto 1; worker 0 chose bf16, worker 2 chose bf16: float32 on every worker"),
+        ("none", "auto 2; worker 1 chose none: float32 on every worker")]),
+])
+def test_a_worker_that_refuses_its_precision_stops_every_worker_with_its_reason(
+        monkeypatch, name, precisions, expected):
+    # Each worker (a thread here) resolves its precision on its own CPU. One that refused
+    # --mixed_precision=bf16 (a bfloat16 product would abort it) used to stop alone: the others
+    # trained on until a collective found it gone, and said only that a worker stopped.
+    import threading
+
+    from tfnmt.training import cluster_sync
+    from tfnmt.training.settings import SettingsError
+
+    store = CoordinationStore(len(precisions))
+    monkeypatch.setattr(cluster_sync, "in_cluster", lambda strategy: True)
+    monkeypatch.setattr(cluster_sync, "context", types.SimpleNamespace(context=lambda: store))
+    spec = {"worker": [f"host{i}:1" for i in range(len(precisions))]}
+    outcomes = [None] * len(precisions)
+
+    def worker(index):
+        def resolve(requested):
+            assert requested == name
+            if precisions[index] == "refused":
+                raise SettingsError(f"--mixed_precision=bf16: no kernel on worker {index}")
+            return precisions[index], f"auto {index}" if name == "auto" else ""
+
+        resolver = types.SimpleNamespace(task_type="worker", task_id=index,
+                                         cluster_spec=lambda: types.SimpleNamespace(
+                                             as_dict=lambda: spec))
+        try:
+            outcomes[index] = cluster_sync.agree_on_precision(
+                types.SimpleNamespace(cluster_resolver=resolver), name, resolve)
+        except SettingsError as error:
+            own = str(error) == f"--mixed_precision=bf16: no kernel on worker {index}"
+            outcomes[index] = "refused" if own else str(error)
+            if index == 0:  # the chief stops, and its coordination service with it
+                with store.changed:
+                    store.stopped = True
+                    store.changed.notify_all()
+        except Exception as error:  # a read or a barrier that failed
+            outcomes[index] = repr(error)
+
+    threads = [threading.Thread(target=worker, args=(i,), name=f"worker {i}")
+               for i in range(len(precisions))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outcomes == expected
+
+
 def test_workers_find_the_chiefs_file_only_in_the_directories_they_share(tmp_path):
     from tfnmt.training import cluster_sync
 

@@ -8,9 +8,10 @@ through the key-value store and barriers of TensorFlow's coordination service:
   system), stops the cluster in one line. Without this a cluster trains on: each worker updates
   its copy of the weights with its own settings from the shared gradients (or from weights
   that were not restored), and the copies drift apart silently;
-- the precision `--mixed_precision=auto` trains in: each process times its own CPU, and the
+- the precision: with `--mixed_precision=auto` each process times its own CPU, and the
   cluster takes bf16 only where every worker chose it (float32 is safe on every CPU; a worker
-  whose CPU lacks native bf16 would emulate it, or abort under an ISA cap);
+  whose CPU lacks native bf16 would emulate it, or abort under an ISA cap); a worker that
+  refuses `--mixed_precision=bf16` stops every process with its reason;
 - the chief's work that the others wait for (preparing the data): they wait as long as it
   takes, and stop with the chief's error where it fails;
 - at the end, leaving together: a worker whose training is done waits while the chief
@@ -41,6 +42,8 @@ SHARED_FILE = ".cluster-{}"
 VERDICT_KEY = "tfnmt/settings_verdict/{}/{}"
 OUTCOME_KEY = "tfnmt/settings_outcome"
 PRECISION_KEY = "tfnmt/precision/{}/{}"
+# What a process that refused its precision publishes instead of one, before its reason.
+REFUSED = "refused: "
 END_BARRIER = "tfnmt/end"
 # How long a worker waits at the end for the chief's evaluation and test report.
 END_WAIT_MS = 7 * 24 * 3600 * 1000
@@ -237,20 +240,34 @@ def agree_on_start(strategy, settings):
         raise SettingsError(_refusal(refused, chief, chiefs_value, "there", chiefs_directories))
 
 
-def agree_on_precision(strategy, precision, reason):
-    """Under `multi_worker` with `--mixed_precision=auto`: the precision every process trains
-    in. Each publishes what auto chose for its CPU and reads the others' choices; where they
-    differ, all train in float32 ("none"), which is safe on every CPU.
+def agree_on_precision(strategy, name, resolve):
+    """The precision every process trains in: `resolve(name)` on this process; under
+    `multi_worker` each publishes what it resolved, or its refusal, and reads the others':
+    - a refusal on any worker (`--mixed_precision=bf16` where a bfloat16 product would abort)
+      stops every process in one line that names the worker and why (else the others went
+      on until their first collective found it gone, and said only that);
+    - with `auto`, where the CPUs chose differently, all train in float32 ("none"), which is
+      safe on every CPU.
 
     Args:
       strategy: the training strategy.
-      precision, reason: this process's choice and why (`precision.resolve_mixed_precision`).
+      name: --mixed_precision ("auto", "none", "bf16", "fp16"), the same on every worker.
+      resolve: name -> (precision, reason) (`precision.resolve_mixed_precision`); it may
+        raise SettingsError.
 
     Returns:
       (precision, reason): the agreed precision, and why, for the log.
+
+    Raises:
+      SettingsError: this process's refusal, or another worker's.
     """
     if not in_cluster(strategy):
-        return precision, reason
+        return resolve(name)
+    refusal = None
+    try:
+        precision, reason = resolve(name)
+    except SettingsError as error:
+        refusal, precision, reason = error, REFUSED + str(error), ""
     ctx = context.context()
     resolver = strategy.cluster_resolver
     ctx.set_config_key_value(PRECISION_KEY.format(resolver.task_type, resolver.task_id),
@@ -260,6 +277,16 @@ def agree_on_precision(strategy, precision, reason):
         for job, index in _other_tasks(strategy):
             choices[f"{job} {index}"] = ctx.get_config_key_value(
                 PRECISION_KEY.format(job, index))
+    refused = {task: choice[len(REFUSED):] for task, choice in choices.items()
+               if choice.startswith(REFUSED)}
+    if refusal is not None or refused:
+        _until_read(ctx, PRECISION_KEY.format("refused", "any"))  # every process stops here
+        if refusal is not None:
+            raise refusal
+        raise SettingsError("; ".join(f"{task} cannot train with {message}"
+                                      for task, message in sorted(refused.items())))
+    if name != "auto":
+        return precision, reason
     return combined_precision(precision, reason, choices)
 
 

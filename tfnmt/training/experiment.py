@@ -160,10 +160,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     keras.utils.set_random_seed(t["seed"])
     os.makedirs(model_dir, exist_ok=True)
     # Before any work: it may refuse.
-    precision, precision_reason = resolve_mixed_precision(t["mixed_precision"])
-    if t["mixed_precision"] == "auto":  # each worker timed its own CPU
-        precision, precision_reason = cluster_sync.agree_on_precision(strategy, precision,
-                                                                      precision_reason)
+    precision, precision_reason = cluster_sync.agree_on_precision(
+        strategy, t["mixed_precision"], resolve_mixed_precision)
     max_length = settings["data"]["max_length"]
     pipeline.bucket_batch_sizes([max_length + 1], t["batch_tokens"])  # refuses before any work
     manifest, vocab = _prepare_data(settings, strategy, data_dir)
