@@ -187,11 +187,11 @@ def _parse_flags(argv):
 
 class ExitAtOnce(Exception):
     """Raised from a program's main: `run` prints its message as the program's one line and the
-    process exits with `code` right after, without tearing the interpreter down. A process of a
-    training cluster that stops while another is gone or stopping: TensorFlow's threads (the
-    coordination service's heartbeat) would log the lost task after that line as the interpreter
-    tears down. Whatever the program wrote is flushed first; it must have closed its own files
-    (no finalizer runs)."""
+    process exits with `code` right after, without tearing the interpreter down. For a process
+    of a training cluster that stops while another is gone or stopping, whose TensorFlow threads
+    (the coordination service's heartbeat) would otherwise log the lost task after that line as
+    the interpreter tears down. The standard streams are flushed first; the program must have
+    closed its own files (no finalizer runs)."""
 
     def __init__(self, message, code=1):
         super().__init__(message)

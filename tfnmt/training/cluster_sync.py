@@ -284,7 +284,7 @@ def agree_on_precision(strategy, name, resolve):
         if refusal is not None:
             raise refusal
         raise SettingsError("; ".join(f"{task} cannot train with {message}"
-                                      for task, message in sorted(refused.items())))
+                                      for task, message in refused.items()))
     if name != "auto":
         return precision, reason
     return combined_precision(precision, reason, choices)
