@@ -94,10 +94,17 @@ def test_linear_optimizer_config_round_trip():
         "d_model": 64, "warmup_steps": 10, "total_steps": 70, "scale": 0.5}
 
 
+def traced(schedule):
+    """The schedule as the training step reads it: traced once, for any step (a tensor)."""
+    function = tf.function(schedule, input_signature=[tf.TensorSpec([], tf.int64)],
+                           autograph=False)
+    return lambda step: function(tf.constant(step, tf.int64))
+
+
 def test_the_plan_of_linear_decay_moves_inside_a_traced_step():
     # A time-budgeted run plans its length while it trains: the traced function must see it.
     schedule = LinearDecaySchedule(256, warmup_steps=100, total_steps=5000, scale=1.5)
-    rate = tf.function(lambda step: schedule(step), autograph=False)
+    rate = traced(schedule)
     assert float(rate(49)) == pytest.approx(linear_formula(50, 256, 100, 5000, 1.5), rel=1e-6)
     schedule.set_plan(1200)
     for step in (50, 650, 1200, 1201):
@@ -118,3 +125,28 @@ def test_the_plan_of_linear_decay_moves_inside_a_traced_step():
         linear_formula(100, 256, 100, 5000, 1.5))  # the peak stayed
     with pytest.raises(ValueError):
         schedule.set_plan(0)
+
+
+def test_a_plan_shortens_the_rsqrt_warmup_to_the_same_peak_inside_a_traced_step():
+    # A time budget that fits fewer updates than the warm-up: the rate must still reach its
+    # peak within the run, and then fall as 1/sqrt(step) from there (the formula above with
+    # the shorter warm-up and the scale that keeps the peak).
+    schedule = NoamSchedule(256, warmup_steps=800, scale=1.5)
+    rate = traced(schedule)
+    assert float(rate(9)) == pytest.approx(formula(10, 256, 800, 1.5), rel=1e-6)
+    schedule.set_plan(500)  # no warm-up given: nothing changes (the decay has no end)
+    assert float(rate(599)) == pytest.approx(formula(600, 256, 800, 1.5), rel=1e-6)
+    schedule.set_plan(500, warmup_steps=200)
+    config = schedule.get_config()
+    assert config["warmup_steps"] == 200 and config["scale"] == pytest.approx(1.5 * 0.5)
+    rebuilt = NoamSchedule(**config)
+    for step in (1, 100, 200, 201, 500, 5000):
+        expected = formula(step, 256, 200, config["scale"])
+        assert float(rate(step - 1)) == pytest.approx(expected, rel=1e-6)
+        assert float(rebuilt(step - 1)) == pytest.approx(expected, rel=1e-6)
+    assert formula(200, 256, 200, config["scale"]) == pytest.approx(
+        formula(800, 256, 800, 1.5))  # the peak stayed
+    assert int(np.argmax([float(rebuilt(i)) for i in range(400)])) == 199  # the 200th update
+    with pytest.raises(ValueError):
+        schedule.set_plan(0)
+

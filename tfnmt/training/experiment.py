@@ -197,8 +197,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
             # A time budget plans the run's end from this step on; until its first plan the
             # run's length counts from here too.
             t["train_steps"] += step
-            if hasattr(schedule, "set_plan"):
-                schedule.set_plan(t["train_steps"])
+            schedule.set_plan(t["train_steps"])
         elif step >= t["train_steps"]:
             raise SettingsError(f"--train_steps={t['train_steps']}: the continued optimizer is "
                                 f"at step {step} already; give a larger --train_steps")
@@ -290,18 +289,15 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
 
     def on_plan(planned):
         t["train_steps"] = stats.train_steps = planned
-        if hasattr(schedule, "set_plan"):  # a decay to zero ends at the planned update
-            # A short run warms up for at most MAX_WARMUP_SHARE of it, to the same peak.
-            schedule.set_plan(planned, min(configured_warmup,
-                                           max(1, int(MAX_WARMUP_SHARE * planned))))
-            t["warmup_steps"], t["lr_scale"] = schedule.warmup_steps, schedule.scale
+        # A linear decay ends at the planned update; a short run warms up for at most
+        # MAX_WARMUP_SHARE of it, to the same peak (either decay).
+        schedule.set_plan(planned, min(configured_warmup, max(1, int(MAX_WARMUP_SHARE * planned))))
+        t["warmup_steps"], t["lr_scale"] = schedule.warmup_steps, schedule.scale
         if budget.frozen or budget.planned_count == 1:
             minutes = t["train_minutes"]
             log(f"{'planned' if budget.frozen else 'planning'} {planned:,d} updates for "
                 f"{minutes:g} minute{'' if minutes == 1 else 's'} of training" +
                 ("" if budget.frozen else " (revised until half that time has passed)"))
-            if budget.frozen and (message := _within_warmup(t, planned)):
-                log(message)
             if is_chief:  # a run resumed after this keeps this length
                 write_json(os.path.join(model_dir, SETTINGS), settings)
                 if budget.frozen:  # TensorBoard's settings: the planned length, warm-up, rate

@@ -16,6 +16,9 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
     Keras passes `optimizer.iterations` (0 before the first update), so the rate of the n-th
     update is `schedule(n - 1)`: the first update uses step 1, never step 0 (which would be 0).
 
+    `set_plan` can shorten the warm-up at the same peak while a run trains (a run planned to fit
+    a time budget, `budget.TrainingBudget`): the traced training step reads it from a variable.
+
     Args:
       d_model: the model width.
       warmup_steps: updates of linear warm-up (paper: 4000).
@@ -32,14 +35,45 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.d_model = int(d_model)
         self.warmup_steps = int(warmup_steps)
         self.scale = float(scale)
+        # The rate at the end of the warm-up, whatever its length (`set_plan`): the formula
+        # above is peak * min(sqrt(warmup_steps / step), step / warmup_steps).
+        self._peak = self.scale * self.d_model ** -0.5 * self.warmup_steps ** -0.5
+        self._warmup = _warmup_variable(self.warmup_steps)
+
+    def set_plan(self, total_steps, warmup_steps=None):
+        """For a run planned to end at update `total_steps` (> 0; the 1/sqrt decay has no end):
+        with `warmup_steps` (> 0), makes the warm-up that long with the same peak (`scale`
+        changes so that `get_config` gives this schedule back)."""
+        _check_plan(total_steps, warmup_steps)
+        if warmup_steps is not None:
+            _set_warmup(self, warmup_steps)
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32) + 1.0
-        return (self.scale * self.d_model ** -0.5
-                * tf.minimum(tf.math.rsqrt(step), step * self.warmup_steps ** -1.5))
+        warmup = tf.cast(self._warmup, tf.float32)
+        return self._peak * tf.minimum(tf.sqrt(warmup / step), step / warmup)
 
     def get_config(self):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
+
+
+def _warmup_variable(warmup_steps):
+    # Not checkpointed (a plain attribute of an object no checkpoint tracks): the run's
+    # settings record its plan, and get_config gives it back.
+    return tf.Variable(float(warmup_steps), trainable=False, name="lr_warmup_steps")
+
+
+def _check_plan(total_steps, warmup_steps):
+    if total_steps <= 0 or (warmup_steps is not None and warmup_steps <= 0):
+        raise ValueError(f"total_steps and warmup_steps must be positive, got "
+                         f"{total_steps}, {warmup_steps}")
+
+
+def _set_warmup(schedule, warmup_steps):
+    """Makes `schedule`'s warm-up `warmup_steps` long, to the same peak (`scale` changes)."""
+    schedule.scale *= (int(warmup_steps) / schedule.warmup_steps) ** 0.5
+    schedule.warmup_steps = int(warmup_steps)
+    schedule._warmup.assign(float(schedule.warmup_steps))
 
 
 @keras.saving.register_keras_serializable(package="tfnmt")
@@ -76,12 +110,10 @@ class LinearDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.total_steps = int(total_steps)
         self.scale = float(scale)
         self._peak = self.scale * self.d_model ** -0.5 * self.warmup_steps ** -0.5
-        # Not checkpointed (plain attributes of an object no checkpoint tracks): the run's
-        # settings record its plan, and get_config gives it back.
+        # Not checkpointed, as the warm-up's (`_warmup_variable`).
         self._total = tf.Variable(float(self.total_steps), trainable=False,
                                   name="lr_total_steps")
-        self._warmup = tf.Variable(float(self.warmup_steps), trainable=False,
-                                   name="lr_warmup_steps")
+        self._warmup = _warmup_variable(self.warmup_steps)
 
     def set_plan(self, total_steps, warmup_steps=None):
         """Moves the last update with a non-zero rate to `total_steps`, and with `warmup_steps`
@@ -92,15 +124,11 @@ class LinearDecaySchedule(keras.optimizers.schedules.LearningRateSchedule):
           total_steps: the new last update (> 0).
           warmup_steps: the new warm-up length (> 0), or None to keep it.
         """
-        if total_steps <= 0 or (warmup_steps is not None and warmup_steps <= 0):
-            raise ValueError(f"total_steps and warmup_steps must be positive, got "
-                             f"{total_steps}, {warmup_steps}")
+        _check_plan(total_steps, warmup_steps)
         self.total_steps = int(total_steps)
         self._total.assign(float(self.total_steps))
         if warmup_steps is not None:
-            self.scale *= (int(warmup_steps) / self.warmup_steps) ** 0.5
-            self.warmup_steps = int(warmup_steps)
-            self._warmup.assign(float(self.warmup_steps))
+            _set_warmup(self, warmup_steps)
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32) + 1.0
