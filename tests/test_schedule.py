@@ -149,4 +149,3 @@ def test_a_plan_shortens_the_rsqrt_warmup_to_the_same_peak_inside_a_traced_step(
     assert int(np.argmax([float(rebuilt(i)) for i in range(400)])) == 199  # the 200th update
     with pytest.raises(ValueError):
         schedule.set_plan(0)
-

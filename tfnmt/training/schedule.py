@@ -16,8 +16,9 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
     Keras passes `optimizer.iterations` (0 before the first update), so the rate of the n-th
     update is `schedule(n - 1)`: the first update uses step 1, never step 0 (which would be 0).
 
-    `set_plan` can shorten the warm-up at the same peak while a run trains (a run planned to fit
-    a time budget, `budget.TrainingBudget`): the traced training step reads it from a variable.
+    `set_plan` can change the warm-up's length at the same peak while a run trains (a run
+    planned to fit a time budget, `budget.TrainingBudget`): the traced training step reads it
+    from a variable.
 
     Args:
       d_model: the model width.
