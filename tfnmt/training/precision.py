@@ -59,7 +59,7 @@ def fastest_interleaved(time_window, keys, windows, minimum=min):
 def bf16_matmul_speedup(rows=1024, depth=256, cols=1024, products=4, windows=8):
     """How many times faster this CPU multiplies [rows, depth]·[depth, cols] in bfloat16 than
     in float32: the fastest of `windows` windows of `products` products each, the two dtypes'
-    windows alternating (`fastest_interleaved`); about a fifth of a second."""
+    windows alternating (`fastest_interleaved`); about 0.3 s."""
     import time
 
     with tf.device("/CPU:0"):
