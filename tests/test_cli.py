@@ -17,6 +17,7 @@ import pytest
     ("translate.py", "--seed=99999999999999999999", "--seed must fit in 64 bits"),
     ("translate.py", "--no_repeat_ngram_size=-1", "--no_repeat_ngram_size must be >= 0"),
     ("export.py", "--no_repeat_ngram_size=-2", "--no_repeat_ngram_size must be >= 0"),
+    ("train.py", "--no_repeat_ngram_size=-3", "--no_repeat_ngram_size must be >= 0"),
 ])
 def test_bad_decoding_flags_fail_fast(program, flag, message, tmp_path):
     # Refused in one line before any model is read: unchecked, a negative batch size would

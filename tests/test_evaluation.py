@@ -336,9 +336,15 @@ def test_the_report_tells_of_translations_that_repeat_themselves(translations, r
               "samples": [], "repeating": {"words": 3, "translations": translations,
                                            "references": references}}
     hint = (f"  {translations} of them repeat a sequence of 3 words ({references} of the "
-            "references do): --no_repeat_ngram_size=4 of export.py, translate.py and "
-            "evaluate.py forbids repeats (docs/serving.md, Repetitions)")
+            "references do): --no_repeat_ngram_size=4 forbids repeats; this command with it "
+            "reports again (no more training) and keeps it for export.py, translate.py and "
+            "evaluate.py (docs/serving.md, Repetitions)")
     assert (hint in format_report(report, "runs/de-en").splitlines()) == told
+    # A report searched with the rule (train.py --no_repeat_ngram_size) names it, not the hint.
+    ruled = format_report(dict(report, no_repeat_ngram_size=4), "runs/de-en").splitlines()
+    assert ruled[0].startswith("test (1,136 sentences, beam 4, length penalty 1.5, no repeated "
+                               "4-grams of subwords, best/ckpt-9): sacreBLEU 24.60")
+    assert not any("forbids repeats" in line for line in ruled)
     del report["repeating"]  # a report.json written before it was counted
     assert "repeat" not in format_report(report, "runs/de-en")
 

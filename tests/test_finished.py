@@ -39,16 +39,23 @@ def test_the_same_end_is_reported_again(ended):
     with open(settings["data"]["files"]["train"], "a", encoding="utf-8") as f:
         f.write("noch ein Satz\tone more sentence\n")
     assert reported_end(str(model_dir), end_record(settings, "auto", True)) == report
+    # A run without the no-repeat rule records none: its report matches (as one written
+    # before the rule existed does).
+    assert "no_repeat_ngram_size" not in report["end"]
+    assert reported_end(str(model_dir), end_record(settings, "auto", True, 0)) == report
 
 
-@pytest.mark.parametrize("change", ["alpha", "alpha_grid", "test_report", "train_steps",
+@pytest.mark.parametrize("change", ["alpha", "alpha_grid", "test_report", "no_repeat",
+                                    "train_steps",
                                     "average_last", "new_checkpoint", "test_text", "dev_text",
                                     "served_checkpoint_gone", "stopped_early"])
 def test_anything_the_end_read_changed_computes_it_again(ended, change):
     model_dir, settings, _ = ended
-    alpha, test_report = "auto", True
+    alpha, test_report, no_repeat = "auto", True, 0
     if change == "alpha":
         alpha = "1.2"
+    elif change == "no_repeat":
+        no_repeat = 4
     elif change == "test_report":
         test_report = False
     elif change in ("train_steps", "average_last"):
@@ -69,7 +76,8 @@ def test_anything_the_end_read_changed_computes_it_again(ended, change):
             f.write("noch ein Satz\tone more sentence\n")
     else:
         os.remove(model_dir / "averaged" / "ckpt-8.index")
-    assert reported_end(str(model_dir), end_record(settings, alpha, test_report)) is None
+    assert reported_end(str(model_dir),
+                        end_record(settings, alpha, test_report, no_repeat)) is None
 
 
 @pytest.mark.parametrize("content", [None, "", '{"dev_greedy": {"bleu": 1.5', "[]",

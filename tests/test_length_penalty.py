@@ -73,6 +73,35 @@ def test_a_model_dir_keeps_its_choice(tmp_path):
         f.write("{not json")
     assert length_penalty.default_alpha(str(tmp_path)) == (0.6, f"the paper's; {path} is "
                                                                 "unreadable")
+    assert length_penalty.default_no_repeat(str(tmp_path)) == (0, f"{path} is unreadable")
+
+
+def test_a_model_dir_keeps_its_no_repeat_rule(tmp_path):
+    # train.py --no_repeat_ngram_size: kept beside alpha, the default of the other programs;
+    # a file without it (a run without the rule, or of an older tfnmt) or with a value that is
+    # not a count means none.
+    path = os.path.join(str(tmp_path), "decoding.json")
+    assert length_penalty.default_no_repeat(str(tmp_path)) == (0, "none")
+    length_penalty.write_choice(str(tmp_path), 1.2, 4, {0.6: 9.0, 1.2: 9.5}, "best/ckpt-4",
+                                no_repeat_ngram_size=3)
+    assert json.load(open(path))["no_repeat_ngram_size"] == 3
+    assert length_penalty.default_no_repeat(str(tmp_path)) == (3, f"from {path}")
+    assert length_penalty.default_alpha(str(tmp_path)) == (1.2, f"from {path}")
+    length_penalty.write_choice(str(tmp_path), 0.6, no_repeat_ngram_size=2,
+                                chosen_on="the paper's: no dev pairs")
+    assert json.load(open(path)) == {"alpha": 0.6, "beam_size": 4, "no_repeat_ngram_size": 2,
+                                     "chosen_on": "the paper's: no dev pairs"}
+    length_penalty.write_choice(str(tmp_path), 0.6)
+    assert "no_repeat_ngram_size" not in json.load(open(path))
+    assert length_penalty.default_no_repeat(str(tmp_path)) == (0, f"{path} holds none")
+    for bad in (-1, 2.5, "4", True, None):
+        with open(path, "w") as f:
+            json.dump({"alpha": 0.6, "no_repeat_ngram_size": bad}, f)
+        assert length_penalty.default_no_repeat(str(tmp_path)) == (0, f"{path} is unreadable")
+    with open(path, "w") as f:
+        f.write("[4]")
+    assert length_penalty.default_no_repeat(str(tmp_path)) == (0, f"{path} is unreadable")
+    assert length_penalty.default_alpha(str(tmp_path))[0] == 0.6
 
 
 def test_one_trace_searches_with_whatever_alpha_its_variable_holds(tiny_model_dir, tmp_path):
@@ -97,6 +126,23 @@ def test_one_trace_searches_with_whatever_alpha_its_variable_holds(tiny_model_di
     length_penalty.write_choice(chosen, 2.0)
     _, scores = loading.load_translate_fn(chosen, beam_size=3)(sentences)
     np.testing.assert_allclose(scores, results[2.0], rtol=1e-5)
+
+
+def test_a_no_repeat_rule_kept_in_the_model_dir_is_the_loaders_default(tiny_model_dir,
+                                                                       tmp_path):
+    # train.py --no_repeat_ngram_size=N: the end of the run searches with the rule (its
+    # ServedTranslator), and writes it to decoding.json, which translate.py's and
+    # evaluate.py's loader then take (tests/test_beam_search.py checks the rule itself).
+    sentences = ["Das ist ein Haus.", "Guten Morgen!", "Er sprach zu ihnen in der Nacht."]
+    chosen = str(tmp_path / "chosen")
+    shutil.copytree(tiny_model_dir, chosen)
+    served = ServedTranslator(chosen, beam_size=3, no_repeat_ngram_size=2)
+    with_rule = served.translate(sentences, 2.0)
+    plain = ServedTranslator(chosen, beam_size=3).translate(sentences, 2.0)
+    assert with_rule != plain  # the untrained model repeats pairs of subwords
+    length_penalty.write_choice(chosen, 2.0, no_repeat_ngram_size=2)
+    translations, _ = loading.load_translate_fn(chosen, beam_size=3)(sentences)
+    assert [t.decode() for t in translations.numpy()] == with_rule
 
 
 def test_the_end_of_a_run_translates_as_served_with_each_alpha_in_one_trace(tiny_model_dir):

@@ -418,6 +418,27 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     assert end == [line for line in reported if not line.startswith("length penalty:")]
     assert before == {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
                       for d, _, files in os.walk(model_dir) for f in files}
+    # With --no_repeat_ngram_size the end runs again (no more training) with the rule, which
+    # decoding.json keeps as export.py's default (and translate.py's and evaluate.py's:
+    # tests/test_length_penalty.py).
+    ruled = python(*train_flags(small_corpus, None, "run", test_files=str(test_tsv),
+                                alpha=None, no_repeat_ngram_size=2), cwd=str(tmp_path))
+    assert ruled.returncode == 0, ruled.stderr[-3000:]
+    assert not re.search(r"^step ", ruled.stdout, re.M)
+    test = json.load(open(os.path.join(model_dir, "report.json")))["test"]
+    choice = json.load(open(os.path.join(model_dir, "decoding.json")))
+    assert test["no_repeat_ngram_size"] == choice["no_repeat_ngram_size"] == 2
+    assert choice["alpha"] == test["alpha"]
+    assert (f"length penalty: {test['alpha']:g}, chosen on dev (beam 4, no repeated 2-grams of "
+            "subwords, sacreBLEU 0.6: ") in ruled.stdout
+    assert (f"test (12 sentences, beam 4, length penalty {test['alpha']:g}, no repeated 2-grams "
+            f"of subwords, {test['checkpoint']}): sacreBLEU {test['bleu']:.2f}") in ruled.stdout
+    assert "--no_repeat_ngram_size=4 forbids" not in ruled.stdout
+    exported = python("export.py", "--model_dir=run", "--check=false", cwd=str(tmp_path))
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert (f"no repeated sequence of 2 subwords (from {os.path.join('run', 'decoding.json')})"
+            in exported.stdout)
+    assert "; no translation repeats a sequence of 2 subwords)" in exported.stdout
 
 
 def test_tensorboard_shows_a_resumed_runs_steps_once(small_corpus, train_data, tmp_path):

@@ -31,13 +31,22 @@ def define_beam_stop_flag(scope=""):
     flags.DEFINE_enum("beam_stop", "finished", ["finished", "bound"], text[0].upper() + text[1:])
 
 
-def define_no_repeat_flag(scope=""):
+def define_no_repeat_flag(scope="", training=False):
     """--no_repeat_ngram_size, as export.py, translate.py and evaluate.py take it (`scope`: to
-    whom it applies)."""
-    text = (f"{scope}N > 0: no translation repeats a sequence of N subwords (a beam search "
-            "rule, as CTranslate2's no_repeat_ngram_size); default 0: allowed.")
-    flags.DEFINE_integer("no_repeat_ngram_size", 0, text[0].upper() + text[1:])
-    flags.register_validator("no_repeat_ngram_size", lambda v: v >= 0,
+    whom it applies; default None: a model_dir's own, `length_penalty.default_no_repeat`), or
+    as train.py takes it (`training`: default 0, the rule of the run's end and its model_dir)."""
+    rule = ("N > 0: no translation repeats a sequence of N subwords (a beam search rule, as "
+            "CTranslate2's no_repeat_ngram_size)")
+    if training:
+        text = (f"{rule} in the end of the run's searches (the length penalty's choice, the "
+                "test report), kept in <model_dir>/decoding.json as export.py's, translate.py's "
+                "and evaluate.py's default; default 0: allowed.")
+    else:
+        text = (f"{scope}{rule}; 0: allowed; default: with --model_dir, what train.py "
+                "--no_repeat_ngram_size kept in its decoding.json, else 0.")
+    flags.DEFINE_integer("no_repeat_ngram_size", 0 if training else None,
+                         text[0].upper() + text[1:])
+    flags.register_validator("no_repeat_ngram_size", lambda v: v is None or v >= 0,
                              "--no_repeat_ngram_size must be >= 0")
 
 

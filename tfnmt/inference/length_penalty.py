@@ -7,7 +7,8 @@ translates the dev split with beam 4 under each alpha of a small grid, all in on
 (`beam_search.AlphaGridBeamSearch`), keeps the best (`choose_alpha`) and writes it to
 <model_dir>/decoding.json; export.py, translate.py and
 evaluate.py take it as their `--alpha` for that model_dir unless one is given
-(`default_alpha`).
+(`default_alpha`). The file also keeps train.py's `--no_repeat_ngram_size`, which they take the
+same way (`default_no_repeat`).
 
     python train.py --alpha=auto      # the default: chosen on dev at the end of the run
     python train.py --alpha=0.6       # fixed
@@ -68,7 +69,8 @@ def choose_alpha(translate_with, references, grid=ALPHA_GRID, tokenize="13a"):
     return best, scores
 
 
-def write_choice(model_dir, alpha, beam_size=4, scores=None, checkpoint=None):
+def write_choice(model_dir, alpha, beam_size=4, scores=None, checkpoint=None,
+                 no_repeat_ngram_size=0, chosen_on=None):
     """Writes <model_dir>/decoding.json (atomically).
 
     Args:
@@ -77,12 +79,34 @@ def write_choice(model_dir, alpha, beam_size=4, scores=None, checkpoint=None):
       beam_size: the beam it was chosen with.
       scores: {alpha: dev sacreBLEU} when chosen on dev; None when given (train.py --alpha).
       checkpoint: the checkpoint it was chosen for, relative to model_dir.
+      no_repeat_ngram_size: N > 0: the searches forbid repeating a sequence of N subwords
+        (kept only when N > 0).
+      chosen_on: how alpha was chosen (default "dev" with scores, else "--alpha").
     """
-    choice = {"alpha": alpha, "beam_size": beam_size, "chosen_on": "dev" if scores else "--alpha"}
+    chosen_on = chosen_on or ("dev" if scores else "--alpha")
+    choice = {"alpha": alpha, "beam_size": beam_size, "chosen_on": chosen_on}
+    if no_repeat_ngram_size:
+        choice["no_repeat_ngram_size"] = int(no_repeat_ngram_size)
     if scores:
         choice.update(checkpoint=checkpoint,
                       dev_bleu={f"{a:g}": round(s, 2) for a, s in scores.items()})
     write_atomically(os.path.join(model_dir, DECODING), json.dumps(choice, indent=2))
+
+
+def _choice(model_dir):
+    """(decoding.json's dict or None where it is missing, its path or None); raises ValueError
+    where it cannot be read as a JSON object."""
+    path = os.path.join(model_dir, DECODING) if model_dir else None
+    if not path or not os.path.exists(path):
+        return None, path
+    try:
+        with open(path) as f:
+            choice = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(path) from error
+    if not isinstance(choice, dict):
+        raise ValueError(path)
+    return choice, path
 
 
 def default_alpha(model_dir):
@@ -91,14 +115,35 @@ def default_alpha(model_dir):
     Returns:
       (alpha, where it came from, for the log).
     """
-    path = os.path.join(model_dir, DECODING) if model_dir else None
-    if path and os.path.exists(path):
-        try:
-            with open(path) as f:
-                alpha = float(json.load(f)["alpha"])
-            if alpha >= 0:
-                return alpha, f"from {path}"
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # unreadable: the paper's value, said so
-        return PAPER_ALPHA, f"the paper's; {path} is unreadable"
-    return PAPER_ALPHA, "the paper's"
+    try:
+        choice, path = _choice(model_dir)
+        if choice is None:
+            return PAPER_ALPHA, "the paper's"
+        alpha = float(choice["alpha"])
+        if alpha >= 0:
+            return alpha, f"from {path}"
+    except (ValueError, KeyError, TypeError):
+        pass  # unreadable: the paper's value, said so
+    return PAPER_ALPHA, f"the paper's; {os.path.join(model_dir, DECODING)} is unreadable"
+
+
+def default_no_repeat(model_dir):
+    """The no-repeat rule to search with for a model_dir: the N of train.py's
+    --no_repeat_ngram_size that decoding.json holds, else 0 (repeats allowed; also where the
+    file is unreadable).
+
+    Returns:
+      (N, where it came from, for the log).
+    """
+    try:
+        choice, path = _choice(model_dir)
+    except ValueError:
+        return 0, f"{os.path.join(model_dir, DECODING)} is unreadable"
+    if choice is None:
+        return 0, "none"
+    if "no_repeat_ngram_size" not in choice:
+        return 0, f"{path} holds none"
+    size = choice["no_repeat_ngram_size"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return 0, f"{path} is unreadable"
+    return size, f"from {path}"

@@ -66,14 +66,15 @@ def skip_graph_rewrites(export=None, gpu_files=None):
 
 
 def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=None, checkpoint="auto",
-                      beam_stop="finished", no_repeat_ngram_size=0):
+                      beam_stop="finished", no_repeat_ngram_size=None):
     """A translation function from a model_dir's checkpoint or from an export.
 
     Args:
       model_dir: a training directory (used when `export` is not given).
       export: an export version directory, or an export_dir (its newest version).
       beam_size, alpha, beam_stop, no_repeat_ngram_size: beam settings for a model_dir (an
-        export keeps its own); alpha None: the model_dir's (`length_penalty.default_alpha`).
+        export keeps its own); alpha and no_repeat_ngram_size None: the model_dir's
+        (`length_penalty.default_alpha`, `default_no_repeat`).
       checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
 
     Returns:
@@ -85,7 +86,7 @@ def load_translate_fn(model_dir=None, export=None, beam_size=4, alpha=None, chec
 
 
 def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkpoint="auto",
-                    n_best=1, sampling=None, beam_stop="finished", no_repeat_ngram_size=0):
+                    n_best=1, sampling=None, beam_stop="finished", no_repeat_ngram_size=None):
     """The translator's signatures as Python functions, from a model_dir's checkpoint or from
     an export (the signatures it has).
 
@@ -96,7 +97,8 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
         beam_size, alpha, n_best, sampling and no_repeat_ngram_size).
       beam_size, alpha, n_best, beam_stop, no_repeat_ngram_size: beam settings for a
         model_dir (a SavedModel keeps its own); alpha None: the model_dir's
-        (`length_penalty.default_alpha`).
+        (`length_penalty.default_alpha`); no_repeat_ngram_size None: the model_dir's for a
+        beam search (`length_penalty.default_no_repeat`), else 0.
       checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
       sampling: for a model_dir or a CTranslate2 model, draw translations at random
         (`TranslationModule`'s).
@@ -128,7 +130,7 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
 
         return ctranslate2_translator.load_signatures(
             export, beam_size, alpha, n_best=n_best, sampling=sampling,
-            no_repeat_ngram_size=no_repeat_ngram_size)
+            no_repeat_ngram_size=no_repeat_ngram_size or 0)
     import tensorflow as tf
 
     if export:
@@ -148,7 +150,7 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
             run["source_lengths"] = _from_strings(loaded.source_lengths, loaded)
     else:
         from tfnmt.checkpoints import load_model
-        from tfnmt.inference.length_penalty import default_alpha
+        from tfnmt.inference.length_penalty import default_alpha, default_no_repeat
         from tfnmt.inference.serving import TranslationModule
 
         share_threads(sampling=sampling)
@@ -158,6 +160,8 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
         if sampling is None and available is not None:
             search_memory.check_beam(model.settings, beam_size, available=available)
         alpha = default_alpha(model_dir)[0] if alpha is None else alpha
+        if no_repeat_ngram_size is None:  # a beam search rule: sampling draws without it
+            no_repeat_ngram_size = 0 if sampling else default_no_repeat(model_dir)[0]
         module = TranslationModule(model, vocab, beam_size, alpha, n_best=n_best,
                                    sampling=sampling, beam_stop=beam_stop,
                                    no_repeat_ngram_size=no_repeat_ngram_size,

@@ -137,12 +137,17 @@ def main(argv):
     alpha, source = (FLAGS.alpha, "--alpha") if FLAGS.alpha is not None \
         else length_penalty.default_alpha(FLAGS.model_dir)
     print(f"length penalty {alpha:g} ({source})", flush=True)
+    no_repeat = FLAGS.no_repeat_ngram_size
+    if no_repeat is None:
+        no_repeat, source = length_penalty.default_no_repeat(FLAGS.model_dir)
+        if no_repeat:
+            print(f"no repeated sequence of {no_repeat} subwords ({source})", flush=True)
     module = TranslationModule(model, vocab, FLAGS.beam_size, alpha,
                                FLAGS.max_decode_length, n_best,
                                parallel_searches=FLAGS.parallel_searches,
                                matmul_dtype=FLAGS.matmul_dtype, chunk_size=FLAGS.chunk_size,
                                beam_stop=FLAGS.beam_stop,
-                               no_repeat_ngram_size=FLAGS.no_repeat_ngram_size)
+                               no_repeat_ngram_size=no_repeat)
     try:
         final = export_saved_model(module, export_dir, FLAGS.version, check=FLAGS.check,
                                    extra_files=side_profiles(FLAGS.model_dir))
@@ -153,8 +158,8 @@ def main(argv):
         return 1
     matmuls = ("bfloat16 where the serving CPU times it faster, else float32"
                if FLAGS.matmul_dtype == "auto" else FLAGS.matmul_dtype)
-    repeats = (f"; no translation repeats a sequence of {FLAGS.no_repeat_ngram_size} subwords"
-               if FLAGS.no_repeat_ngram_size else "")
+    repeats = (f"; no translation repeats a sequence of {no_repeat} subwords"
+               if no_repeat else "")
     print(f"exported {path} to {final} (weight matmuls: {matmuls}{repeats})")
 
 

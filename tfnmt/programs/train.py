@@ -177,6 +177,7 @@ flags.DEFINE_string("alpha", "auto", "Length penalty of beam search for this mod
                     "report; export.py, translate.py, evaluate.py): auto (default) chooses it on "
                     f"dev at the end among {', '.join(map(str, ALPHA_GRID))}; a number fixes "
                     "it.")
+cli.define_no_repeat_flag(training=True)
 flags.DEFINE_integer("average_last", 0, "Average the last N checkpoints at the end (paper: 5 "
                      "for base, 20 for big, near convergence; at most --keep_checkpoints; 0 or "
                      "1: no averaging). Off for the short default run: averaging a "
@@ -472,7 +473,7 @@ def main(argv):
         from tfnmt.training import finished
 
         ended = finished.reported_end(FLAGS.model_dir, finished.end_record(
-            settings, FLAGS.alpha, FLAGS.test_report))
+            settings, FLAGS.alpha, FLAGS.test_report, FLAGS.no_repeat_ngram_size))
         if ended:
             print(f"{FLAGS.model_dir}: this run has done its {settings['train']['train_steps']:,d}"
                   " updates (a larger --train_steps trains it further); its end as reported "
@@ -594,25 +595,30 @@ def final_report(settings, dev_metrics):
     result = None
     # What this end read, so that the same command run again reprints it (training/finished.py):
     # with the settings as that command resolves them (saved ones, defaults filled in).
+    no_repeat = FLAGS.no_repeat_ngram_size
     end = finished.end_record(resolve_settings(settings, set(), FLAGS.model_dir), FLAGS.alpha,
-                              FLAGS.test_report)
+                              FLAGS.test_report, no_repeat)
     try:
         bleu_tokenize, _ = run_bleu_tokenization(settings)
         alpha = length_penalty.parse_alpha(FLAGS.alpha)
-        translator = report.ServedTranslator(FLAGS.model_dir)  # loads on first use
+        translator = report.ServedTranslator(FLAGS.model_dir,  # loads on first use
+                                             no_repeat_ngram_size=no_repeat)
         if alpha is None:
             alpha, scores = report.choose_length_penalty(translator, settings,
                                                          bleu_tokenize=bleu_tokenize)
+            rule = f", no repeated {no_repeat}-grams of subwords" if no_repeat else ""
             if alpha is None:
                 alpha = length_penalty.PAPER_ALPHA
+                length_penalty.write_choice(FLAGS.model_dir, alpha, no_repeat_ngram_size=no_repeat,
+                                            chosen_on="the paper's: no dev pairs")
                 print(f"length penalty: {alpha:g}, the paper's (the dev split is empty)",
                       flush=True)
             else:
                 tried = ", ".join(f"{a:g}: {s:.2f}" for a, s in scores.items())
-                print(f"length penalty: {alpha:g}, chosen on dev (beam 4, sacreBLEU {tried})",
-                      flush=True)
+                print(f"length penalty: {alpha:g}, chosen on dev (beam 4{rule}, sacreBLEU "
+                      f"{tried})", flush=True)
         else:
-            length_penalty.write_choice(FLAGS.model_dir, alpha)
+            length_penalty.write_choice(FLAGS.model_dir, alpha, no_repeat_ngram_size=no_repeat)
         if FLAGS.test_report:
             result = report.test_report(translator, settings, alpha=alpha,
                                         bleu_tokenize=bleu_tokenize)

@@ -18,13 +18,15 @@ from tfnmt.data.corpus import input_fingerprint
 from tfnmt.inference.length_penalty import ALPHA_GRID
 
 
-def end_record(settings, alpha, test_report):
+def end_record(settings, alpha, test_report, no_repeat_ngram_size=0):
     """What the end of a run reads besides the code, to be kept in its report.
 
     Args:
       settings: the run's settings (its model_dir, data and train sections).
       alpha: train.py's --alpha (a number, or "auto").
       test_report: train.py's --test_report.
+      no_repeat_ngram_size: train.py's --no_repeat_ngram_size (recorded where > 0, so that the
+        end of a run reported without it matches a record made without it).
 
     Returns:
       A JSON-able dict.
@@ -37,9 +39,10 @@ def end_record(settings, alpha, test_report):
     # Without the vocabulary's fingerprint, which a run adds once its data is prepared: the
     # checkpoints hold that vocabulary's model.
     settings = {k: v for k, v in settings.items() if k != "vocab_fingerprint"}
+    rule = {"no_repeat_ngram_size": int(no_repeat_ngram_size)} if no_repeat_ngram_size else {}
     return json.loads(json.dumps({
         "settings": settings, "alpha": str(alpha), "alpha_grid": ALPHA_GRID,
-        "test_report": bool(test_report),
+        "test_report": bool(test_report), **rule,
         "checkpoints": [os.path.basename(prefix) for prefix in checkpoints],
         "scored_text": input_fingerprint(data["dataset"], scored, data.get("tfds_data_dir"))}))
 

@@ -65,14 +65,16 @@ class ServedTranslator:
       model_dir: the run's model_dir.
       beam_size: the beam's width (as served).
       batch_size: sentences translated at once.
+      no_repeat_ngram_size: N > 0: no translation repeats a sequence of N subwords.
 
     Example:
       translator = ServedTranslator("runs/de-en")
       translations = translator.translate(["Das ist ein Haus."], alpha=1.2)
     """
 
-    def __init__(self, model_dir, beam_size=4, batch_size=64):
+    def __init__(self, model_dir, beam_size=4, batch_size=64, no_repeat_ngram_size=0):
         self.model_dir, self.beam_size, self.batch_size = model_dir, beam_size, batch_size
+        self.no_repeat_ngram_size = no_repeat_ngram_size
         self._module = self._checkpoint = self._alpha = None
         self._grid_searches = {}
 
@@ -90,7 +92,8 @@ class ServedTranslator:
             self._alpha = tf.Variable(length_penalty.PAPER_ALPHA, trainable=False,
                                       dtype=tf.float32)
             self._module = TranslationModule(model, vocab, self.beam_size, self._alpha,
-                                             n_best=1)
+                                             n_best=1,
+                                             no_repeat_ngram_size=self.no_repeat_ngram_size)
 
     @property
     def module(self):
@@ -168,7 +171,7 @@ def choose_length_penalty(translator, settings, grid=length_penalty.ALPHA_GRID,
     best, scores = length_penalty.choose_alpha(translations.__getitem__, [t for _, t in pairs],
                                                grid, tokenize=bleu_tokenize)
     length_penalty.write_choice(translator.model_dir, best, translator.beam_size, scores,
-                                translator.checkpoint)
+                                translator.checkpoint, translator.no_repeat_ngram_size)
     return best, scores
 
 
@@ -182,10 +185,10 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA, bleu_tok
       bleu_tokenize: the run's sacreBLEU tokenization (`evaluator.run_bleu_tokenization`).
 
     Returns:
-      {"split", "sentences", "beam_size", "alpha", "bleu", "chrf", their signatures,
-      "samples", "checkpoint", "sources_cut": the sources longer than the model reads,
-      "translations": the file in the model_dir that holds them, one per line (for
-      `evaluate.py --baseline` to compare another model with), "repeating": how many
+      {"split", "sentences", "beam_size", "alpha", "no_repeat_ngram_size", "bleu", "chrf",
+      their signatures, "samples", "checkpoint", "sources_cut": the sources longer than the
+      model reads, "translations": the file in the model_dir that holds them, one per line
+      (for `evaluate.py --baseline` to compare another model with), "repeating": how many
       translations and references repeat a sequence of REPEAT_WORDS words}; None when the
       dataset has no test split (--dataset=files without --test_files).
     """
@@ -202,7 +205,8 @@ def test_report(translator, settings, alpha=length_penalty.PAPER_ALPHA, bleu_tok
     hypotheses = translator.translate(sources, alpha)
     lengths = translator.module.source_lengths(sources)
     report = {"split": "test", "sentences": len(pairs), "beam_size": translator.beam_size,
-              "alpha": alpha, "checkpoint": translator.checkpoint,
+              "alpha": alpha, "no_repeat_ngram_size": translator.no_repeat_ngram_size,
+              "checkpoint": translator.checkpoint,
               "sources_cut": int((lengths["subwords"] > lengths["max_subwords"]).numpy().sum())}
     report.update(corpus_scores(hypotheses, [t for _, t in pairs], signatures=True,
                                 tokenize=bleu_tokenize))
@@ -261,10 +265,11 @@ def format_report(report, model_dir, reverse=False, own_data=False):
     """
     lines = []
     if report:
+        rule = report.get("no_repeat_ngram_size")
+        rule = f"no repeated {rule}-grams of subwords, " if rule else ""
         lines.append(f"test ({report['sentences']:,d} sentences, beam {report['beam_size']}, "
-                     f"length penalty {report['alpha']:g}, {report['checkpoint']}): sacreBLEU "
-                     f"{report['bleu']:.2f} | chrF "
-                     f"{report['chrf']:.2f}")
+                     f"length penalty {report['alpha']:g}, {rule}{report['checkpoint']}): "
+                     f"sacreBLEU {report['bleu']:.2f} | chrF {report['chrf']:.2f}")
         if report.get("sources_cut"):
             lines.append(f"  {report['sources_cut']:,d} of the sources are longer than the "
                          "model reads (max_length - 1 subwords): their translations cover "
@@ -275,11 +280,12 @@ def format_report(report, model_dir, reverse=False, own_data=False):
             lines.append(f"  translations in {os.path.join(model_dir, report['translations'])}"
                          " (evaluate.py --baseline compares another model's with them)")
         repeats = report.get("repeating")
-        if repeats and repeats_too_often(repeats, report["sentences"]):
+        if repeats and not rule and repeats_too_often(repeats, report["sentences"]):
             lines.append(f"  {repeats['translations']:,} of them repeat a sequence of "
                          f"{repeats['words']} words ({repeats['references']:,} of the "
-                         "references do): --no_repeat_ngram_size=4 of export.py, translate.py "
-                         "and evaluate.py forbids repeats (docs/serving.md, Repetitions)")
+                         "references do): --no_repeat_ngram_size=4 forbids repeats; this command "
+                         "with it reports again (no more training) and keeps it for export.py, "
+                         "translate.py and evaluate.py (docs/serving.md, Repetitions)")
         for sample in report["samples"]:
             lines.append(f"  source       {sample['source']}")
             lines.append(f"  reference    {sample['reference']}")
