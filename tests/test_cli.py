@@ -505,8 +505,7 @@ def _flag_files(directory):
        f"--{name} is for SavedModel exports; CTranslate2 takes its decoding options when it "
        "translates")
       for name, value in (("version", 3), ("beam_size", 5), ("alpha", 1.0),
-                          ("beam_stop", "finished"), ("no_repeat_ngram_size", 3),
-                          ("max_decode_length", 9),
+                          ("beam_stop", "finished"), ("max_decode_length", 9),
                           ("matmul_dtype", "float32"), ("n_best", 1),
                           ("parallel_searches", 1), ("chunk_size", 8))],
     ("train.py", ["--model_dir=m", "extra"], "unexpected arguments: extra"),

@@ -147,6 +147,27 @@ def test_ctranslate2_greedy_without_repeated_ngrams_finds_the_models_translation
     assert not np.array_equal(ids[0], ids[2])  # the untrained model repeats bigrams
 
 
+def test_a_kept_no_repeat_rule_is_the_ctranslate2_models_default(prenorm_export, tmp_path):
+    # export.py passes the model_dir's rule (train.py --no_repeat_ngram_size, decoding.json):
+    # tfnmt.json keeps it as translate.py's and evaluate.py's default for the model.
+    from tfnmt.inference import ctranslate2_translator
+
+    model, proto, _ = prenorm_export
+    out = str(tmp_path / "ruled")
+    export_ctranslate2(model, proto, out, check=False, no_repeat_ngram_size=2)
+    assert json.load(open(os.path.join(out, "tfnmt.json"))) == {
+        "max_length": model.max_length, "no_repeat_ngram_size": 2}
+    translated = {}
+    for n in (None, 0, 2):
+        signatures = ctranslate2_translator.load_signatures(out, no_repeat_ngram_size=n)
+        translated[n] = list(signatures["serving_default"](SOURCES)[0])
+    assert translated[None] == translated[2] != translated[0]
+    with open(os.path.join(out, "tfnmt.json"), "w") as f:
+        json.dump({"max_length": model.max_length, "no_repeat_ngram_size": -1}, f)
+    with pytest.raises(ctranslate2_translator.CTranslate2ModelError, match="tfnmt.json"):
+        ctranslate2_translator.load_signatures(out)
+
+
 def test_ctranslate2_translates_long_sources_within_the_models_positions(prenorm_export):
     # The model has positions 0..max_length-1 (64 learned rows here). CTranslate2's defaults
     # (inputs up to 1,024 tokens) fail on a longer source; with max_input_length=max_length it

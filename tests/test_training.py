@@ -439,6 +439,12 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     assert (f"no repeated sequence of 2 subwords (from {os.path.join('run', 'decoding.json')})"
             in exported.stdout)
     assert "; no translation repeats a sequence of 2 subwords)" in exported.stdout
+    converted = python("export.py", "--model_dir=run", "--format=ctranslate2", "--check=false",
+                       cwd=str(tmp_path))
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    assert "and no_repeat_ngram_size=2 (kept as translate.py's default)" in converted.stdout
+    with open(os.path.join(model_dir, "ctranslate2", "tfnmt.json")) as f:
+        assert json.load(f)["no_repeat_ngram_size"] == 2
 
 
 def test_tensorboard_shows_a_resumed_runs_steps_once(small_corpus, train_data, tmp_path):

@@ -7,7 +7,8 @@ SentencePiece model beside it:
 
   <output_dir>/model.bin, config.json, shared_vocabulary.json   (CTranslate2's files)
   <output_dir>/spm.model                                         (tokenize and detokenize)
-  <output_dir>/tfnmt.json        (the model's max_length, for translate.py and evaluate.py)
+  <output_dir>/tfnmt.json        (the model's max_length, and the no-repeat rule of the
+                                  model_dir where it has one, for translate.py and evaluate.py)
 
 (with separate vocabularies: source_vocabulary.json and target_vocabulary.json, and
 source.spm.model to tokenize, target.spm.model to detokenize).
@@ -175,7 +176,7 @@ def spm_pieces(spm_model_proto):
 
 
 def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=True,
-                       extra_files=()):
+                       extra_files=(), no_repeat_ngram_size=0):
     """Converts `model` into a new directory `output_dir` (its SentencePiece model(s) beside
     CTranslate2's files).
 
@@ -191,6 +192,8 @@ def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=T
       quantization: None (float32 weights) or one of QUANTIZATIONS.
       check: load and translate before publishing.
       extra_files: paths of files copied into it (the training text's character pairs).
+      no_repeat_ngram_size: N > 0: translate.py's and evaluate.py's default
+        no_repeat_ngram_size for the model (kept in tfnmt.json).
     Returns:
       output_dir.
     Raises:
@@ -218,8 +221,11 @@ def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=T
             model_dir = os.path.join(staging, "model")
             _Converter().convert(model_dir, quantization=quantization)
             write_protos(model_dir, protos)
+            settings = {"max_length": model.max_length}
+            if no_repeat_ngram_size:
+                settings["no_repeat_ngram_size"] = int(no_repeat_ngram_size)
             with open(os.path.join(model_dir, CTRANSLATE2_SETTINGS), "w") as f:
-                json.dump({"max_length": model.max_length}, f)
+                json.dump(settings, f)
             for path in extra_files:
                 shutil.copy(path, model_dir)
             if check:

@@ -43,7 +43,8 @@ def check_runnable(directory):
 
 
 def model_settings(directory):
-    """The settings export.py wrote beside the CTranslate2 model ({"max_length": int}).
+    """The settings export.py wrote beside the CTranslate2 model ({"max_length": int, and
+    "no_repeat_ngram_size": int where the model_dir had one}).
 
     Raises:
       CTranslate2ModelError: the directory lacks them (converted by other means).
@@ -52,6 +53,8 @@ def model_settings(directory):
         with open(os.path.join(directory, CTRANSLATE2_SETTINGS)) as f:
             settings = json.load(f)
         int(settings["max_length"])
+        if int(settings.get("no_repeat_ngram_size", 0)) < 0:
+            raise ValueError("no_repeat_ngram_size < 0")
     except (OSError, ValueError, KeyError, TypeError):
         raise CTranslate2ModelError(
             f"{directory} is a CTranslate2 model without a readable {CTRANSLATE2_SETTINGS} (the "
@@ -88,13 +91,13 @@ def _processors(directory, sentencepiece):
 
 
 def load_signatures(directory, beam_size=4, alpha=None, n_best=1, sampling=None,
-                    no_repeat_ngram_size=0, threads=None):
+                    no_repeat_ngram_size=None, threads=None):
     """`loading.load_signatures`' functions, run by CTranslate2.
 
     Args:
       directory: a directory export.py --format=ctranslate2 wrote.
       beam_size, n_best, no_repeat_ngram_size: CTranslate2's beam_size, num_hypotheses and
-        no_repeat_ngram_size.
+        no_repeat_ngram_size (None: the one export.py kept in tfnmt.json, else 0).
       alpha: CTranslate2's length_penalty (None: DEFAULT_ALPHA).
       sampling: None, or {"top_k", "temperature", "seed"}: draw each translation at random
         (CTranslate2's sampling_topk, 0 for all words, and sampling_temperature).
@@ -118,7 +121,10 @@ def load_signatures(directory, beam_size=4, alpha=None, n_best=1, sampling=None,
 
     from tfnmt.cpu_quota import usable_cores
 
-    max_length = int(model_settings(directory)["max_length"])
+    settings = model_settings(directory)
+    max_length = int(settings["max_length"])
+    if no_repeat_ngram_size is None:
+        no_repeat_ngram_size = int(settings.get("no_repeat_ngram_size", 0))
     source_sp, target_sp = _processors(directory, sentencepiece)
     gpu = ctranslate2.get_cuda_device_count() > 0
     try:

@@ -97,8 +97,8 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
         beam_size, alpha, n_best, sampling and no_repeat_ngram_size).
       beam_size, alpha, n_best, beam_stop, no_repeat_ngram_size: beam settings for a
         model_dir (a SavedModel keeps its own); alpha None: the model_dir's
-        (`length_penalty.default_alpha`); no_repeat_ngram_size None: the model_dir's for a
-        beam search (`length_penalty.default_no_repeat`), else 0.
+        (`length_penalty.default_alpha`); no_repeat_ngram_size None: the model_dir's (or the
+        CTranslate2 model's) for a beam search (`length_penalty.default_no_repeat`), else 0.
       checkpoint: which checkpoint of the model_dir (`checkpoints.load_model`'s `which`).
       sampling: for a model_dir or a CTranslate2 model, draw translations at random
         (`TranslationModule`'s).
@@ -130,7 +130,7 @@ def load_signatures(model_dir=None, export=None, beam_size=4, alpha=None, checkp
 
         return ctranslate2_translator.load_signatures(
             export, beam_size, alpha, n_best=n_best, sampling=sampling,
-            no_repeat_ngram_size=no_repeat_ngram_size or 0)
+            no_repeat_ngram_size=no_repeat_ngram_size)
     import tensorflow as tf
 
     if export:

@@ -50,7 +50,7 @@ flags.DEFINE_integer("beam_size", 4, "Beam size (paper: 4).")
 flags.DEFINE_float("alpha", None, "GNMT length penalty exponent (default: the one train.py "
                    "chose on dev, in <model_dir>/decoding.json, else the paper's 0.6).")
 cli.define_beam_stop_flag()
-cli.define_no_repeat_flag()
+cli.define_no_repeat_flag("A SavedModel's rule, a CTranslate2 model's default (tfnmt.json): ")
 flags.DEFINE_integer("max_decode_length", 0, "Cap on output subwords (0: source length + 50).")
 flags.DEFINE_enum("matmul_dtype", "auto", ["auto", "float32", "bfloat16"], "Dtype of the "
                   "weight matmuls: float32, bfloat16, or auto (default): bfloat16 where the "
@@ -75,9 +75,8 @@ cli.register_alpha_validator()
 flags.register_validator("parallel_searches", lambda v: v >= 1, "--parallel_searches must be >= 1")
 
 
-SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "beam_stop", "no_repeat_ngram_size",
-                    "max_decode_length", "matmul_dtype", "n_best", "parallel_searches",
-                    "chunk_size")
+SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "beam_stop", "max_decode_length",
+                    "matmul_dtype", "n_best", "parallel_searches", "chunk_size")
 
 
 def main(argv):
@@ -128,8 +127,13 @@ def main(argv):
         model, vocab, path = checkpoints.load_model(FLAGS.model_dir, FLAGS.checkpoint)
     except checkpoints.ModelDirError as error:
         raise app.UsageError(str(error))
+    no_repeat = FLAGS.no_repeat_ngram_size
+    if no_repeat is None:
+        no_repeat, source = length_penalty.default_no_repeat(FLAGS.model_dir)
+        if no_repeat:
+            print(f"no repeated sequence of {no_repeat} subwords ({source})", flush=True)
     if FLAGS.format == "ctranslate2":
-        return export_ctranslate2(model, vocab, path, export_dir)
+        return export_ctranslate2(model, vocab, path, export_dir, no_repeat)
     try:  # a beam of which one sentence does not fit here: the check would be killed
         search_memory.check_beam(model.settings, FLAGS.beam_size)
     except search_memory.SearchMemoryError as error:
@@ -137,11 +141,6 @@ def main(argv):
     alpha, source = (FLAGS.alpha, "--alpha") if FLAGS.alpha is not None \
         else length_penalty.default_alpha(FLAGS.model_dir)
     print(f"length penalty {alpha:g} ({source})", flush=True)
-    no_repeat = FLAGS.no_repeat_ngram_size
-    if no_repeat is None:
-        no_repeat, source = length_penalty.default_no_repeat(FLAGS.model_dir)
-        if no_repeat:
-            print(f"no repeated sequence of {no_repeat} subwords ({source})", flush=True)
     module = TranslationModule(model, vocab, FLAGS.beam_size, alpha,
                                FLAGS.max_decode_length, n_best,
                                parallel_searches=FLAGS.parallel_searches,
@@ -197,23 +196,26 @@ def default_export_dir():
     return os.path.join(FLAGS.model_dir, CTRANSLATE2 + (f"-{quantization}" if quantization else ""))
 
 
-def export_ctranslate2(model, vocab, path, export_dir):
+def export_ctranslate2(model, vocab, path, export_dir, no_repeat_ngram_size):
     from tfnmt.inference import ctranslate2_export
 
     quantization = ctranslate2_quantization()
     try:
         final = ctranslate2_export.export_ctranslate2(
             model, vocab, export_dir, quantization, check=FLAGS.check,
-            extra_files=side_profiles(FLAGS.model_dir))
+            extra_files=side_profiles(FLAGS.model_dir),
+            no_repeat_ngram_size=no_repeat_ngram_size)
     except FileExistsError as error:
         raise app.UsageError(str(error))
     except (ctranslate2_export.CTranslate2ExportError, OSError) as error:
         print(f"export.py: nothing published: {failure(error, export_dir)}", file=sys.stderr)
         return 1
+    rule = (f" and no_repeat_ngram_size={no_repeat_ngram_size} (kept as translate.py's "
+            "default)" if no_repeat_ngram_size else "")
     print(f"exported {path} to {final} (CTranslate2, weights in {quantization or 'float32'}); "
           f"translate.py --export={final} runs it; in your own code translate with "
-          f"max_input_length={model.max_length} and max_decoding_length={model.max_length}: the "
-          f"model has {model.max_length} positions")
+          f"max_input_length={model.max_length} and max_decoding_length={model.max_length}"
+          f"{rule}: the model has {model.max_length} positions")
 
 
 def run():
