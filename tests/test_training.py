@@ -434,6 +434,12 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
     assert (f"test (12 sentences, beam 4, length penalty {test['alpha']:g}, no repeated 2-grams "
             f"of subwords, {test['checkpoint']}): sacreBLEU {test['bleu']:.2f}") in ruled.stdout
     assert "--no_repeat_ngram_size=4 forbids" not in ruled.stdout
+    # Left out of the command again, the flag keeps the model_dir's rule: the end as reported.
+    kept = python(*train_flags(small_corpus, None, "run", test_files=str(test_tsv), alpha=None),
+                  cwd=str(tmp_path))
+    assert kept.returncode == 0, kept.stderr[-3000:]
+    assert "its end as reported then" in kept.stdout
+    assert "no repeated 2-grams of subwords" in kept.stdout
     exported = python("export.py", "--model_dir=run", "--check=false", cwd=str(tmp_path))
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert (f"no repeated sequence of 2 subwords (from {os.path.join('run', 'decoding.json')})"

@@ -33,18 +33,18 @@ def define_beam_stop_flag(scope=""):
 
 def define_no_repeat_flag(scope="", training=False):
     """--no_repeat_ngram_size, as export.py, translate.py and evaluate.py take it (`scope`: to
-    whom it applies; default None: a model_dir's own, `length_penalty.default_no_repeat`), or
-    as train.py takes it (`training`: default 0, the rule of the run's end and its model_dir)."""
+    whom it applies), or as train.py takes it (`training`: the rule of the run's end, kept in
+    its model_dir); default None: the model's own (`length_penalty.default_no_repeat`)."""
     if training:
         text = ("N > 0: the end of the run's beam searches (the length penalty's choice, the "
                 "test report) repeat no sequence of N subwords, and decoding.json keeps N as "
-                "the default of export.py, translate.py and evaluate.py; default 0: allowed.")
+                "the default of export.py, translate.py and evaluate.py; default: the "
+                "model_dir's, else 0 (allowed).")
     else:
         text = (f"{scope}N > 0: no translation repeats a sequence of N subwords (a beam search "
                 "rule, as CTranslate2's); default: the model's own (train.py's, kept in "
                 "decoding.json or a CTranslate2 model's tfnmt.json), else 0.")
-    flags.DEFINE_integer("no_repeat_ngram_size", 0 if training else None,
-                         text[0].upper() + text[1:])
+    flags.DEFINE_integer("no_repeat_ngram_size", None, text[0].upper() + text[1:])
     flags.register_validator("no_repeat_ngram_size", lambda v: v is None or v >= 0,
                              "--no_repeat_ngram_size must be >= 0")
 

@@ -33,7 +33,7 @@ from absl import app, flags, logging  # noqa: E402
 from tfnmt import cli  # noqa: E402
 
 from tfnmt.inference import bleu_tokenization  # noqa: E402
-from tfnmt.inference.length_penalty import ALPHA_GRID  # noqa: E402
+from tfnmt.inference.length_penalty import ALPHA_GRID, default_no_repeat  # noqa: E402
 from tfnmt.model.presets import PRESETS  # noqa: E402
 from tfnmt.paths import DEFAULT_MODEL_DIR, REPORT, SETTINGS, cannot_write_in  # noqa: E402
 from tfnmt.programs import train_data_checks as data_checks  # noqa: E402
@@ -473,7 +473,7 @@ def main(argv):
         from tfnmt.training import finished
 
         ended = finished.reported_end(FLAGS.model_dir, finished.end_record(
-            settings, FLAGS.alpha, FLAGS.test_report, FLAGS.no_repeat_ngram_size))
+            settings, FLAGS.alpha, FLAGS.test_report, end_no_repeat()))
         if ended:
             print(f"{FLAGS.model_dir}: this run has done its {settings['train']['train_steps']:,d}"
                   " updates (a larger --train_steps trains it further); its end as reported "
@@ -581,6 +581,14 @@ def report_text(settings, test):
                                 own_data=data["dataset"] != EMBEDDED)
 
 
+def end_no_repeat():
+    """The no-repeat rule of the run's end: --no_repeat_ngram_size, else the one its model_dir
+    keeps (decoding.json, as a run given it left it), else 0."""
+    if FLAGS.no_repeat_ngram_size is not None:
+        return FLAGS.no_repeat_ngram_size
+    return default_no_repeat(FLAGS.model_dir)[0]
+
+
 def final_report(settings, dev_metrics):
     """Test scores, samples and next commands (printed, and in <model_dir>/report.json)."""
     import keras
@@ -595,7 +603,7 @@ def final_report(settings, dev_metrics):
     result = None
     # What this end read, so that the same command run again reprints it (training/finished.py):
     # with the settings as that command resolves them (saved ones, defaults filled in).
-    no_repeat = FLAGS.no_repeat_ngram_size
+    no_repeat = end_no_repeat()
     end = finished.end_record(resolve_settings(settings, set(), FLAGS.model_dir), FLAGS.alpha,
                               FLAGS.test_report, no_repeat)
     try:
