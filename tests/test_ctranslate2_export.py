@@ -162,10 +162,11 @@ def test_a_kept_no_repeat_rule_is_the_ctranslate2_models_default(prenorm_export,
         signatures = ctranslate2_translator.load_signatures(out, no_repeat_ngram_size=n)
         translated[n] = list(signatures["serving_default"](SOURCES)[0])
     assert translated[None] == translated[2] != translated[0]
-    with open(os.path.join(out, "tfnmt.json"), "w") as f:
-        json.dump({"max_length": model.max_length, "no_repeat_ngram_size": -1}, f)
-    with pytest.raises(ctranslate2_translator.CTranslate2ModelError, match="tfnmt.json"):
-        ctranslate2_translator.load_signatures(out)
+    for bad in (-1, 2.5, "2", True):
+        with open(os.path.join(out, "tfnmt.json"), "w") as f:
+            json.dump({"max_length": model.max_length, "no_repeat_ngram_size": bad}, f)
+        with pytest.raises(ctranslate2_translator.CTranslate2ModelError, match="tfnmt.json"):
+            ctranslate2_translator.load_signatures(out)
 
 
 def test_ctranslate2_translates_long_sources_within_the_models_positions(prenorm_export):

@@ -53,8 +53,9 @@ def model_settings(directory):
         with open(os.path.join(directory, CTRANSLATE2_SETTINGS)) as f:
             settings = json.load(f)
         int(settings["max_length"])
-        if int(settings.get("no_repeat_ngram_size", 0)) < 0:
-            raise ValueError("no_repeat_ngram_size < 0")
+        rule = settings.get("no_repeat_ngram_size", 0)
+        if not isinstance(rule, int) or isinstance(rule, bool) or rule < 0:
+            raise ValueError("no_repeat_ngram_size is not a count")
     except (OSError, ValueError, KeyError, TypeError):
         raise CTranslate2ModelError(
             f"{directory} is a CTranslate2 model without a readable {CTRANSLATE2_SETTINGS} (the "
@@ -124,7 +125,7 @@ def load_signatures(directory, beam_size=4, alpha=None, n_best=1, sampling=None,
     settings = model_settings(directory)
     max_length = int(settings["max_length"])
     if no_repeat_ngram_size is None:
-        no_repeat_ngram_size = int(settings.get("no_repeat_ngram_size", 0))
+        no_repeat_ngram_size = settings.get("no_repeat_ngram_size", 0)
     source_sp, target_sp = _processors(directory, sentencepiece)
     gpu = ctranslate2.get_cuda_device_count() > 0
     try:
