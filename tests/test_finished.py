@@ -2,6 +2,7 @@
 (tfnmt/training/finished.py); test_training.py's end-to-end run starts a finished run again."""
 import json
 import os
+import shutil
 
 import pytest
 
@@ -43,6 +44,22 @@ def test_the_same_end_is_reported_again(ended):
     # before the rule existed does).
     assert "no_repeat_ngram_size" not in report["end"]
     assert reported_end(str(model_dir), end_record(settings, "auto", True, 0)) == report
+
+
+def test_a_model_dir_copied_or_moved_elsewhere_reports_as_it_did(ended, tmp_path):
+    model_dir, settings, report = ended
+    copy = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(model_dir, copy)
+    moved = dict(settings, model_dir=str(copy))
+    assert reported_end(str(copy), end_record(moved, "auto", True)) == report
+    # A record that still names the model_dir it was written in matches too.
+    old = json.loads((copy / "report.json").read_text(encoding="utf-8"))
+    old["end"]["settings"]["model_dir"] = str(model_dir)
+    (copy / "report.json").write_text(json.dumps(old), encoding="utf-8")
+    assert reported_end(str(copy), end_record(moved, "auto", True)) == old
+    # The copy's own changes still count: a checkpoint more computes its end again.
+    (copy / "checkpoints" / "ckpt-12.index").write_bytes(b"")
+    assert reported_end(str(copy), end_record(moved, "auto", True)) is None
 
 
 @pytest.mark.parametrize("change", ["alpha", "alpha_grid", "test_report", "no_repeat",

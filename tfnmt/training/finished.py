@@ -3,8 +3,9 @@
 reported (<model_dir>/report.json) instead of computing it again, and exits at once.
 
 The report is reused only when everything its end read is as it was then: the run's settings,
-the end's flags (--alpha, --test_report) and the grid α is chosen from, the checkpoints in
-checkpoints/, the dev and test text, and the checkpoint the test report translated. Any
+the end's flags (--alpha, --test_report, --no_repeat_ngram_size) and the grid α is chosen from, the checkpoints in
+checkpoints/, the dev and test text, and the checkpoint the test report translated; not the
+model_dir's path, so a model_dir copied or moved elsewhere reports as it did. Any
 difference (more updates asked for, another --average_last or --alpha, a changed test file, a
 deleted averaged/) computes the end again, as does deleting report.json; so does a run that
 stopped early (its end says why, and how to train on). Without TensorFlow: the answer comes
@@ -36,9 +37,7 @@ def end_record(settings, alpha, test_report, no_repeat_ngram_size=0):
               if split != "train"}  # the training text is the checkpoints' business
     checkpoints = paths.checkpoint_prefixes(os.path.join(settings["model_dir"],
                                                          paths.CHECKPOINTS))
-    # Without the vocabulary's fingerprint, which a run adds once its data is prepared: the
-    # checkpoints hold that vocabulary's model.
-    settings = {k: v for k, v in settings.items() if k != "vocab_fingerprint"}
+    settings = _without_location(settings)
     rule = {"no_repeat_ngram_size": int(no_repeat_ngram_size)} if no_repeat_ngram_size else {}
     return json.loads(json.dumps({
         "settings": settings, "alpha": str(alpha), "alpha_grid": ALPHA_GRID,
@@ -64,8 +63,13 @@ def reported_end(model_dir, record):
             report = json.load(f)
     except (OSError, ValueError):  # none yet, or unreadable: the end is computed again
         return None
-    if not isinstance(report, dict) or report.get("end") != record \
+    if not isinstance(report, dict) or not isinstance(report.get("end"), dict) \
             or not report.get("dev_greedy"):
+        return None
+    kept = report["end"]
+    if isinstance(kept.get("settings"), dict):  # a record that still names its model_dir
+        kept = dict(kept, settings=_without_location(kept["settings"]))
+    if kept != record:
         return None
     # Trained to its last update: a run that stopped early computes its end again, which says
     # why it stopped and how to train on.
@@ -76,3 +80,10 @@ def reported_end(model_dir, record):
     if test and not os.path.exists(os.path.join(model_dir, test["checkpoint"]) + ".index"):
         return None
     return report
+
+
+def _without_location(settings):
+    """The settings without the model_dir's path (report.json is read from inside it) and the
+    vocabulary's fingerprint, which a run adds once its data is prepared (the checkpoints hold
+    that vocabulary's model)."""
+    return {k: v for k, v in settings.items() if k not in ("model_dir", "vocab_fingerprint")}
