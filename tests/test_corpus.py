@@ -200,6 +200,31 @@ def test_empty_sides_are_skipped_and_counted(tmp_path, caplog):
     assert "skipped" not in caplog.text
 
 
+def test_lines_with_more_columns_than_the_first_are_counted(tmp_path, caplog):
+    path = tmp_path / "train.tsv"
+    path.write_text("gut\tgood\nja\tyes\nein\tTab\tgetrennt\tand more\n"
+                    "nein\tno\nzwei\tTabs\there\n", encoding="utf-8")
+    expected = [("gut", "good"), ("ja", "yes"), ("ein", "Tab"), ("nein", "no"),
+                ("zwei", "Tabs")]
+    assert list(corpus.read_files(str(path))) == expected
+    assert caplog.text.count("more tab-separated columns") == 1
+    assert f"{path}: 2 lines have more tab-separated columns than line 1 (2), the first at " \
+        "line 3" in caplog.text
+    caplog.clear()  # read again (each evaluation, the second pass): said once per process
+    assert list(corpus.read_files(str(path))) == expected
+    assert "columns" not in caplog.text
+    # A third column on every line (an id, a domain) is a format, not a fault.
+    same = tmp_path / "tagged.tsv"
+    same.write_text("gut\tgood\tbible\nja\tyes\tnews\n", encoding="utf-8")
+    assert list(corpus.read_files(str(same))) == [("gut", "good"), ("ja", "yes")]
+    assert "columns" not in caplog.text
+    one = tmp_path / "one.tsv"
+    one.write_text("gut\tgood\nja\tyes\tmore\n", encoding="utf-8")
+    assert list(corpus.read_files(str(one))) == [("gut", "good"), ("ja", "yes")]
+    assert f"{one}: 1 line has more tab-separated columns than line 1 (2), the first at line 2" \
+        in caplog.text
+
+
 def test_reverse_makes_the_second_side_the_source(tmp_path):
     tsv = tmp_path / "dev.tsv"
     tsv.write_text("gut\tgood\n\tnothing\nja\tyes\n", encoding="utf-8")

@@ -26,6 +26,8 @@ SPLITS = ("train", "dev", "test")
 # (dataset, split, files, reverse) whose skipped pairs this process has logged: a run reads its
 # dev split at each evaluation and for the length penalty, and one line says it.
 _logged_skips = set()
+# TSV files whose lines with more columns than their first this process has logged (the same).
+_logged_columns = set()
 
 
 def sha256_file(path):
@@ -119,15 +121,29 @@ def read_tsv(path, columns=2):
     Yields:
       (source, target) strings.
 
+    Logs (once per process and file) how many lines have more columns than the first.
+
     Raises:
       CorpusError: a line with too few columns or not UTF-8 (naming the file and line).
     """
+    first_columns, wider, first_wider = None, 0, None
     for number, raw in enumerate(_raw_lines(path), 1):
         fields = _decode(raw, path, number).split("\t")
         if len(fields) < columns:
             raise CorpusError(f"{path}:{number}: expected {columns} tab-separated columns, "
                               f"found {len(fields)}")
+        first_columns = first_columns or len(fields)
+        if len(fields) > first_columns:  # a tab inside a sentence shifts the columns after it
+            wider += 1
+            first_wider = first_wider or number
         yield fields[0], fields[1]
+    if wider and path not in _logged_columns:
+        _logged_columns.add(path)
+        logging.warning("%s: %d line%s more tab-separated columns than line 1 (%d), the first "
+                        "at line %d; a pair is read from a line's first two columns, so a tab "
+                        "inside a sentence cuts it there",
+                        path, wider, " has" if wider == 1 else "s have", first_columns,
+                        first_wider)
 
 
 def tsv_rows(path, count):
