@@ -9,11 +9,13 @@ import sacrebleu
 import tensorflow as tf
 
 from tfnmt.checkpoints import ModelDirError, load_model
+from tfnmt.data.special_tokens import EOS_ID
 from tfnmt.data.vocabulary import Vocabulary
 from tfnmt.inference import length_penalty, loading
 from tfnmt.inference.evaluation import Translator
 from tfnmt.inference.serving import TranslationModule
 from tfnmt.training import report
+from tfnmt.training.evaluator import Evaluator
 from tfnmt.training.report import ServedTranslator
 
 REFERENCES = ["the house is red and old .", "he spoke to them at night .", "good morning to all ."]
@@ -143,6 +145,35 @@ def test_a_no_repeat_rule_kept_in_the_model_dir_is_the_loaders_default(tiny_mode
     length_penalty.write_choice(chosen, 2.0, no_repeat_ngram_size=2)
     translations, _ = loading.load_translate_fn(chosen, beam_size=3)(sentences)
     assert [t.decode() for t in translations.numpy()] == with_rule
+
+
+def repeated_ngrams(ids, n):
+    """Brute force: how many of the rows' N-grams of subwords (up to EOS) repeat one before."""
+    count = 0
+    for row in np.asarray(ids):
+        tokens = list(row[:list(row).index(EOS_ID)] if EOS_ID in row else row[row != 0])
+        grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+        count += len(grams) - len(set(grams))
+    return count
+
+
+def test_beam_dev_evaluations_search_with_the_runs_no_repeat_rule(tiny_model_dir, small_corpus,
+                                                                  small_prepared):
+    # train.py --eval_beam_size=3 --no_repeat_ngram_size=2: the evaluations during the run
+    # score the dev split under the rule the end of the run searches with.
+    model, _, _ = load_model(tiny_model_dir)
+    vocabulary = Vocabulary.from_dir(tiny_model_dir, separate=False)
+    sentences = ["Das ist ein Haus.", "Guten Morgen!", "Er sprach zu ihnen in der Nacht."]
+    ruled = Translator(model, vocabulary, beam_size=3, no_repeat_ngram_size=2)
+    plain = Translator(model, vocabulary, beam_size=3)
+    assert repeated_ngrams(plain._decode(plain.source_ids(sentences))[0], 2) > 0  # untrained
+    assert repeated_ngrams(ruled._decode(ruled.source_ids(sentences))[0], 2) == 0
+    assert ruled.translate(sentences) != plain.translate(sentences)
+    settings = {"data": {"dataset": "files", "files": small_corpus, "max_length": 64},
+                "train": {"eval_beam_size": 3, "batch_tokens": 512, "label_smoothing": 0.1,
+                          "bleu_sentences": 4}}
+    evaluator = Evaluator(model, vocabulary, settings, small_prepared, no_repeat_ngram_size=2)
+    assert evaluator.translator.translate(sentences) == ruled.translate(sentences)
 
 
 def test_the_end_of_a_run_translates_as_served_with_each_alpha_in_one_trace(tiny_model_dir):

@@ -707,8 +707,9 @@ def test_late_dropout_starts_at_its_epoch_and_a_resumed_run_at_the_same_update(
 def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus, tmp_path):
     # English to German (--reverse), separate source/target vocabularies (and so embeddings),
     # pre-norm, learned positions, GELU, FFN dropout, a shallower decoder, an untied output
-    # layer, clipping, linear decay, subword sampling, BLEU on characters, 2 micro-batches,
-    # 2 replicas at once, then stock ops on one device
+    # layer, clipping, linear decay, subword sampling, BLEU on characters, beam dev
+    # evaluations without repeats, 2 micro-batches, 2 replicas at once, then stock ops on one
+    # device
     # (test_gradients_equal_plain_autodiff_under_every_model_flag_and_strategy checks their
     # gradients in every combination; test_train_py_end_to_end runs the defaults).
     import ctranslate2
@@ -730,9 +731,13 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
                      strategy="mirrored", cpu_devices=2, activation="gelu", ffn_dropout=0.1,
                      num_decoder_layers=1, tie_output="false", clip_norm=1.0,
                      lr_decay="linear", warmup_steps=1, subword_alpha=0.1, subword_nbest=-1,
-                     reverse="true", bleu_tokenize="char")
+                     reverse="true", bleu_tokenize="char", eval_beam_size=2,
+                     no_repeat_ngram_size=2)
     first = python(*train_flags(small_corpus, None, model_dir, **overrides))
     assert first.returncode == 0, first.stderr[-3000:]
+    # Dev translated by beam search under the run's no-repeat rule (test_length_penalty.py
+    # checks the rule reaches the evaluation's search).
+    assert "(beam 2, no repeated 2-grams of subwords)" in first.stdout
     assert "2 replica(s)" in first.stdout and "step      1/1 | loss" in first.stdout
     assert "vocabulary 500 source, 500 target" in first.stdout
     chosen = re.search(r"precision (bf16|none) \(auto: (?:bf16 products timed (\d+\.\d\d)x "

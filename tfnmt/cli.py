@@ -36,10 +36,10 @@ def define_no_repeat_flag(scope="", training=False):
     whom it applies), or as train.py takes it (`training`: the rule of the run's end, kept in
     its model_dir); default None: the model's own (`length_penalty.default_no_repeat`)."""
     if training:
-        text = ("N > 0: the end of the run's beam searches (the length penalty's choice, the "
-                "test report) repeat no sequence of N subwords, and decoding.json keeps N as "
-                "the default of export.py, translate.py and evaluate.py; default: the "
-                "model_dir's, else 0 (allowed).")
+        text = ("N > 0: the run's beam searches (the length penalty's choice, the test "
+                "report, dev evaluations with --eval_beam_size > 1) repeat no sequence of N "
+                "subwords, and decoding.json keeps N as the default of export.py, translate.py "
+                "and evaluate.py; default: the model_dir's, else 0 (allowed).")
     else:
         text = (f"{scope}N > 0: no translation repeats a sequence of N subwords (a beam search "
                 "rule, as CTranslate2's); default: the model's own (train.py's, kept in "

@@ -79,13 +79,15 @@ class Translator:
       alpha: the beam search's length-penalty exponent.
       memory_budget: None, or bytes a batch's beam search may hold: fewer sentences per batch
         where batch_size of the longest sources would not fit (`search_memory`).
+      no_repeat_ngram_size: N > 0: the beam search repeats no sequence of N subwords (ignored
+        by greedy search).
 
     Example:
       Translator(model, vocabulary).translate(["Das ist ein Haus."])  # ["That is a house."]
     """
 
     def __init__(self, model, vocabulary, max_source_length=None, batch_size=64, beam_size=1,
-                 alpha=0.6, memory_budget=None):
+                 alpha=0.6, memory_budget=None, no_repeat_ngram_size=0):
         self.model = model
         self.vocabulary = vocabulary
         self.max_source_length = max_source_length or model.max_length
@@ -98,7 +100,8 @@ class Translator:
         def decode(source):  # -> ids [B, L], scores [B]
             if beam_size == 1:
                 return greedy_decode(model, source)
-            ids, scores = beam_search(model, source, beam_size, alpha)
+            ids, scores = beam_search(model, source, beam_size, alpha,
+                                      no_repeat_ngram_size=no_repeat_ngram_size)
             return ids[:, 0], scores[:, 0]
 
         # One trace for every batch shape (a search traces for seconds).

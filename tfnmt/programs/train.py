@@ -547,7 +547,8 @@ def main(argv):
     # interpreter tears down (what the run wrote is closed by then: checkpoints, summaries).
     one_line_stop = cli.ExitAtOnce if cluster_sync.in_cluster(strategy) else app.UsageError
     try:
-        metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True))
+        metrics = experiment.run(settings, strategy, log=lambda m: print(m, flush=True),
+                                 no_repeat_ngram_size=end_no_repeat())
     except (TrainingError, SettingsError, ModelDirError, CorpusError, BatchingError,
             records.PreparedDataError, DataDirInUseError) as error:
         raise one_line_stop(str(error)) from None
@@ -568,6 +569,8 @@ def dev_line(settings, metrics):
     """The line of the run's final dev score."""
     search = "greedy" if settings["train"]["eval_beam_size"] == 1 \
         else f"beam {settings['train']['eval_beam_size']}"
+    if search != "greedy" and end_no_repeat():
+        search += f", no repeated {end_no_repeat()}-grams of subwords"
     return f"dev sacreBLEU {metrics['bleu']:.2f} ({search})  ({FLAGS.model_dir})"
 
 

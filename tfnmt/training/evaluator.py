@@ -65,13 +65,16 @@ class Evaluator:
       vocabulary: its `vocabulary.Vocabulary`.
       settings: the run's settings (data, train sections).
       data_dir: the prepared data (the dev split's TFRecords).
+      no_repeat_ngram_size: N > 0: with `eval_beam_size` > 1, the beam search repeats no
+        sequence of N subwords (train.py's rule for the end of the run); greedy evaluations
+        take no rule.
 
     Calling it with a step (and a `tf.summary` writer) returns {loss, perplexity, accuracy,
     bleu, chrf} and writes them, four sample translations and attention images. BLEU uses the
     run's tokenization (`run_bleu_tokenization`; `bleu_tokenize` and `bleu_tokenize_why`).
     """
 
-    def __init__(self, model, vocabulary, settings, data_dir):
+    def __init__(self, model, vocabulary, settings, data_dir, no_repeat_ngram_size=0):
         self.model = model
         self.settings = settings
         d = settings["data"]
@@ -82,7 +85,8 @@ class Evaluator:
         self.pairs = self.pairs[:limit]
         self.translator = Translator(model, vocabulary, d["max_length"],
                                      beam_size=settings["train"].get("eval_beam_size", 1),
-                                     memory_budget=search_memory.memory_budget())
+                                     memory_budget=search_memory.memory_budget(),
+                                     no_repeat_ngram_size=no_repeat_ngram_size)
         self.loss_sums = loss_sums_function(model, settings["train"]["label_smoothing"])
         self.vocabulary = vocabulary
 

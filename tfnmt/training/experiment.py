@@ -83,13 +83,15 @@ def _unwritable_file(error):
     return "a file"
 
 
-def run(settings, strategy, log=print):
+def run(settings, strategy, log=print, no_repeat_ngram_size=0):
     """Trains (or resumes) the run in settings["model_dir"] until settings["train"]["train_steps"].
 
     Args:
       settings: the run's settings (`settings.resolve_settings`): model_dir, model, data, train.
       strategy: the `tf.distribute` strategy to train under.
       log: called with each line of the training log.
+      no_repeat_ngram_size: the rule of the dev evaluations' beam searches
+        (`--eval_beam_size` > 1), as the end of the run applies it; 0: none.
 
     Returns:
       The final dev metrics: loss, perplexity, accuracy, bleu, chrf (None on a worker other
@@ -110,7 +112,8 @@ def run(settings, strategy, log=print):
     try:
         cluster_sync.agree_on_start(strategy, settings)  # before the checkpoints are written
         with DirectoryLock(checkpoint_dir):  # one writer per checkpoint directory
-            return _run(settings, strategy, log, checkpoint_dir, data_dir)
+            return _run(settings, strategy, log, checkpoint_dir, data_dir,
+                        no_repeat_ngram_size)
     except tf.errors.DataLossError:  # TensorFlow names no file: find the shard that is damaged
         manifest = records.load_manifest(data_dir, check_shards=False)
         damaged = records.damaged_shards(data_dir, manifest)
@@ -152,7 +155,7 @@ def _replicas_changed(t, replicas):
             "--batch_tokens is per replica), at the learning rate of its step")
 
 
-def _run(settings, strategy, log, checkpoint_dir, data_dir):
+def _run(settings, strategy, log, checkpoint_dir, data_dir, no_repeat_ngram_size):
     model_dir = settings["model_dir"]
     t = settings["train"]
     is_chief, task_id = task_role(strategy)
@@ -234,7 +237,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir):
     if is_chief:
         for writer in (train_writer, eval_writer):
             mark_run_start(writer, first_step + 1)
-    evaluator = Evaluator(model, vocab, settings, data_dir)
+    evaluator = Evaluator(model, vocab, settings, data_dir, no_repeat_ngram_size)
     if evaluator.bleu_tokenize_why:
         log(f"BLEU tokenization: {evaluator.bleu_tokenize}: {evaluator.bleu_tokenize_why}")
     best = BestCheckpoint(os.path.join(model_dir, BEST), model, t.get("best_metric", "bleu"),
