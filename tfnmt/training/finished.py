@@ -3,13 +3,13 @@
 reported (<model_dir>/report.json) instead of computing it again, and exits at once.
 
 The report is reused only when everything its end read is as it was then: the run's settings,
-the end's flags (--alpha, --test_report, --no_repeat_ngram_size) and the grid α is chosen from, the checkpoints in
-checkpoints/, the dev and test text, and the checkpoint the test report translated; not the
-model_dir's path, so a model_dir copied or moved elsewhere reports as it did. Any
-difference (more updates asked for, another --average_last or --alpha, a changed test file, a
-deleted averaged/) computes the end again, as does deleting report.json; so does a run that
-stopped early (its end says why, and how to train on). Without TensorFlow: the answer comes
-before it loads.
+the end's flags (--alpha, --test_report, --no_repeat_ngram_size) and the grid α is chosen from,
+the checkpoints in checkpoints/, the dev and test text, and the checkpoint the test report
+translated; not the model_dir's path, so a model_dir copied or moved elsewhere reports as it
+did. Any difference (more updates asked for, another --average_last or --alpha, a changed test
+file, a deleted averaged/) computes the end again, as does deleting report.json; so does a run
+that stopped early (its end says why, and how to train on). Without TensorFlow: the answer
+comes before it loads.
 """
 import json
 import os
