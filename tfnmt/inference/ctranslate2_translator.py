@@ -18,6 +18,7 @@ import unicodedata
 import numpy as np
 
 from tfnmt.data import vocabulary
+from tfnmt.inference.length_penalty import is_ngram_count
 from tfnmt.paths import CTRANSLATE2_SETTINGS
 
 DEFAULT_ALPHA = 1.0  # CTranslate2's default length_penalty
@@ -53,8 +54,7 @@ def model_settings(directory):
         with open(os.path.join(directory, CTRANSLATE2_SETTINGS)) as f:
             settings = json.load(f)
         int(settings["max_length"])
-        rule = settings.get("no_repeat_ngram_size", 0)
-        if not isinstance(rule, int) or isinstance(rule, bool) or rule < 0:
+        if not is_ngram_count(settings.get("no_repeat_ngram_size", 0)):
             raise ValueError("no_repeat_ngram_size is not a count")
     except (OSError, ValueError, KeyError, TypeError):
         raise CTranslate2ModelError(

@@ -127,6 +127,12 @@ def default_alpha(model_dir):
     return PAPER_ALPHA, f"the paper's; {os.path.join(model_dir, DECODING)} is unreadable"
 
 
+def is_ngram_count(value):
+    """Whether a kept no-repeat rule (decoding.json's, a CTranslate2 model's tfnmt.json) reads
+    as one: an int >= 0, not a bool (JSON's true would pass as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def default_no_repeat(model_dir):
     """The no-repeat rule to search with for a model_dir: the N of train.py's
     --no_repeat_ngram_size that decoding.json holds, else 0 (repeats allowed; also where the
@@ -144,6 +150,6 @@ def default_no_repeat(model_dir):
     if "no_repeat_ngram_size" not in choice:
         return 0, f"{path} holds none"
     size = choice["no_repeat_ngram_size"]
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+    if not is_ngram_count(size):
         return 0, f"{path} is unreadable"
     return size, f"from {path}"

@@ -569,8 +569,9 @@ def dev_line(settings, metrics):
     """The line of the run's final dev score."""
     search = "greedy" if settings["train"]["eval_beam_size"] == 1 \
         else f"beam {settings['train']['eval_beam_size']}"
-    if search != "greedy" and end_no_repeat():
-        search += f", no repeated {end_no_repeat()}-grams of subwords"
+    rule = end_no_repeat() if search != "greedy" else 0
+    if rule:
+        search += f", no repeated {rule}-grams of subwords"
     return f"dev sacreBLEU {metrics['bleu']:.2f} ({search})  ({FLAGS.model_dir})"
 
 
