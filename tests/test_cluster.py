@@ -355,6 +355,34 @@ def test_workers_find_the_chiefs_file_only_in_the_directories_they_share(tmp_pat
     assert os.listdir(model_dir) == [] and os.listdir(data_dir) == []
 
 
+def test_a_chief_removes_the_files_chiefs_that_no_longer_run_left(tmp_path):
+    # A chief ended by a signal while the workers check their settings leaves its file: the
+    # next chief on the host removes the files of its host's processes that no longer run.
+    import socket
+    import subprocess
+    import sys
+
+    from tfnmt.training import cluster_sync
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()  # a pid that no longer runs
+    host = socket.gethostname()
+    left = {"dead": f"{host}-{ended.pid}-1", "running": f"{host}-{os.getpid()}-2",
+            "other_host": f"{host}x-{ended.pid}-3",
+            "hyphenated_host": f"{host}-{ended.pid}-{ended.pid}-4"}
+    directories = [("model_dir", str(tmp_path / "run")), ("data_dir", str(tmp_path / "data"))]
+    for _, path in directories:
+        os.makedirs(path)
+        for token in left.values():
+            (tmp_path / path / cluster_sync.SHARED_FILE.format(token)).write_text(token)
+        (tmp_path / path / "settings.json").write_text("{}")
+    cluster_sync._remove_dead_chiefs_files(directories + [("data_dir", str(tmp_path / "no"))])
+    for _, path in directories:
+        assert sorted(os.listdir(path)) == sorted(
+            ["settings.json"] + [cluster_sync.SHARED_FILE.format(left[k])
+                                 for k in ("running", "other_host", "hyphenated_host")])
+
+
 @pytest.mark.parametrize("error, said", [
     (KeyboardInterrupt(), "it was interrupted"),
     (KeyboardInterrupt("2 of 4 shards written"), "it was interrupted: 2 of 4 shards written"),

@@ -973,6 +973,12 @@ def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_
                        bleu_sentences=4, early_stopping=2)
     # The length penalty chosen on dev at the end: the chief's report takes seconds.
     first = [arg for arg in args if not arg.startswith("--alpha=")]
+    # The file a chief of this host ended by a signal mid-check left (test_cluster.py): gone.
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    left = os.path.join(model_dir, f".cluster-{socket.gethostname()}-{ended.pid}-1")
+    os.makedirs(model_dir)
+    open(left, "w").close()
     with running_cluster([first, first], PYTHONUNBUFFERED="1") as (chief, worker):
         chief_lines = []
         for line in chief.stdout:
@@ -998,6 +1004,7 @@ def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_
     assert "dev sacreBLEU" not in worker_out
     assert worker_out.strip().splitlines()[-1] == (
         "worker 1 done at step 6; the chief reports the run's dev scores")
+    assert not os.path.exists(left)
 
     assert_workers_agree(model_dir, "ckpt-6")
 

@@ -141,6 +141,38 @@ def _remove_shared_files(directories, token):
             pass
 
 
+def _remove_dead_chiefs_files(directories):
+    """Removes the files that chiefs of this host which no longer run left in `directories`:
+    a signal during the workers' check ends the chief at once (`stopping_at_once`), before it
+    removes its own. A file of another host, or of a process still running (a cluster starting
+    beside this one on a shared --data_dir), stays."""
+    prefix = SHARED_FILE.format(f"{socket.gethostname()}-")
+    for _, path in directories:
+        try:
+            names = [n for n in os.listdir(path) if n.startswith(prefix)]
+        except OSError:
+            continue
+        for name in names:
+            pid_and_time = name[len(prefix):].split("-")  # the token's other two parts
+            if len(pid_and_time) != 2 or not all(p.isdigit() for p in pid_and_time) or \
+                    _running(int(pid_and_time[0])):
+                continue
+            try:
+                os.remove(os.path.join(path, name))
+            except OSError:
+                pass
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process
+        return True
+    return True
+
+
 def _unseen(directories, chiefs):
     """[flag, path] of the `directories` (this worker's) that do not hold the file the chief
     wrote in its own (`chiefs`: what the chief published)."""
@@ -197,6 +229,7 @@ def agree_on_start(strategy, settings):
     directories = shared_directories(settings)
     if is_chief:
         token = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
+        _remove_dead_chiefs_files(directories)
         written = _write_shared_files(directories, token)
         try:
             with stopping_at_once():  # for every worker's check of its settings
