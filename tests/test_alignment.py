@@ -146,35 +146,36 @@ def test_the_slip_is_placed_where_the_least_squares_split_puts_it(sides):
 
 
 def test_windows_shorter_than_the_others_are_judged_at_the_end(sides, tmp_path):
-    # 1,600 pairs, a target line lost at line 1,001: only the last 600 pairs are out of step,
-    # and the windows still open are judged when the files end (lines 751-1,600 the first
-    # found out of step).
+    # 1,600 pairs, a target line lost at line 1,001: only the last 600 pairs are out of step.
+    # The full windows (lines 1-1,000, 251-1,250, 501-1,500) pass, and when the files end the
+    # windows that start every END_STRIDE lines after the last of them are judged.
     source, target = sides[0][:1600], sides[1][:1000] + sides[1][1001:1601]
     src, tgt = write_lines(tmp_path / "a.de", source), write_lines(tmp_path / "a.en", target)
     read = []
-    with pytest.raises(CorpusError, match=r"\(in lines 751-1,600, .* 1 line before them") \
+    with pytest.raises(CorpusError, match=r"\(in lines [\d,]+-1,600, .* 1 line before them") \
             as error:
         for pair in read_aligned(src, tgt):
             read.append(pair)
     assert len(read) == 1600
-    at = int(str(error.value).split("at about line ")[1].split(":")[0].replace(",", ""))
+    message = str(error.value)
+    first = int(message.split("(in lines ")[1].split("-")[0].replace(",", ""))
+    assert 501 + alignment.END_STRIDE <= first <= 1001
+    at = int(message.split("at about line ")[1].split(":")[0].replace(",", ""))
     assert abs(at - 1001) <= 10
-    # A window of fewer than MIN_WINDOW pairs is not judged: 199 pairs out of step at the end
-    # are too few to tell (the windows that hold them hold more in step).
-    short = 1000 + alignment.MIN_WINDOW - 1
-    assert len(list(read_aligned(write_lines(tmp_path / "b.de", source[:short]),
-                                 write_lines(tmp_path / "b.en", target[:short])))) == short
-    # MIN_WINDOW pairs out of step at the end are told, by the window that holds only them.
-    with pytest.raises(CorpusError, match=r"\(in lines 1,001-1,200, .* 1 line before them"):
-        list(read_aligned(write_lines(tmp_path / "c.de", source[:short + 1]),
-                          write_lines(tmp_path / "c.en", target[:short + 1])))
+    # A slip MIN_WINDOW + END_STRIDE lines before the end (a target line lost at line 1,101)
+    # has a window that starts just after it and holds MIN_WINDOW pairs, all out of step.
+    pairs = 1100 + alignment.MIN_WINDOW + alignment.END_STRIDE
+    found = alignment.first_out_of_step(zip(sides[0][:pairs],
+                                            sides[1][:1100] + sides[1][1101:pairs + 1]))
+    assert found["shift"] == -1 and abs(found["at"] - 1101) <= 10 and found["last"] == pairs
 
 
-@pytest.mark.parametrize("slip", [150, 300, 450, 600, 750, 850])
-def test_a_slip_anywhere_but_the_last_few_hundred_lines_of_a_test_set_is_found(sides, slip):
+@pytest.mark.parametrize("slip", [150, 300, 450, 600, 750, 850, 900, 926])
+def test_a_slip_anywhere_but_the_last_two_hundred_lines_of_a_test_set_is_found(sides, slip):
     # A test set's size (1,136 pairs, the embedded corpus' test split): a translation lost at
     # line `slip` (and one added at the end to keep the count) is found wherever a window can
-    # start after it and still hold MIN_WINDOW pairs; windows cut in two by the slip pass.
+    # start after it and still hold MIN_WINDOW pairs (line 926: 211 lines before the end);
+    # windows cut in two by the slip pass.
     source, target = sides[0][:1136], sides[1][:1136]
     lost = target[:slip - 1] + target[slip:] + ["The end."]
     found = alignment.first_out_of_step(zip(source, lost))

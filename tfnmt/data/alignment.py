@@ -13,6 +13,9 @@ import numpy as np
 
 WINDOW = 1000  # pairs judged at once
 STRIDE = 250  # a window starts every STRIDE pairs
+# When the files end, a window starts every END_STRIDE pairs from the last one judged on, so
+# that a slip in the last lines has a window that starts just after it.
+END_STRIDE = 10
 MIN_WINDOW = 200  # a last, shorter window of fewer pairs is not judged
 SHIFTS = (-3, -2, -1, 1, 2, 3)  # lines a side may have slipped by
 # A shifted pairing must correlate at least this well, and this much better than the given one.
@@ -75,8 +78,10 @@ class AlignmentWatch:
     """Judges the pairs of two line-aligned files window by window as they are read.
 
     A window of WINDOW pairs starts every STRIDE pairs, so that a slip has a window that starts
-    just after it, all of whose pairs are out of step (a window the slip cuts in two may pass);
-    windows still open when the files end are judged there, each that holds MIN_WINDOW pairs.
+    just after it, all of whose pairs are out of step (a window the slip cuts in two may pass).
+    When the files end, windows of up to WINDOW pairs that start every END_STRIDE pairs after
+    the last one judged are judged, each that holds MIN_WINDOW pairs: a slip more than
+    MIN_WINDOW + END_STRIDE lines before the end has one that starts just after it.
 
     Example:
       watch = AlignmentWatch()
@@ -102,18 +107,18 @@ class AlignmentWatch:
         if start < 0 or start % STRIDE:
             return None
         found = self._judge(start, self._count)
-        drop = start + STRIDE - self._kept  # kept: the pairs of the windows still open
+        # Kept: the pairs of the windows `finish` may still judge.
+        drop = start + END_STRIDE - self._kept
         del self._sources[:drop], self._targets[:drop]
         self._kept += drop
         return found
 
     def finish(self):
-        """Judges the windows not yet full, each from its start to the last pair, that hold
-        MIN_WINDOW pairs or more: the first out of step, or None."""
-        full = self._count - WINDOW  # the last full window's start is at most this
-        first_open = 0 if full < 0 else full // STRIDE * STRIDE + STRIDE
-        for start in range(first_open, self._count - MIN_WINDOW + 1, STRIDE):
-            if found := self._judge(start, self._count):
+        """Judges the windows that start every END_STRIDE pairs after the last full one
+        judged (at the first pair if none was), each of up to WINDOW pairs that holds MIN_WINDOW
+        pairs or more: the first out of step, or None."""
+        for start in range(self._kept, self._count - MIN_WINDOW + 1, END_STRIDE):
+            if found := self._judge(start, min(start + WINDOW, self._count)):
                 return found
         return None
 
