@@ -174,7 +174,7 @@ def test_windows_shorter_than_the_others_are_judged_at_the_end(sides, tmp_path):
 def test_a_slip_anywhere_but_the_last_two_hundred_lines_of_a_test_set_is_found(sides, slip):
     # A test set's size (1,136 pairs, the embedded corpus' test split): a translation lost at
     # line `slip` (and one added at the end to keep the count) is found wherever a window can
-    # start after it and still hold MIN_WINDOW pairs (line 926: 211 lines before the end);
+    # start after it and still hold MIN_WINDOW pairs (up to line 926, 210 lines before the end);
     # windows cut in two by the slip pass.
     source, target = sides[0][:1136], sides[1][:1136]
     lost = target[:slip - 1] + target[slip:] + ["The end."]

@@ -374,8 +374,10 @@ def test_a_chief_removes_the_files_chiefs_that_no_longer_run_left(tmp_path):
     for _, path in directories:
         os.makedirs(path)
         for token in left.values():
-            (tmp_path / path / cluster_sync.SHARED_FILE.format(token)).write_text(token)
-        (tmp_path / path / "settings.json").write_text("{}")
+            with open(os.path.join(path, cluster_sync.SHARED_FILE.format(token)), "w") as f:
+                f.write(token)
+        with open(os.path.join(path, "settings.json"), "w") as f:
+            f.write("{}")
     cluster_sync._remove_dead_chiefs_files(directories + [("data_dir", str(tmp_path / "no"))])
     for _, path in directories:
         assert sorted(os.listdir(path)) == sorted(
