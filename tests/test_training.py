@@ -27,6 +27,7 @@ from tfnmt.data import records, side_order
 from tfnmt.inference import length_penalty
 from tfnmt.model.presets import get_preset
 from tfnmt.model.transformer import Transformer
+from tfnmt.training import cluster_sync
 from tfnmt.training.distribute import PreReducedAdam
 from tfnmt.training.schedule import paper_adam
 from tfnmt.training.trainer import CheckpointKeeper, Trainer, average_checkpoints
@@ -976,7 +977,8 @@ def test_two_workers_train_resume_and_refuse_other_settings(small_corpus, train_
     # The file a chief of this host ended by a signal mid-check left (test_cluster.py): gone.
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
-    left = os.path.join(model_dir, f".cluster-{socket.gethostname()}-{ended.pid}-1")
+    left = os.path.join(model_dir, cluster_sync.SHARED_FILE.format(
+        f"{socket.gethostname()}-{ended.pid}-1"))
     os.makedirs(model_dir)
     open(left, "w").close()
     with running_cluster([first, first], PYTHONUNBUFFERED="1") as (chief, worker):
