@@ -35,6 +35,12 @@ from tfnmt.training.schedule import paper_adam  # noqa: E402
 from tfnmt.training.trainer import Trainer  # noqa: E402
 
 
+def tiny(**overrides):
+    """The tiny preset with one layer a side: what is checked here is how the strategies
+    split, reduce and accumulate, the same for any depth (test_model.py stacks layers)."""
+    return get_preset("tiny", num_layers=1, **overrides)
+
+
 def global_batch():
     rng = np.random.default_rng(0)
     source = rng.integers(4, 40, size=(4, 7)).astype("int32")
@@ -49,7 +55,7 @@ def global_batch():
 
 def one_step(strategy, weights, jit_compile=False):
     with strategy.scope():
-        model = Transformer(vocab_size=40, **get_preset("tiny", dropout=0.0))
+        model = Transformer(vocab_size=40, **tiny(dropout=0.0))
         model.build()
         model.set_weights(weights)
         optimizer = paper_adam(model.d_model, 10, 1.0, PreReducedAdam)
@@ -136,7 +142,7 @@ def matrix():
     for norm_first in (False, True):
         for position in ("sinusoidal", "learned"):
             for share in (True, False):
-                settings = dict(get_preset("tiny", dropout=0.0), vocab_size=40, max_length=16,
+                settings = dict(tiny(dropout=0.0), vocab_size=40, max_length=16,
                                 norm_first=norm_first, position=position,
                                 share_embeddings=share)
                 keras.utils.set_random_seed(1)
@@ -166,7 +172,7 @@ def matrix():
                                 "errors": errors})
     # Two replicas fed the same batch, dropout 0.3: each must drop its own elements.
     with mirrored.scope():
-        model = Transformer(**dict(get_preset("tiny", dropout=0.3), vocab_size=40))
+        model = Transformer(**dict(tiny(dropout=0.3), vocab_size=40))
         model.build()
     trainer = Trainer(model, paper_adam(model.d_model, 10, 1.0, PreReducedAdam), mirrored)
     losses = run_replicas(mirrored, trainer, lambda context: [batch], 0)
@@ -178,7 +184,7 @@ def main():
         print(json.dumps(matrix()))
         return
     keras.utils.set_random_seed(0)
-    reference = Transformer(vocab_size=40, **get_preset("tiny", dropout=0.0))
+    reference = Transformer(vocab_size=40, **tiny(dropout=0.0))
     reference.build()
     weights = reference.get_weights()
     single = one_step(tf.distribute.OneDeviceStrategy("/cpu:0"), weights)

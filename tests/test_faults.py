@@ -212,11 +212,13 @@ def test_export_uses_the_newest_checkpoint_that_reads_back(copied, caplog):
 
 
 def test_full_disk_stops_with_one_line(small_corpus, train_data, tmp_path):
-    # A 6 MiB file system (tmpfs in a private mount namespace): room for two checkpoints.
+    # A 6 MiB file system (tmpfs in a private mount namespace): room for two checkpoints of
+    # the preset's two layers.
     mount_point = tmp_path / "small_disk"
     mount_point.mkdir()
     model_dir = str(mount_point / "run")
-    flags = train_flags(small_corpus, train_data, model_dir, train_steps=12, **FAST)
+    flags = train_flags(small_corpus, train_data, model_dir, train_steps=12, num_layers=None,
+                        **FAST)
     command = (f"mount -t tmpfs -o size=6m none {mount_point} && exec {sys.executable} "
                + " ".join(f"'{a}'" for a in [os.path.join(ROOT, flags[0])] + flags[1:]))
     result = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", command],

@@ -166,11 +166,11 @@ def test_sources_that_cannot_start_a_run(source, tmp_path):
         fine_tune.resolve_source(str(tmp_path / "bare"))
     requested = {"model": {"num_layers": 3, "dropout": 0.3, "max_length": 64},
                  "data": {"vocab_size": 99, "vocab_type": "bpe"}}
-    with pytest.raises(SettingsError, match="num_layers=3 .source: 2."):
+    with pytest.raises(SettingsError, match="num_layers=3 .source: 1."):
         fine_tune.apply_source(requested, {"model.num_layers"}, fine_tune.resolve_source(source))
     settings = fine_tune.apply_source(requested, {"model.dropout"},
                                       fine_tune.resolve_source(source))
-    assert settings["model"]["num_layers"] == 2 and settings["model"]["dropout"] == 0.3
+    assert settings["model"]["num_layers"] == 1 and settings["model"]["dropout"] == 0.3
     assert settings["data"] == {"vocab_size": 600, "vocab_type": "unigram",
                                 "separate_vocabularies": False, "reverse": False,
                                 "max_length": 64}

@@ -209,6 +209,6 @@ def test_train_py_refuses_an_eval_beam_no_sentence_fits_in(small_corpus, tmp_pat
     assert result.returncode == 1, result.stderr
     assert "train.py: --eval_beam_size=1000000000: a search of 1,000,000,000 hypotheses " \
         "holds about " in result.stderr
-    assert "(600 target subwords, 2 decoder layers of width 64)" in result.stderr
+    assert "(600 target subwords, 1 decoder layer of width 64)" in result.stderr
     assert not os.path.exists(model_dir) or not os.listdir(model_dir)
     assert "tensorflow" not in imported_modules(result.stderr)

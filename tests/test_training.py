@@ -384,10 +384,10 @@ def test_train_py_end_to_end(small_corpus, tmp_path):
                                  "system/rss_gib"}
     eval_events = events(os.path.join(model_dir, "eval"), eval_steps)
     assert set(eval_events) >= {"metrics/loss", "metrics/perplexity", "metrics/accuracy",
-                                "metrics/bleu", "metrics/chrf", "samples/translations",
-                                "samples/attention/encoder_self/layer_0",
-                                "samples/attention/decoder_self/layer_1",
-                                "samples/attention/decoder_cross/layer_1"}
+                                "metrics/bleu", "metrics/chrf", "samples/translations"}
+    assert {tag for tag in eval_events if tag.startswith("samples/attention/")} == {
+        f"samples/attention/{kind}/layer_{i}" for i in range(settings["model"]["num_layers"])
+        for kind in ("encoder_self", "decoder_self", "decoder_cross")}
     assert "dev split" in eval_events["metrics/perplexity"]
     # Nothing written last is lost at exit: the last logged update (every 4th) and both dev
     # evaluations, at step 8 and of the average at step 12.
@@ -730,7 +730,7 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
                      bleu_sentences=2, average_last=0, norm_first=True, position="learned",
                      separate_vocabularies="true", vocab_size=500, accum_steps=2,
                      strategy="mirrored", cpu_devices=2, activation="gelu", ffn_dropout=0.1,
-                     num_decoder_layers=1, tie_output="false", clip_norm=1.0,
+                     num_layers=None, num_decoder_layers=1, tie_output="false", clip_norm=1.0,
                      lr_decay="linear", warmup_steps=1, subword_alpha=0.1, subword_nbest=-1,
                      reverse="true", bleu_tokenize="char", eval_beam_size=2,
                      no_repeat_ngram_size=2)
