@@ -21,7 +21,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # HLO, results within the test's tolerances, compiled in 8 s instead of 46 (Zen 4 EPYC).
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
-from tfnmt.training.distribute import PreReducedAdam, batch_iterator, split_cpu  # noqa: E402
+from tfnmt.training.distribute import (PreReducedAdam, batch_iterator,  # noqa: E402
+                                      first_difference, split_cpu)
 
 split_cpu(2)
 
@@ -82,7 +83,22 @@ def one_step(strategy, weights, jit_compile=False):
     first_moments = [v for v in optimizer.variables if "momentum" in v.path]
     assert [m.shape for m in first_moments] == [v.shape for v in model.trainable_variables]
     grads = [m.numpy().ravel() / (1.0 - optimizer.beta_1) for m in first_moments]
+    # The end-of-run check (experiment._check_one_model): nothing after the update; then
+    # replica 1's copy of a weight, and of an Adam moment, one ulp off (each put back after).
+    variables = model.weights + optimizer.variables
+    differences, perturbed = [first_difference(strategy, variables)], []
+    if strategy.num_replicas_in_sync > 1:
+        for variable in (model.trainable_variables[3], first_moments[-1]):
+            first, second = strategy.experimental_local_results(variable.value)
+            value = second.numpy()
+            value.flat[0] = np.nextafter(value.flat[0], np.float32(np.inf))
+            second.assign(value)
+            differences.append(first_difference(strategy, variables))
+            second.assign(first)
+            perturbed.append(variable.path)
+        differences.append(first_difference(strategy, variables))
     return {"metrics": metrics, "grads": np.concatenate(grads).tolist(),
+            "differences": differences, "perturbed": perturbed,
             "moments": np.concatenate(moments).tolist(),
             "weights": np.concatenate([c[0].ravel() for c in copies]).tolist(),
             "replica_spread": max(float(np.abs(c - cs[0]).max()) for cs in copies for c in cs),

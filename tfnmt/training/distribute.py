@@ -95,6 +95,40 @@ def task_role(strategy):
                                     and "chief" not in resolver.cluster_spec().as_dict()), task_id
 
 
+def first_difference(strategy, variables):
+    """The first of `variables` whose copies differ between the strategy's replicas.
+
+    Each replica sums the bit patterns of each variable's values (as integers, modulo 2^64):
+    a changed element changes its sum (but for changes that cancel exactly), without the
+    values leaving their replicas. Under multi_worker every process must call it (a
+    collective gathers the sums).
+
+    Args:
+      strategy: the training strategy.
+      variables: what each replica holds a copy of (the model's weights, the optimizer's).
+
+    Returns:
+      (the variable's path, the first replica whose copy is not replica 0's), or None when
+      every replica holds the same numbers.
+    """
+    def checksums():
+        sums = []
+        for variable in variables:
+            value = tf.convert_to_tensor(variable)
+            if value.dtype.is_floating:  # its bits, so that -0.0, NaN or a last bit count
+                value = tf.bitcast(value, {2: tf.int16, 4: tf.int32, 8: tf.int64}[value.dtype.size])
+            sums.append(tf.reduce_sum(tf.cast(value, tf.int64)))
+        return tf.stack(sums)[None]  # [1, N]
+
+    table = strategy.gather(strategy.run(checksums), axis=0).numpy()  # [replicas, N]
+    for replica in range(1, table.shape[0]):
+        differing = (table[replica] != table[0]).nonzero()[0]
+        if differing.size:
+            variable = variables[differing[0]]
+            return getattr(variable, "path", variable.name), replica
+    return None
+
+
 @keras.saving.register_keras_serializable(package="tfnmt")
 class PreReducedAdam(keras.optimizers.Adam):
     """Adam for gradients that the training loop has already summed across replicas.

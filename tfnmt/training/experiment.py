@@ -10,8 +10,8 @@ model_dir layout:
   averaged/          the average of the last N checkpoints (--average_last)
   best/              the checkpoint with the best dev metric (--best_metric) and best.json
   train/, eval/      TensorBoard event files
-  workers/<id>/      non-chief workers' own checkpoints under multi_worker (every worker
-                     resumes from checkpoints/)
+  workers/<id>/      a non-chief worker's saves under multi_worker, each removed once
+                     written (every worker resumes from checkpoints/)
 """
 import os
 import re
@@ -27,7 +27,8 @@ from tfnmt.paths import AVERAGED, BEST, CHECKPOINTS, SETTINGS, is_disk_full, rea
 from tfnmt.training import cluster_sync, fine_tune
 from tfnmt.training.best import BestCheckpoint
 from tfnmt.training.budget import TrainingBudget
-from tfnmt.training.distribute import PreReducedAdam, batch_iterator, task_role
+from tfnmt.training.distribute import (PreReducedAdam, batch_iterator, first_difference,
+                                      task_role)
 from tfnmt.training.evaluator import Evaluator
 from tfnmt.training.late_dropout import DropoutStart
 from tfnmt.training.precision import resolve_mixed_precision
@@ -98,14 +99,15 @@ def run(settings, strategy, log=print, no_repeat_ngram_size=0):
       than the chief).
 
     Raises:
-      TrainingError: a full disk, damaged prepared data, a diverged fp16 loss or a cluster
-        worker lost (one line; the checkpoints written so far are kept).
+      TrainingError: a full disk, damaged prepared data, a diverged fp16 loss, a cluster
+        worker lost or replicas whose weights differ (one line; the checkpoints written so far
+        are kept).
       SettingsError: the model_dir's model was trained with another vocabulary.
     """
     model_dir = settings["model_dir"]
     is_chief, task_id = task_role(strategy)
     # Every process resumes from the chief's checkpoints (the newest named below); a cluster's
-    # other workers save their own copies too (each process takes part in a save).
+    # other workers take part in each save, writing copies they remove (`discard` below).
     resume_dir = os.path.join(model_dir, CHECKPOINTS)
     checkpoint_dir = resume_dir if is_chief else os.path.join(model_dir, "workers", str(task_id))
     data_dir = settings["data"].get("data_dir") or os.path.join(model_dir, "data")
@@ -186,7 +188,7 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir, no_repeat_ngram_size
             "fp16 on CPUs); --mixed_precision=auto picks what trains fastest here")
     model, optimizer, schedule = _build(settings, strategy, precision)
     keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
-                              t["keep_checkpoints"] if is_chief else 1)
+                              t["keep_checkpoints"] if is_chief else 1, discard=not is_chief)
     restored = keeper.restore(None if is_chief else os.path.join(model_dir, CHECKPOINTS))
     source = settings.get("init_from")
     if restored:
@@ -326,6 +328,8 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir, no_repeat_ngram_size
         if step < t["train_steps"]:
             log(f"stopped early at step {step}: {_early_stop_reason(best)}")
     train_writer.flush()
+    if strategy.num_replicas_in_sync > 1:
+        _check_one_model(strategy, model, optimizer, step)
 
     if not is_chief:  # the chief evaluates the run's final weights (perhaps averaged) and reports
         log(f"worker {task_id} done at step {step}; the chief reports the run's dev scores")
@@ -365,6 +369,19 @@ def _early_stop_reason(best):
     return (f"dev {best.metric} did not improve for {s['evaluations_without_improvement']} "
             f"evaluations (best {s['value']:.4g} at step {s['step']}, kept in "
             f"{best.directory})")
+
+
+def _check_one_model(strategy, model, optimizer, step):
+    """Raises TrainingError where the replicas' (a cluster's workers') copies of the weights or
+    of the optimizer's state no longer hold the same numbers: they would go on as different
+    models, and the checkpoints hold only replica 0's (the chief's)."""
+    found = first_difference(strategy, model.weights + optimizer.variables)
+    if found:
+        name, replica = found
+        raise TrainingError(
+            f"after step {step} the replicas' copies of {name} differ (replica {replica}'s is "
+            "not replica 0's): the checkpoints hold replica 0's; start the run again to resume "
+            "every replica from them")
 
 
 def _chief_decides(strategy, is_chief, stop):

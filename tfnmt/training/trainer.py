@@ -2,6 +2,7 @@
 normalised by the global number of target tokens, and checkpoints that survive a kill."""
 import logging
 import math
+import os
 import time
 
 import numpy as np
@@ -286,9 +287,12 @@ class CheckpointKeeper:
       directory: the checkpoint directory.
       model, optimizer: what a checkpoint holds.
       keep: checkpoints kept (older ones are deleted).
+      discard: remove each checkpoint once written (a cluster worker's copy: every process
+        takes part in a save, as Keras' ModelCheckpoint has its workers write temporary
+        files, and every worker resumes from the chief's checkpoints).
     """
 
-    def __init__(self, directory, model, optimizer, keep=5):
+    def __init__(self, directory, model, optimizer, keep=5, discard=False):
         # The checkpoint files are the truth: a damaged state file is rebuilt from them first
         # (else the manager would see no checkpoint, start over and rotate the run away).
         repair = repair_checkpoint_state(directory)
@@ -296,6 +300,7 @@ class CheckpointKeeper:
             logging.warning("%s", repair)
         for path in remove_interrupted_saves(directory):
             logging.warning("removed %s, left by an interrupted save", path)
+        self.discard = discard
         self.budget, self.restored_budget_seconds = None, None
         self.budget_seconds = tf.Variable(NO_BUDGET, dtype=tf.float64, trainable=False)
         # Read without budget_seconds, so that checkpoints written before they held it match.
@@ -340,11 +345,16 @@ class CheckpointKeeper:
           step: its number (the optimizer's update count).
 
         Returns:
-          The checkpoint's path.
+          The checkpoint's path (removed already with `discard`).
         """
         revising = self.budget is not None and not self.budget.frozen
         self.budget_seconds.assign(self.budget.elapsed() if revising else NO_BUDGET)
-        return self.manager.save(checkpoint_number=step)
+        path = self.manager.save(checkpoint_number=step)
+        if self.discard:
+            for name in tf.io.gfile.glob(path + ".*") + [
+                    os.path.join(self.manager.directory, "checkpoint")]:
+                tf.io.gfile.remove(name)
+        return path
 
 
 def average_checkpoints(model, paths, output_prefix):
