@@ -1,6 +1,7 @@
 import hashlib
 import os
 import re
+import sys
 import unicodedata
 
 import numpy as np
@@ -10,7 +11,7 @@ import tensorflow as tf
 from sentencepiece import sentencepiece_model_pb2
 
 from tfnmt import paths
-from tfnmt.data import corpus, records
+from tfnmt.data import corpus, records, tokenizer
 from tfnmt.paths import VOCAB
 from tfnmt.data.tokenizer import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer,
                                   normalization_for, padded_with_ends, to_source_ids)
@@ -244,3 +245,27 @@ def test_decoder_outputs_are_cut_at_their_first_eos_without_padding():
                 kept.append(token)
         expected.append(kept)
     assert strip_output(tf.constant(rows)).to_list() == expected
+
+
+def test_the_saved_models_and_ctranslate2s_content_rules_agree_on_every_code_point():
+    # A sentence with no character that carries text is answered with "" by both decoders:
+    # the SavedModel's graph tells it with RE2's Unicode classes, translate.py's CTranslate2
+    # path with Python's unicodedata. Each code point alone, through both:
+    from tfnmt.inference import ctranslate2_translator
+
+    chars = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
+    graph = tokenizer.has_content(tf.constant(chars)).numpy()
+    python = np.array([ctranslate2_translator.has_content(c) for c in chars])
+    assert graph.sum() > 250_000 and (~graph).sum() > 150  # letters, marks, digits, symbols...
+    # They differ only where their Unicode versions do: code points Python's tables leave
+    # unassigned (Python 3.11's Unicode 14 lacks the format controls U+13439-U+1343F of 15).
+    differing = [c for c, ours, theirs in zip(chars, graph, python) if ours != theirs]
+    assert all(unicodedata.category(c) == "Cn" for c in differing) and len(differing) < 20
+    # The rule on whole sentences: blanks of every kind, controls, format characters (zero
+    # width space, BOM, soft hyphen, word joiner) and U+FFFD carry none; one letter is enough.
+    cases = {"": False, " \t\n": False, "\u00a0\u3000\u2028\u2029\u0085": False,
+             "\u200b\ufeff\u00ad\u2060": False, "\ufffd\ufffd": False, "\x00\x1b": False,
+             " x ": True, "\u200b.\u200b": True, "\u0301": True, "\u4e00": True, "\U0001f600": True}
+    found = tokenizer.has_content(tf.constant(list(cases))).numpy().tolist()
+    assert found == list(cases.values())
+    assert [ctranslate2_translator.has_content(text) for text in cases] == list(cases.values())
