@@ -141,5 +141,5 @@ def check_beam(settings, beam_size, flag="--beam_size", available=None,
         raise SearchMemoryError(
             f"{flag}={beam_size}: a search of {beam_size:,} hypotheses holds about "
             f"{gib(needed)} per sentence with this model ({vocab:,} target subwords, "
-            f"{layers} decoder layer{'s' if layers != 1 else ''} of width {width}), more than the {gib(available)} "
-            f"this machine has available: give at most {low:,}")
+            f"{layers} decoder layer{'s' if layers != 1 else ''} of width {width}), more than "
+            f"the {gib(available)} this machine has available: give at most {low:,}")
