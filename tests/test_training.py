@@ -747,6 +747,7 @@ def test_every_flag_at_once_trains_resumes_and_exports_a_translator(small_corpus
     # checks the rule reaches the evaluation's search).
     assert "(beam 2, no repeated 2-grams of subwords)" in first.stdout
     assert "2 replica(s)" in first.stdout and "step      1/1 | loss" in first.stdout
+    assert "Using MirroredStrategy eagerly" not in first.stderr  # a warning of TensorFlow's
     assert "vocabulary 500 source, 500 target" in first.stdout
     chosen = re.search(r"precision (bf16|none) \(auto: (?:bf16 products timed (\d+\.\d\d)x "
                        r"float32's|no native bf16 on this CPU)\)", first.stdout)

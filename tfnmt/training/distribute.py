@@ -120,7 +120,11 @@ def first_difference(strategy, variables):
             sums.append(tf.reduce_sum(tf.cast(value, tf.int64)))
         return tf.stack(sums)[None]  # [1, N]
 
-    table = strategy.gather(strategy.run(checksums), axis=0).numpy()  # [replicas, N]
+    @tf.function(autograph=False)  # strategy.run called eagerly logs a warning under mirrored
+    def gathered():
+        return strategy.gather(strategy.run(checksums), axis=0)
+
+    table = gathered().numpy()  # [replicas, N]
     for replica in range(1, table.shape[0]):
         differing = (table[replica] != table[0]).nonzero()[0]
         if differing.size:
