@@ -100,14 +100,17 @@ def test_a_wide_beam_searches_as_many_sentences_at_once_as_fit(tiny, tiny_model_
     assert unbounded._search_chunk_size(sentences) == 4
     expected = unbounded.serve_n_best(sentences)
     assert longest + 1 + search_memory.EXTRA_LENGTH < 80  # the long prefix below is longer
+    searched = {4}  # chunk sizes whose translations are compared (each search a trace)
     for budget, size in ((2 * per_sentence + per_sentence // 2, 2), (2 * per_sentence - 1, 1),
                          (per_sentence - 1, 1), (100 * per_sentence, 4)):
         bounded = TranslationModule(model, vocab, beam_size=5, n_best=2, chunk_size=4,
                                     memory_budget=budget)
         assert int(bounded._search_chunk_size(sentences)) == size
-        got = bounded.serve_n_best(sentences)
-        np.testing.assert_array_equal(got["translations"], expected["translations"])
-        np.testing.assert_allclose(got["scores"], expected["scores"], rtol=1e-5, atol=1e-6)
+        if size not in searched:
+            searched.add(size)
+            got = bounded.serve_n_best(sentences)
+            np.testing.assert_array_equal(got["translations"], expected["translations"])
+            np.testing.assert_allclose(got["scores"], expected["scores"], rtol=1e-5, atol=1e-6)
         # A target prefix longer than a source's output limit raises it.
         prefix = " ".join(["und es geschah"] * 40)
         prefixes = tf.constant([""] * (len(SENTENCES) - 1) + [prefix])
