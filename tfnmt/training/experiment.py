@@ -107,7 +107,7 @@ def run(settings, strategy, log=print, no_repeat_ngram_size=0):
     model_dir = settings["model_dir"]
     is_chief, task_id = task_role(strategy)
     # Every process resumes from the chief's checkpoints (the newest named below); a cluster's
-    # other workers take part in each save, writing copies they remove (`discard` below).
+    # other workers take part in each save, writing copies they remove (`resume_from`).
     resume_dir = os.path.join(model_dir, CHECKPOINTS)
     checkpoint_dir = resume_dir if is_chief else os.path.join(model_dir, "workers", str(task_id))
     data_dir = settings["data"].get("data_dir") or os.path.join(model_dir, "data")
@@ -187,9 +187,10 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir, no_repeat_ngram_size
         log("fp16 is a GPU precision: CPUs train it slower than float32 (bench/README.md, "
             "fp16 on CPUs); --mixed_precision=auto picks what trains fastest here")
     model, optimizer, schedule = _build(settings, strategy, precision)
-    keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
-                              t["keep_checkpoints"] if is_chief else 1, discard=not is_chief)
-    restored = keeper.restore(None if is_chief else os.path.join(model_dir, CHECKPOINTS))
+    chiefs = None if is_chief else os.path.join(model_dir, CHECKPOINTS)
+    keeper = CheckpointKeeper(checkpoint_dir, model, optimizer, t["keep_checkpoints"],
+                              resume_from=chiefs)
+    restored = keeper.restore()
     source = settings.get("init_from")
     if restored:
         log(f"resumed from {restored} at step {int(optimizer.iterations.numpy())}")

@@ -128,7 +128,7 @@ class Trainer:
             # update is saved, or the checkpoints kept would rotate the good ones away.
             loss, grad_norm = outputs["loss"], outputs["grad_norm"]
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-                newest = keeper.manager.latest_checkpoint if keeper is not None else None
+                newest = keeper.newest() if keeper is not None else None
                 raise TrainingError(
                     f"step {step}: loss {loss}, gradient norm {grad_norm}: training has "
                     f"diverged; this update was not saved, and the checkpoints before it are "
@@ -164,7 +164,7 @@ class Trainer:
                 saved = None
                 if keeper is not None:  # saved above at a checkpoint step or the last one
                     just_saved = step % checkpoint_every == 0 or step == train_steps
-                    saved = keeper.manager.latest_checkpoint if just_saved else keeper.save(step)
+                    saved = keeper.newest() if just_saved else keeper.save(step)
                 raise TrainingInterrupted(stop.received, step, saved)
         return step
 
@@ -287,12 +287,13 @@ class CheckpointKeeper:
       directory: the checkpoint directory.
       model, optimizer: what a checkpoint holds.
       keep: checkpoints kept (older ones are deleted).
-      discard: remove each checkpoint once written (a cluster worker's copy: every process
-        takes part in a save, as Keras' ModelCheckpoint has its workers write temporary
-        files, and every worker resumes from the chief's checkpoints).
+      resume_from: a cluster worker's keeper: the chief's checkpoint directory, which it
+        restores from and names as the newest; its own saves are removed once written (every
+        process takes part in a save, as Keras' ModelCheckpoint has its workers write
+        temporary files).
     """
 
-    def __init__(self, directory, model, optimizer, keep=5, discard=False):
+    def __init__(self, directory, model, optimizer, keep=5, resume_from=None):
         # The checkpoint files are the truth: a damaged state file is rebuilt from them first
         # (else the manager would see no checkpoint, start over and rotate the run away).
         repair = repair_checkpoint_state(directory)
@@ -300,7 +301,7 @@ class CheckpointKeeper:
             logging.warning("%s", repair)
         for path in remove_interrupted_saves(directory):
             logging.warning("removed %s, left by an interrupted save", path)
-        self.discard = discard
+        self.resume_from = resume_from
         self.budget, self.restored_budget_seconds = None, None
         self.budget_seconds = tf.Variable(NO_BUDGET, dtype=tf.float64, trainable=False)
         # Read without budget_seconds, so that checkpoints written before they held it match.
@@ -311,16 +312,13 @@ class CheckpointKeeper:
                                                   step_counter=optimizer.iterations,
                                                   checkpoint_name="ckpt")
 
-    def restore(self, directory=None):
-        """Restores the newest good checkpoint; returns its path, or None to start fresh.
-        `restored_budget_seconds` is then its training seconds of a time budget still being
-        planned, else None (no budget, its plan stayed, or a checkpoint without the value).
-
-        Args:
-          directory: restore from this directory's checkpoints rather than the keeper's own (a
-            cluster worker resumes from the chief's: its own copy may be missing or older).
-        """
-        paths = self.manager.checkpoints if directory is None else checkpoint_prefixes(directory)
+    def restore(self):
+        """Restores the newest good checkpoint (of `resume_from` where given); returns its
+        path, or None to start fresh. `restored_budget_seconds` is then its training seconds
+        of a time budget still being planned, else None (no budget, its plan stayed, or a
+        checkpoint without the value)."""
+        paths = self.manager.checkpoints if self.resume_from is None else \
+            checkpoint_prefixes(self.resume_from)
         for path in reversed(paths):
             try:
                 self.checkpoint.read(path).assert_existing_objects_matched().expect_partial()
@@ -333,8 +331,9 @@ class CheckpointKeeper:
                 logging.warning("checkpoint %s does not read back (%s); trying the previous one",
                                 path, str(error).splitlines()[0][:200])
         if paths:
-            raise ModelDirError(f"no checkpoint in {directory or self.manager.directory} reads "
-                                "back; none was changed (move them away to start this run over)")
+            directory = self.resume_from or self.manager.directory
+            raise ModelDirError(f"no checkpoint in {directory} reads back; none was changed "
+                                "(move them away to start this run over)")
         return None
 
     def save(self, step):
@@ -345,16 +344,24 @@ class CheckpointKeeper:
           step: its number (the optimizer's update count).
 
         Returns:
-          The checkpoint's path (removed already with `discard`).
+          The checkpoint's path (removed already with `resume_from`).
         """
         revising = self.budget is not None and not self.budget.frozen
         self.budget_seconds.assign(self.budget.elapsed() if revising else NO_BUDGET)
         path = self.manager.save(checkpoint_number=step)
-        if self.discard:
+        if self.resume_from is not None:
             for name in tf.io.gfile.glob(path + ".*") + [
                     os.path.join(self.manager.directory, "checkpoint")]:
                 tf.io.gfile.remove(name)
         return path
+
+
+    def newest(self):
+        """The newest checkpoint a run started again would resume from, or None."""
+        if self.resume_from is None:
+            return self.manager.latest_checkpoint
+        prefixes = checkpoint_prefixes(self.resume_from)
+        return prefixes[-1] if prefixes else None
 
 
 def average_checkpoints(model, paths, output_prefix):
