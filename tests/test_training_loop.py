@@ -31,7 +31,6 @@ class Recorder:
         self.stop_after, self.stop_early_at = stop_after, stop_early_at
         self.evaluation_seconds = evaluation_seconds
         self.received = None
-        self.manager = self  # keeper.manager.latest_checkpoint
         self.latest_checkpoint = None
 
     # stats
@@ -52,6 +51,9 @@ class Recorder:
     def save(self, step):
         self.latest_checkpoint = f"ckpt-{step}"
         self.calls.append(("save", step))
+        return self.latest_checkpoint
+
+    def newest(self):
         return self.latest_checkpoint
 
     # evaluate and after_update
