@@ -24,6 +24,9 @@ from tfnmt.paths import CTRANSLATE2_SETTINGS
 DEFAULT_ALPHA = 1.0  # CTranslate2's default length_penalty
 # Unicode categories of characters that carry no text (tfnmt.data.tokenizer.has_content).
 _NO_TEXT = {"Zs", "Zl", "Zp", "Cc", "Cf"}
+# Format controls since Unicode 15.0 (Egyptian hieroglyphs), which Python 3.11's tables (Unicode
+# 14) leave unassigned; the SavedModel's rule (RE2's classes) knows them.
+_FORMAT_SINCE_UNICODE_15 = frozenset(map(chr, range(0x13439, 0x13440)))
 
 
 class CTranslate2ModelError(ValueError):
@@ -67,8 +70,8 @@ def model_settings(directory):
 def has_content(text):
     """Whether `text` has a character that carries text (not a blank, control or format
     character, or U+FFFD)."""
-    return any(not (c.isspace() or c == "\ufffd" or unicodedata.category(c) in _NO_TEXT)
-               for c in text)
+    return any(not (c.isspace() or c == "\ufffd" or unicodedata.category(c) in _NO_TEXT
+                    or c in _FORMAT_SINCE_UNICODE_15) for c in text)
 
 
 def _processors(directory, sentencepiece):
