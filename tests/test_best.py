@@ -46,6 +46,7 @@ def test_keeps_the_best_weights_and_counts_evaluations_without_gain(tmp_path, me
     state = json.load(open(os.path.join(directory, "best.json")))
     assert state == {"metric": metric, "value": values[best_step - 1], "step": best_step,
                      "checkpoint": f"ckpt-{best_step}", "evaluations_without_improvement": 3,
+                     "evaluated_step": len(values),
                      **({"bleu_tokenize": "13a"} if metric == "bleu" else {})}
     # A resumed run goes on counting from the saved state.
     resumed = BestCheckpoint(directory, small_model(), metric, patience=4)
@@ -53,6 +54,32 @@ def test_keeps_the_best_weights_and_counts_evaluations_without_gain(tmp_path, me
     resumed.update(len(values) + 1, {metric: values[0]})
     assert resumed.should_stop
     assert not BestCheckpoint(directory, small_model(), metric, patience=0).should_stop  # never
+
+
+def test_the_weights_evaluated_last_evaluated_again_change_nothing(tmp_path):
+    # The end of a finished run run again (here under a search rule that scores the final
+    # weights higher than their first evaluation did) neither makes them the best nor counts
+    # as an evaluation without gain; the next step's evaluation counts.
+    model = small_model()
+    directory = str(tmp_path / "best")
+    best = BestCheckpoint(directory, model, "bleu", patience=3)
+    assert best.update(4, {"bleu": 5.0}) and not best.update(8, {"bleu": 3.0})
+    recorded = open(os.path.join(directory, "best.json")).read()
+    again = BestCheckpoint(directory, small_model(), "bleu", patience=3)
+    assert not again.update(8, {"bleu": 9.0})
+    assert open(os.path.join(directory, "best.json")).read() == recorded
+    assert again.state["checkpoint"] == "ckpt-4" and \
+        again.state["evaluations_without_improvement"] == 1
+    assert [os.path.basename(p) for p in checkpoint_prefixes(directory)] == ["ckpt-4"]
+    assert again.update(12, {"bleu": 9.0}) and again.state["checkpoint"] == "ckpt-12"
+    # A state written before the step evaluated last was kept: only its best step is known.
+    state = json.load(open(os.path.join(directory, "best.json")))
+    del state["evaluated_step"]
+    with open(os.path.join(directory, "best.json"), "w") as f:
+        json.dump(state, f)
+    older = BestCheckpoint(directory, small_model(), "bleu")
+    assert not older.update(12, {"bleu": 20.0}) and older.update(13, {"bleu": 1.0}) is False
+    assert older.state["evaluations_without_improvement"] == 1
 
 
 @pytest.mark.parametrize("unmeasured", [None, float("nan")])

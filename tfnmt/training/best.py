@@ -1,8 +1,9 @@
 """The best checkpoint by a dev metric, and early stopping.
 
 <model_dir>/best/ holds the model's weights at the dev evaluation that scored best so far
-(`ckpt-<step>`, weights only) and `best.json`: the metric, its best value and step, and how many
-evaluations since then did not improve on it. `export.py --checkpoint=best` exports it.
+(`ckpt-<step>`, weights only) and `best.json`: the metric, its best value and step, how many
+evaluations since then did not improve on it, and the step evaluated last. `export.py
+--checkpoint=best` exports it.
 """
 import logging
 import math
@@ -89,8 +90,13 @@ class BestCheckpoint:
         Returns:
           True when this evaluation is the new best.
         """
-        if step == self.state["step"]:  # the same weights evaluated again (the final evaluation)
+        # The weights evaluated last, evaluated again: the end of a finished run run again
+        # (under another search rule its scores would not compare with those recorded), or the
+        # final evaluation of the best weights. (States written before "evaluated_step" name
+        # only the best step.)
+        if step == self.state.get("evaluated_step", self.state["step"]):
             return False
+        self.state["evaluated_step"] = step
         value = metrics[self.metric]  # None: not measured (no dev pair within max_length)
         value = None if value is None else float(value)
         if not self.improves(value):
