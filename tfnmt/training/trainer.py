@@ -355,7 +355,6 @@ class CheckpointKeeper:
                 tf.io.gfile.remove(name)
         return path
 
-
     def newest(self):
         """The newest checkpoint a run started again would resume from, or None."""
         if self.resume_from is None:
