@@ -32,8 +32,9 @@ import tensorflow as tf  # noqa: E402
 
 from tfnmt.model.presets import get_preset  # noqa: E402
 from tfnmt.model.transformer import Transformer  # noqa: E402
+from tfnmt.training.experiment import _check_one_model  # noqa: E402
 from tfnmt.training.schedule import paper_adam  # noqa: E402
-from tfnmt.training.trainer import Trainer  # noqa: E402
+from tfnmt.training.trainer import Trainer, TrainingError  # noqa: E402
 
 
 def tiny(**overrides):
@@ -83,22 +84,25 @@ def one_step(strategy, weights, jit_compile=False):
     first_moments = [v for v in optimizer.variables if "momentum" in v.path]
     assert [m.shape for m in first_moments] == [v.shape for v in model.trainable_variables]
     grads = [m.numpy().ravel() / (1.0 - optimizer.beta_1) for m in first_moments]
-    # The end-of-run check (experiment._check_one_model): nothing after the update; then
-    # replica 1's copy of a weight, and of an Adam moment, one ulp off (each put back after).
+    # The end-of-run check: nothing after the update; then replica 1's copy of a weight, and
+    # of an Adam moment, one ulp off (each put back after), found and named in the error.
     variables = model.weights + optimizer.variables
-    differences, perturbed = [first_difference(strategy, variables)], []
+    differences, perturbed, errors = [first_difference(strategy, variables)], [], []
     if strategy.num_replicas_in_sync > 1:
         for variable in (model.trainable_variables[3], first_moments[-1]):
             first, second = strategy.experimental_local_results(variable.value)
             value = second.numpy()
             value.flat[0] = np.nextafter(value.flat[0], np.float32(np.inf))
             second.assign(value)
-            differences.append(first_difference(strategy, variables))
+            try:
+                _check_one_model(strategy, model, optimizer, step=1)
+            except TrainingError as error:
+                errors.append(str(error))
             second.assign(first)
             perturbed.append(variable.path)
         differences.append(first_difference(strategy, variables))
     return {"metrics": metrics, "grads": np.concatenate(grads).tolist(),
-            "differences": differences, "perturbed": perturbed,
+            "differences": differences, "perturbed": perturbed, "errors": errors,
             "moments": np.concatenate(moments).tolist(),
             "weights": np.concatenate([c[0].ravel() for c in copies]).tolist(),
             "replica_spread": max(float(np.abs(c - cs[0]).max()) for cs in copies for c in cs),
