@@ -188,8 +188,9 @@ def _run(settings, strategy, log, checkpoint_dir, data_dir, no_repeat_ngram_size
             "fp16 on CPUs); --mixed_precision=auto picks what trains fastest here")
     model, optimizer, schedule = _build(settings, strategy, precision)
     chiefs = None if is_chief else os.path.join(model_dir, CHECKPOINTS)
-    keeper = CheckpointKeeper(checkpoint_dir, model, optimizer, t["keep_checkpoints"],
-                              resume_from=chiefs)
+    # A worker removes each save once written: its manager has only the newest to list.
+    keeper = CheckpointKeeper(checkpoint_dir, model, optimizer,
+                              t["keep_checkpoints"] if is_chief else 1, resume_from=chiefs)
     restored = keeper.restore()
     source = settings.get("init_from")
     if restored:
