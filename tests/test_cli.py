@@ -504,7 +504,7 @@ def _flag_files(directory):
     *[("export.py", ["--model_dir=trained", "--format=ctranslate2", f"--{name}={value}"],
        f"--{name} is for SavedModel exports; CTranslate2 takes its decoding options when it "
        "translates")
-      for name, value in (("version", 3), ("beam_size", 5), ("alpha", 1.0),
+      for name, value in (("version", 3), ("beam_size", 5),
                           ("beam_stop", "finished"), ("max_decode_length", 9),
                           ("matmul_dtype", "float32"), ("n_best", 1),
                           ("parallel_searches", 1), ("chunk_size", 8))],

@@ -169,6 +169,102 @@ def test_a_kept_no_repeat_rule_is_the_ctranslate2_models_default(prenorm_export,
             ctranslate2_translator.load_signatures(out)
 
 
+def test_the_export_chooses_its_length_penalty_on_dev_pairs(prenorm_export, small_corpus,
+                                                            tmp_path):
+    # Dev references that CTranslate2 itself gives at length_penalty 1.6: the export climbs
+    # from 1 to a penalty under which the model translates them, keeps it and the scores it
+    # compared (each sacreBLEU of CTranslate2's own translations under that penalty), and
+    # translate.py's loader searches with it by default. A given penalty is kept as given.
+    import sacrebleu
+
+    from tfnmt.inference import ctranslate2_translator
+
+    model, proto, path = prenorm_export
+    processor = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    with open(small_corpus["dev"], encoding="utf-8") as f:
+        sources = [line.split("\t")[0] for _, line in zip(range(40), f)]
+    translator = ctranslate2.Translator(path, device="cpu", compute_type="float32")
+
+    def translated(penalty):  # CTranslate2 called directly, beam 4 as translate.py's default
+        results = translator.translate_batch(
+            [processor.encode(s, out_type=str) for s in sources], beam_size=4,
+            length_penalty=penalty, min_decoding_length=0, max_input_length=model.max_length,
+            max_decoding_length=model.max_length)
+        return [processor.decode(result.hypotheses[0]) for result in results]
+
+    references = translated(1.6)
+    out = export_ctranslate2(model, proto, str(tmp_path / "chosen"),
+                             dev_pairs=(sources, references, "13a"))
+    kept = json.load(open(os.path.join(out, "tfnmt.json")))
+    assert kept["length_penalty_chosen_on"] == "dev"
+    dev_bleu = {float(a): b for a, b in kept["dev_bleu"].items()}
+    assert {1.0, 1.3} <= set(dev_bleu) and dev_bleu[1.0] < 99  # the penalty matters here
+    for penalty, bleu in dev_bleu.items():
+        expected = sacrebleu.corpus_bleu(translated(penalty), [references]).score
+        assert bleu == pytest.approx(expected, abs=0.006)
+    assert translated(kept["length_penalty"]) == references
+    signatures = ctranslate2_translator.load_signatures(out)
+    assert list(signatures["serving_default"](sources)[0]) == [t.encode() for t in references]
+
+    given = export_ctranslate2(model, proto, str(tmp_path / "given"), check=False,
+                               length_penalty=0.4, dev_pairs=(sources, references, "13a"))
+    assert json.load(open(os.path.join(given, "tfnmt.json"))) == {
+        "max_length": model.max_length, "length_penalty": 0.4,
+        "length_penalty_chosen_on": "--alpha"}
+    signatures = ctranslate2_translator.load_signatures(given)
+    assert list(signatures["serving_default"](sources)[0]) == [
+        t.encode() for t in translated(0.4)]
+    for bad in (-1, "1", True, None, 1e400):
+        with open(os.path.join(given, "tfnmt.json"), "w") as f:
+            json.dump({"max_length": model.max_length, "length_penalty": bad}, f)
+        with pytest.raises(ctranslate2_translator.CTranslate2ModelError, match="tfnmt.json"):
+            ctranslate2_translator.load_signatures(given)
+
+
+def test_export_py_chooses_the_length_penalty_on_the_model_dirs_dev_split(tiny_model_dir,
+                                                                          small_corpus,
+                                                                          tmp_path):
+    # The dev split the model_dir's settings name (here 12 pairs of a TSV), scored with
+    # the run's sacreBLEU tokenization; --alpha instead keeps the penalty given, reading no
+    # dev split.
+    import sacrebleu
+
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    for name in ("spm.model", "checkpoints"):
+        os.symlink(os.path.join(tiny_model_dir, name), model_dir / name)
+    with open(small_corpus["dev"], encoding="utf-8") as f:
+        (tmp_path / "dev.tsv").write_text("".join(line for _, line in zip(range(12), f)),
+                                          encoding="utf-8")
+    settings = json.load(open(os.path.join(tiny_model_dir, "settings.json")))
+    settings.update(data={"dataset": "files", "files": {"dev": str(tmp_path / "dev.tsv")}},
+                    train={"bleu_tokenize": "char"})
+    (model_dir / "settings.json").write_text(json.dumps(settings))
+    chosen = python("export.py", f"--model_dir={model_dir}", "--format=ctranslate2")
+    assert chosen.returncode == 0, chosen.stderr[-3000:]
+    kept = json.load(open(model_dir / "ctranslate2" / "tfnmt.json"))
+    assert kept["length_penalty_chosen_on"] == "dev" and "1" in kept["dev_bleu"]
+    pairs = [line.split("\t")[:2] for line in open(tmp_path / "dev.tsv", encoding="utf-8")]
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "spm.model"))
+    results = ctranslate2.Translator(str(model_dir / "ctranslate2")).translate_batch(
+        [processor.encode(s, out_type=str) for s, _ in pairs], beam_size=4, length_penalty=1.0,
+        min_decoding_length=0, max_input_length=64, max_decoding_length=64)
+    hypotheses = [processor.decode(result.hypotheses[0]) for result in results]
+    bleu = {tokenize: sacrebleu.corpus_bleu(hypotheses, [[t for _, t in pairs]],
+                                            tokenize=tokenize).score for tokenize in ("char", "13a")}
+    assert kept["dev_bleu"]["1"] == pytest.approx(bleu["char"], abs=0.006)
+    assert abs(bleu["char"] - bleu["13a"]) > 0.05  # the run's tokenization, not 13a
+    lines = chosen.stdout.splitlines()
+    assert "choosing the length penalty on the dev split (12 sentences)" in lines
+    assert f"length penalty {kept['length_penalty']:g}, chosen on dev (sacreBLEU " + ", ".join(
+        f"{a} {b:.2f}" for a, b in kept["dev_bleu"].items()) + ")" in lines
+    given = python("export.py", f"--model_dir={model_dir}", "--format=ctranslate2",
+                   "--alpha=0.5", f"--export_dir={tmp_path / 'given'}")
+    assert given.returncode == 0, given.stderr[-3000:]
+    assert "choosing" not in given.stdout and "length_penalty=0.5" in given.stdout
+    assert json.load(open(tmp_path / "given" / "tfnmt.json"))["length_penalty"] == 0.5
+
+
 def test_ctranslate2_translates_long_sources_within_the_models_positions(prenorm_export):
     # The model has positions 0..max_length-1 (64 learned rows here). CTranslate2's defaults
     # (inputs up to 1,024 tokens) fail on a longer source; with max_input_length=max_length it

@@ -48,6 +48,31 @@ def test_the_best_alpha_of_the_grid_is_chosen_and_the_search_stops_after_it():
     assert best == 0.6 and tried == [0.6, 1.0] and set(scores) == {0.6, 1.0}
 
 
+WORDS = [f"w{i}" for i in range(20)]
+
+
+@pytest.mark.parametrize("peak", [-0.5, 0.1, 0.4, 0.55, 0.85, 1.0, 1.15, 1.3, 1.9, 2.5, 2.9])
+def test_the_climb_from_a_default_finds_the_best_penalty_of_its_range(peak):
+    # Translations one word shorter than the reference per 1/6 the penalty lies from `peak`:
+    # BLEU peaks there. The climb from 1.0 (up by 0.3 while BLEU rises, else down) ends where
+    # scoring every penalty of its range, 0.1 to 2.5, finds the best (a tie: nearer 1.0), and
+    # translates no penalty twice.
+    references = [" ".join(WORDS)] * 2
+    tried = []
+
+    def translate_with(alpha):
+        tried.append(alpha)
+        return [" ".join(WORDS[:20 - round(abs(alpha - peak) * 6)])] * 2
+
+    best, scores = length_penalty.climb_alpha(translate_with, references)
+    every = [round(0.1 + 0.3 * i, 6) for i in range(9)]
+    bleu = {a: sacrebleu.corpus_bleu(translate_with(a), [references]).score for a in every}
+    assert best == max(every, key=lambda a: (bleu[a], -abs(a - 1.0)))
+    assert tried[:len(scores)] == sorted(scores, key=lambda a: (a < 1.0, abs(a - 1.0)))
+    assert list(scores) == sorted(scores) and len(set(tried[:len(scores)])) == len(scores)
+    assert scores == pytest.approx({a: bleu[a] for a in scores})
+
+
 @pytest.mark.parametrize("text,expected", [("auto", None), ("AUTO", None), ("1.4", 1.4),
                                            ("0", 0.0)])
 def test_parse_alpha(text, expected):

@@ -448,16 +448,18 @@ def read_embedded(split):
             yield german, english
 
 
-def read_split(data, split):
+def read_split(data, split, download=True):
     """The sentence pairs of a run's split, as `read_corpus` reads them.
 
     Args:
       data: a run's data settings (settings.json's "data": dataset, files, tfds_data_dir,
         reverse).
       split: "train", "dev" or "test".
+      download: prepare a TFDS dataset that is not (`read_tfds`).
 
     Yields:
       (source, target) strings.
     """
     return read_corpus(data["dataset"], split, (data.get("files") or {}).get(split),
-                       data.get("tfds_data_dir"), reverse=data.get("reverse", False))
+                       data.get("tfds_data_dir"), reverse=data.get("reverse", False),
+                       download=download)

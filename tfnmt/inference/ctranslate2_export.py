@@ -7,8 +7,9 @@ SentencePiece model beside it:
 
   <output_dir>/model.bin, config.json, shared_vocabulary.json   (CTranslate2's files)
   <output_dir>/spm.model                                         (tokenize and detokenize)
-  <output_dir>/tfnmt.json        (the model's max_length, and the no-repeat rule of the
-                                  model_dir where it has one, for translate.py and evaluate.py)
+  <output_dir>/tfnmt.json        (the model's max_length; for translate.py and evaluate.py
+                                  the no-repeat rule of the model_dir where it has one, and
+                                  the length_penalty chosen on its dev split or given)
 
 (with separate vocabularies: source_vocabulary.json and target_vocabulary.json, and
 source.spm.model to tokenize, target.spm.model to detokenize).
@@ -176,7 +177,8 @@ def spm_pieces(spm_model_proto):
 
 
 def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=True,
-                       extra_files=(), no_repeat_ngram_size=0):
+                       extra_files=(), no_repeat_ngram_size=0, length_penalty=None,
+                       dev_pairs=None):
     """Converts `model` into a new directory `output_dir` (its SentencePiece model(s) beside
     CTranslate2's files).
 
@@ -194,11 +196,17 @@ def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=T
       extra_files: paths of files copied into it (the training text's character pairs).
       no_repeat_ngram_size: N > 0: translate.py's and evaluate.py's default
         no_repeat_ngram_size for the model (kept in tfnmt.json).
+      length_penalty: their default length_penalty for the model (kept in tfnmt.json), or
+        None: chosen on `dev_pairs` where given (with `check`), else CTranslate2's default.
+      dev_pairs: (sources, references, sacreBLEU tokenization) to choose the length_penalty
+        on (`ctranslate2_translator.choose_length_penalty`), with the model as written
+        (quantized where it is).
     Returns:
       output_dir.
     Raises:
       FileExistsError: output_dir exists (also when another export wrote it meanwhile).
-      CTranslate2ExportError: the model cannot be converted, or the check failed.
+      CTranslate2ExportError: the model cannot be converted, or the check (or the choice
+        on `dev_pairs`) failed.
     """
     import ctranslate2.converters
 
@@ -224,12 +232,27 @@ def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=T
             settings = {"max_length": model.max_length}
             if no_repeat_ngram_size:
                 settings["no_repeat_ngram_size"] = int(no_repeat_ngram_size)
-            with open(os.path.join(model_dir, CTRANSLATE2_SETTINGS), "w") as f:
-                json.dump(settings, f)
+            if length_penalty is not None:
+                settings.update(length_penalty=float(length_penalty),
+                                length_penalty_chosen_on="--alpha")
+            _write_settings(model_dir, settings)
             for path in extra_files:
                 shutil.copy(path, model_dir)
             if check:
                 _check(model_dir, protos.source)
+                if length_penalty is None and dev_pairs is not None:
+                    from tfnmt.inference.ctranslate2_translator import choose_length_penalty
+
+                    sources, references, tokenize = dev_pairs
+                    try:
+                        best, scores = choose_length_penalty(model_dir, sources, references,
+                                                             tokenize)
+                    except RuntimeError as error:  # CTranslate2's, e.g. out of memory
+                        raise CTranslate2ExportError(
+                            f"CTranslate2 failed translating the dev split: {error}") from None
+                    settings.update(length_penalty=best, length_penalty_chosen_on="dev",
+                                    dev_bleu={f"{a:g}": round(b, 2) for a, b in scores.items()})
+                    _write_settings(model_dir, settings)
             try:  # a rename never replaces a directory with files in it
                 os.rename(model_dir, output_dir)
             except OSError as error:
@@ -240,6 +263,11 @@ def export_ctranslate2(model, vocabulary, output_dir, quantization=None, check=T
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return output_dir
+
+
+def _write_settings(model_dir, settings):
+    with open(os.path.join(model_dir, CTRANSLATE2_SETTINGS), "w") as f:
+        json.dump(settings, f)
 
 
 def _check(model_dir, source_proto):

@@ -12,6 +12,7 @@ scores are those normalised log-probabilities; `score` gives the unnormalised lo
 of a given translation, as the SavedModel's `score` does.
 """
 import json
+import math
 import os
 import unicodedata
 
@@ -47,8 +48,10 @@ def check_runnable(directory):
 
 
 def model_settings(directory):
-    """The settings export.py wrote beside the CTranslate2 model ({"max_length": int, and
-    "no_repeat_ngram_size": int where the model_dir had one}).
+    """The settings export.py wrote beside the CTranslate2 model ({"max_length": int;
+    "no_repeat_ngram_size": int where the model_dir had one; "length_penalty": float where
+    export.py chose one on dev or was given one, with "length_penalty_chosen_on" and, chosen
+    on dev, "dev_bleu": {penalty: sacreBLEU}}).
 
     Raises:
       CTranslate2ModelError: the directory lacks them (converted by other means).
@@ -59,6 +62,10 @@ def model_settings(directory):
         int(settings["max_length"])
         if not is_ngram_count(settings.get("no_repeat_ngram_size", 0)):
             raise ValueError("no_repeat_ngram_size is not a count")
+        penalty = settings.get("length_penalty", DEFAULT_ALPHA)
+        if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or \
+                not 0 <= penalty < math.inf:
+            raise ValueError("length_penalty is not a finite number >= 0")
     except (OSError, ValueError, KeyError, TypeError):
         raise CTranslate2ModelError(
             f"{directory} is a CTranslate2 model without a readable {CTRANSLATE2_SETTINGS} (the "
@@ -102,7 +109,8 @@ def load_signatures(directory, beam_size=4, alpha=None, n_best=1, sampling=None,
       directory: a directory export.py --format=ctranslate2 wrote.
       beam_size, n_best, no_repeat_ngram_size: CTranslate2's beam_size, num_hypotheses and
         no_repeat_ngram_size (None: the one export.py kept in tfnmt.json, else 0).
-      alpha: CTranslate2's length_penalty (None: DEFAULT_ALPHA).
+      alpha: CTranslate2's length_penalty (None: the one export.py kept in tfnmt.json, else
+        DEFAULT_ALPHA).
       sampling: None, or {"top_k", "temperature", "seed"}: draw each translation at random
         (CTranslate2's sampling_topk, 0 for all words, and sampling_temperature).
       threads: CPU threads of the search (None: the cores this process may use).
@@ -142,8 +150,9 @@ def load_signatures(directory, beam_size=4, alpha=None, n_best=1, sampling=None,
         search = dict(beam_size=1, sampling_topk=sampling["top_k"],
                       sampling_temperature=sampling["temperature"])
     else:
-        search = dict(beam_size=beam_size,
-                      length_penalty=DEFAULT_ALPHA if alpha is None else alpha,
+        if alpha is None:
+            alpha = float(settings.get("length_penalty", DEFAULT_ALPHA))
+        search = dict(beam_size=beam_size, length_penalty=alpha,
                       no_repeat_ngram_size=no_repeat_ngram_size)
     # An end at the first step allowed, as tfnmt's searches allow it (CTranslate2's default: 1).
     limits = dict(max_input_length=max_length, max_decoding_length=max_length,
@@ -193,3 +202,31 @@ def load_signatures(directory, beam_size=4, alpha=None, n_best=1, sampling=None,
             "translate_n_best": lambda sentences: translate(sentences, n_best),
             "translate_with_prefix": with_prefix, "score": score,
             "source_lengths": source_lengths}
+
+
+def choose_length_penalty(directory, sources, references, tokenize="13a", batch_size=32):
+    """The length_penalty under which the model's beam-4 translations of `sources` score the
+    highest sacreBLEU against `references` (`length_penalty.climb_alpha` from CTranslate2's
+    default, DEFAULT_ALPHA, in steps of 0.3 between 0.1 and 2.5), with the rule tfnmt.json
+    keeps.
+
+    GNMT's alpha that train.py chose for the model (decoding.json) does not carry over: the
+    penalties differ in form, ((5 + length) / 6)**alpha against length**alpha.
+
+    Args:
+      directory: a CTranslate2 model directory with its tfnmt.json.
+      sources, references: the dev split's sentence pairs, as two lists of str.
+      tokenize: sacreBLEU's tokenization of the target language (`bleu_tokenization`).
+      batch_size: sentences per call.
+
+    Returns:
+      (the length_penalty, {length_penalty: sacreBLEU} of those tried).
+    """
+    from tfnmt.inference.batching import translate_lines
+    from tfnmt.inference.length_penalty import climb_alpha
+
+    def translate_with(alpha):
+        signatures = load_signatures(directory, alpha=alpha)
+        return translate_lines(signatures["serving_default"], sources, batch_size)
+
+    return climb_alpha(translate_with, references, start=DEFAULT_ALPHA, tokenize=tokenize)

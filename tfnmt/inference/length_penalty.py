@@ -69,6 +69,43 @@ def choose_alpha(translate_with, references, grid=ALPHA_GRID, tokenize="13a"):
     return best, scores
 
 
+def climb_alpha(translate_with, references, start=1.0, step=0.3, lowest=0.1, highest=2.5,
+                tokenize="13a"):
+    """The alpha whose translations score the highest sacreBLEU, climbing from `start`: up in
+    steps of `step` while the score rises; where the first step up does not rise, down the
+    same way. For a penalty without a grid of its own (CTranslate2's length_penalty, whose
+    default is 1.0), so that the choice is never worse on these references than `start`.
+
+    Args:
+      translate_with: a function alpha -> translations (a list of str, one per reference);
+        called once per alpha tried.
+      references: the references.
+      start, step: where the climb starts, and its step.
+      lowest, highest: the range it stays in.
+      tokenize: sacreBLEU's tokenization of the target language (`bleu_tokenization`).
+
+    Returns:
+      (the best alpha, {alpha: sacreBLEU} of the alphas tried, in increasing order); a tie
+      keeps the alpha nearer `start`.
+    """
+    translated = {}
+
+    def once(alpha):
+        if alpha not in translated:
+            translated[alpha] = translate_with(alpha)
+        return translated[alpha]
+
+    def steps(direction, last):
+        count = int(math.floor(abs(last - start) / step + 1e-9))
+        return [round(start + direction * i * step, 6) for i in range(count + 1)]
+
+    best, scores = choose_alpha(once, references, steps(1, highest), tokenize)
+    if best == start and len(scores) > 1:
+        best, down = choose_alpha(once, references, steps(-1, lowest), tokenize)
+        scores.update(down)
+    return best, dict(sorted(scores.items()))
+
+
 def write_choice(model_dir, alpha, beam_size=4, scores=None, checkpoint=None,
                  no_repeat_ngram_size=0, chosen_on=None):
     """Writes <model_dir>/decoding.json (atomically).

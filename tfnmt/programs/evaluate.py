@@ -59,7 +59,7 @@ flags.DEFINE_string("baseline", None, "Another system's translations of the same
 flags.DEFINE_integer("beam_size", 4, "Beam size (checkpoints and CTranslate2 models).")
 flags.DEFINE_float("alpha", None, "Length penalty exponent (checkpoints: default the one "
                    "train.py chose on dev, <model_dir>/decoding.json, else 0.6; CTranslate2 "
-                   "models: its length_penalty, default 1).")
+                   "models: its length_penalty, default the one export.py kept, else 1).")
 cli.define_beam_stop_flag("Checkpoints only: ")
 cli.define_no_repeat_flag("Checkpoints and CTranslate2 models: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")

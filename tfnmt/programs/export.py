@@ -10,7 +10,9 @@ both signatures translate two sentences; if that fails, nothing is published (ex
 With --format=ctranslate2 it writes a CTranslate2 model instead
 (tfnmt/inference/ctranslate2_export.py):
 <export_dir> (default <model_dir>/ctranslate2, or ctranslate2-<quantization>) with spm.model beside
-CTranslate2's files, checked by translating two sentences with CTranslate2 before it is published.
+CTranslate2's files, checked by translating two sentences with CTranslate2 before it is published;
+its length_penalty (translate.py's and evaluate.py's default for it) is chosen on the model_dir's
+dev split unless --alpha gives one.
 
   python export.py --model_dir=runs/de-en                  # averaged weights if any
   python export.py --model_dir=runs/de-en --checkpoint=latest --beam_size=5
@@ -47,8 +49,10 @@ flags.DEFINE_enum("quantization", "none", ["none", "int8", "int8_float32", "int1
 flags.DEFINE_integer("version", None, "Version number (default: the next integer); an "
                      "existing version is never overwritten.")
 flags.DEFINE_integer("beam_size", 4, "Beam size (paper: 4).")
-flags.DEFINE_float("alpha", None, "GNMT length penalty exponent (default: the one train.py "
-                   "chose on dev, in <model_dir>/decoding.json, else the paper's 0.6).")
+flags.DEFINE_float("alpha", None, "A SavedModel's GNMT length penalty exponent (default: the "
+                   "one train.py chose on dev, in <model_dir>/decoding.json, else the paper's "
+                   "0.6); a CTranslate2 model's default length_penalty (default: chosen on the "
+                   "model_dir's dev split, else CTranslate2's 1).")
 cli.define_beam_stop_flag()
 cli.define_no_repeat_flag("A SavedModel's rule, a CTranslate2 model's default (tfnmt.json): ")
 flags.DEFINE_integer("max_decode_length", 0, "Cap on output subwords (0: source length + 50).")
@@ -75,7 +79,7 @@ cli.register_alpha_validator()
 flags.register_validator("parallel_searches", lambda v: v >= 1, "--parallel_searches must be >= 1")
 
 
-SAVED_MODEL_ONLY = ("version", "beam_size", "alpha", "beam_stop", "max_decode_length",
+SAVED_MODEL_ONLY = ("version", "beam_size", "beam_stop", "max_decode_length",
                     "matmul_dtype", "n_best", "parallel_searches", "chunk_size")
 
 
@@ -196,22 +200,59 @@ def default_export_dir():
     return os.path.join(FLAGS.model_dir, CTRANSLATE2 + (f"-{quantization}" if quantization else ""))
 
 
+def ctranslate2_dev_pairs():
+    """(sources, references, sacreBLEU tokenization) of the model_dir's dev split, to choose a
+    CTranslate2 model's length_penalty on; or (None, why not)."""
+    from tfnmt.data.corpus import CorpusError, read_split
+    from tfnmt.training.evaluator import run_bleu_tokenization
+
+    if not FLAGS.check:
+        return None, "--check=false runs nothing here"
+    settings = read_settings(FLAGS.model_dir) or {}
+    data = settings.get("data") or {}
+    if not data.get("dataset") or (data["dataset"] == "files"
+                                   and not (data.get("files") or {}).get("dev")):
+        return None, "the model_dir names no dev split"
+    try:
+        pairs = list(read_split(data, "dev", download=False))
+    except (CorpusError, OSError) as error:
+        return None, f"its dev split does not read here: {str(error).splitlines()[0]}"
+    if not pairs:
+        return None, "its dev split holds no sentence pairs"
+    tokenize = run_bleu_tokenization(settings, pairs)[0]
+    return ([s for s, _ in pairs], [t for _, t in pairs], tokenize), ""
+
+
 def export_ctranslate2(model, vocab, path, export_dir, no_repeat_ngram_size):
     from tfnmt.inference import ctranslate2_export
+    from tfnmt.inference.ctranslate2_translator import model_settings
 
     quantization = ctranslate2_quantization()
+    dev_pairs = None
+    if FLAGS.alpha is None:
+        dev_pairs, reason = ctranslate2_dev_pairs()
+        print(f"choosing the length penalty on the dev split ({len(dev_pairs[0]):,} "
+              "sentences)" if dev_pairs else f"length penalty 1 (CTranslate2's default: "
+              f"{reason})", flush=True)
     try:
         final = ctranslate2_export.export_ctranslate2(
             model, vocab, export_dir, quantization, check=FLAGS.check,
             extra_files=side_profiles(FLAGS.model_dir),
-            no_repeat_ngram_size=no_repeat_ngram_size)
+            no_repeat_ngram_size=no_repeat_ngram_size, length_penalty=FLAGS.alpha,
+            dev_pairs=dev_pairs)
     except FileExistsError as error:
         raise app.UsageError(str(error))
     except (ctranslate2_export.CTranslate2ExportError, OSError) as error:
         print(f"export.py: nothing published: {failure(error, export_dir)}", file=sys.stderr)
         return 1
-    rule = (f" and no_repeat_ngram_size={no_repeat_ngram_size} (kept as translate.py's "
-            "default)" if no_repeat_ngram_size else "")
+    kept = model_settings(final)
+    if kept.get("length_penalty_chosen_on") == "dev":
+        print(f"length penalty {kept['length_penalty']:g}, chosen on dev (sacreBLEU "
+              + ", ".join(f"{a} {b:.2f}" for a, b in kept["dev_bleu"].items()) + ")")
+    defaults = [f"{name}={kept[name]:g}" for name in ("length_penalty", "no_repeat_ngram_size")
+                if name in kept]
+    rule = (f" and {' and '.join(defaults)} (kept as translate.py's defaults)"
+            if defaults else "")
     print(f"exported {path} to {final} (CTranslate2, weights in {quantization or 'float32'}); "
           f"translate.py --export={final} runs it; in your own code translate with "
           f"max_input_length={model.max_length} and max_decoding_length={model.max_length}"

@@ -60,7 +60,8 @@ flags.DEFINE_bool("resume", False, "Keep the complete translations the --output 
 flags.DEFINE_integer("beam_size", 4, "With --model_dir or a CTranslate2 model: beam size.")
 flags.DEFINE_float("alpha", None, "With --model_dir: length penalty exponent (default: the one "
                    "train.py chose on dev, <model_dir>/decoding.json, else 0.6); with a "
-                   "CTranslate2 model, its length_penalty (default 1).")
+                   "CTranslate2 model, its length_penalty (default: the one export.py kept, else "
+                   "1).")
 cli.define_beam_stop_flag("With --model_dir: ")
 cli.define_no_repeat_flag("With --model_dir or a CTranslate2 model: ")
 flags.DEFINE_integer("batch_size", 32, "Sentences per batch.")

@@ -53,8 +53,8 @@ def run_bleu_tokenization(settings, dev_pairs=None):
       (tokenization, why): why is "" unless `auto` chose something other than 13a.
     """
     pairs = read_split(settings["data"], "dev") if dev_pairs is None else dev_pairs  # lazy
-    return bleu_tokenization.resolve(settings["train"].get("bleu_tokenize", bleu_tokenization.AUTO),
-                                     (reference for _, reference in pairs))
+    chosen = (settings.get("train") or {}).get("bleu_tokenize", bleu_tokenization.AUTO)
+    return bleu_tokenization.resolve(chosen, (reference for _, reference in pairs))
 
 
 class Evaluator:
