@@ -251,8 +251,8 @@ def export_ctranslate2(model, vocab, path, export_dir, no_repeat_ngram_size):
               + ", ".join(f"{a} {b:.2f}" for a, b in kept["dev_bleu"].items()) + ")")
     defaults = [f"{name}={kept[name]:g}" for name in ("length_penalty", "no_repeat_ngram_size")
                 if name in kept]
-    rule = (f" and {' and '.join(defaults)} (kept as translate.py's defaults)"
-            if defaults else "")
+    rule = (f" and {' and '.join(defaults)} (kept as translate.py's "
+            f"default{'s' if len(defaults) > 1 else ''})" if defaults else "")
     print(f"exported {path} to {final} (CTranslate2, weights in {quantization or 'float32'}); "
           f"translate.py --export={final} runs it; in your own code translate with "
           f"max_input_length={model.max_length} and max_decoding_length={model.max_length}"
