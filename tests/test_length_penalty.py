@@ -48,29 +48,33 @@ def test_the_best_alpha_of_the_grid_is_chosen_and_the_search_stops_after_it():
     assert best == 0.6 and tried == [0.6, 1.0] and set(scores) == {0.6, 1.0}
 
 
-WORDS = [f"w{i}" for i in range(20)]
-
-
 @pytest.mark.parametrize("peak", [-0.5, 0.1, 0.4, 0.55, 0.85, 1.0, 1.15, 1.3, 1.9, 2.5, 2.9])
 def test_the_climb_from_a_default_finds_the_best_penalty_of_its_range(peak):
-    # Translations one word shorter than the reference per 1/6 the penalty lies from `peak`:
-    # BLEU peaks there. The climb from 1.0 (up by 0.3 while BLEU rises, else down) ends where
-    # scoring every penalty of its range, 0.1 to 2.5, finds the best (a tie: nearer 1.0), and
-    # translates no penalty twice.
-    references = [" ".join(WORDS)] * 2
+    # A score that peaks at `peak`: the climb from 1.0 (up by 0.3 while it rises, else down)
+    # ends where scoring every penalty of its range, 0.1 to 2.5, finds the best (a tie: the
+    # one nearer 1.0), scoring no penalty twice.
     tried = []
 
-    def translate_with(alpha):
+    def score(alpha):
         tried.append(alpha)
-        return [" ".join(WORDS[:20 - round(abs(alpha - peak) * 6)])] * 2
+        return -round(abs(alpha - peak), 6)
 
-    best, scores = length_penalty.climb_alpha(translate_with, references)
+    best, scores = length_penalty.climb_alpha(score)
     every = [round(0.1 + 0.3 * i, 6) for i in range(9)]
-    bleu = {a: sacrebleu.corpus_bleu(translate_with(a), [references]).score for a in every}
-    assert best == max(every, key=lambda a: (bleu[a], -abs(a - 1.0)))
-    assert tried[:len(scores)] == sorted(scores, key=lambda a: (a < 1.0, abs(a - 1.0)))
-    assert list(scores) == sorted(scores) and len(set(tried[:len(scores)])) == len(scores)
-    assert scores == pytest.approx({a: bleu[a] for a in scores})
+    assert best == max(every, key=lambda a: (-abs(a - peak), -abs(a - 1.0)))
+    assert tried == sorted(scores, key=lambda a: (a < 1.0, abs(a - 1.0)))  # up first
+    assert list(scores) == sorted(scores) and len(set(tried)) == len(tried)
+    assert scores == {a: -round(abs(a - peak), 6) for a in tried}
+
+
+@pytest.mark.parametrize("table,expected,tried", [
+    ({0.7: 9.0, 1.0: 10.0, 1.3: 10.05, 1.6: 12.0}, 1.0, {0.7, 1.0, 1.3}),  # +0.05: no step
+    ({0.1: 12.0, 0.4: 13.0, 0.7: 10.2, 1.0: 10.0, 1.3: 10.0}, 0.4, {0.1, 0.4, 0.7, 1.0, 1.3}),
+    ({1.0: 10.0, 1.3: 10.2, 1.6: 10.25, 1.9: 11.0}, 1.3, {1.0, 1.3, 1.6}),  # +0.05: stops
+])
+def test_the_climb_takes_only_steps_that_gain_more_than_min_gain(table, expected, tried):
+    best, scores = length_penalty.climb_alpha(table.__getitem__, min_gain=0.1)
+    assert best == expected and scores == {a: table[a] for a in sorted(tried)}
 
 
 @pytest.mark.parametrize("text,expected", [("auto", None), ("AUTO", None), ("1.4", 1.4),

@@ -69,40 +69,32 @@ def choose_alpha(translate_with, references, grid=ALPHA_GRID, tokenize="13a"):
     return best, scores
 
 
-def climb_alpha(translate_with, references, start=1.0, step=0.3, lowest=0.1, highest=2.5,
-                tokenize="13a"):
-    """The alpha whose translations score the highest sacreBLEU, climbing from `start`: up in
-    steps of `step` while the score rises; where the first step up does not rise, down the
-    same way. For a penalty without a grid of its own (CTranslate2's length_penalty, whose
-    default is 1.0), so that the choice is never worse on these references than `start`.
+def climb_alpha(score, start=1.0, step=0.3, lowest=0.1, highest=2.5, min_gain=0.0):
+    """A penalty chosen by climbing from `start`: up in steps of `step` while the score rises by
+    more than `min_gain`; where the first step up does not, down the same way. For a penalty
+    without a grid of its own (CTranslate2's length_penalty, whose default is 1.0): the choice
+    scores at least as high as `start`, and moves from it only for a clear gain.
 
     Args:
-      translate_with: a function alpha -> translations (a list of str, one per reference);
-        called once per alpha tried.
-      references: the references.
+      score: a function alpha -> its score (higher is better), called once per alpha tried.
       start, step: where the climb starts, and its step.
       lowest, highest: the range it stays in.
-      tokenize: sacreBLEU's tokenization of the target language (`bleu_tokenization`).
+      min_gain: how much more a step must score to be taken.
 
     Returns:
-      (the best alpha, {alpha: sacreBLEU} of the alphas tried, in increasing order); a tie
-      keeps the alpha nearer `start`.
+      (the alpha chosen, {alpha: score} of the alphas tried, in increasing order).
     """
-    translated = {}
-
-    def once(alpha):
-        if alpha not in translated:
-            translated[alpha] = translate_with(alpha)
-        return translated[alpha]
-
-    def steps(direction, last):
-        count = int(math.floor(abs(last - start) / step + 1e-9))
-        return [round(start + direction * i * step, 6) for i in range(count + 1)]
-
-    best, scores = choose_alpha(once, references, steps(1, highest), tokenize)
-    if best == start and len(scores) > 1:
-        best, down = choose_alpha(once, references, steps(-1, lowest), tokenize)
-        scores.update(down)
+    scores = {start: score(start)}
+    best = start
+    for direction in (1, -1):
+        while lowest - 1e-9 <= (next_alpha := round(best + direction * step, 6)) <= highest + 1e-9:
+            if next_alpha not in scores:
+                scores[next_alpha] = score(next_alpha)
+            if scores[next_alpha] <= scores[best] + min_gain:
+                break
+            best = next_alpha
+        if best != start:
+            break
     return best, dict(sorted(scores.items()))
 
 
