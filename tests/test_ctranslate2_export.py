@@ -221,6 +221,17 @@ def test_the_export_chooses_its_length_penalty_on_dev_pairs(prenorm_export, smal
             ctranslate2_translator.load_signatures(given)
 
 
+@pytest.mark.parametrize("count,kept", [(0, 0), (1, 1), (999, 999), (1000, 1000), (1001, 501),
+                                        (2000, 1000), (2001, 667), (3003, 751)])
+def test_the_choice_translates_at_most_1000_dev_pairs_spread_through_the_split(count, kept):
+    # Every k-th pair from the first, for the smallest k that keeps no more than 1,000.
+    from tfnmt.inference.ctranslate2_translator import choice_pairs
+
+    pairs = [(f"s{i}", f"t{i}") for i in range(count)]
+    stride = next(k for k in range(1, count + 2) if len(range(0, count, k)) <= 1000)
+    assert choice_pairs(pairs) == pairs[::stride] and len(pairs[::stride]) == kept
+
+
 def test_export_py_chooses_the_length_penalty_on_the_model_dirs_dev_split(tiny_model_dir,
                                                                           small_corpus,
                                                                           tmp_path):

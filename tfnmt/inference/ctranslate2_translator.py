@@ -27,6 +27,10 @@ DEFAULT_ALPHA = 1.0  # CTranslate2's default length_penalty
 # 462 dev pairs, neighbouring penalties 0.3 apart differed by 0.03-0.06 where test BLEU did not
 # follow (docs/serving.md).
 MIN_BLEU_GAIN = 0.1
+# Dev pairs the choice translates at most (evenly spaced through a larger split): each penalty
+# tried is one pass over them, and a WMT dev split of 3,000 pairs would keep a CPU export of
+# `base` busy for many minutes.
+CHOICE_PAIRS = 1000
 # Unicode categories of characters that carry no text (tfnmt.data.tokenizer.has_content).
 _NO_TEXT = {"Zs", "Zl", "Zp", "Cc", "Cf"}
 # Format controls since Unicode 15.0 (Egyptian hieroglyphs), which Python 3.11's tables (Unicode
@@ -206,6 +210,13 @@ def load_signatures(directory, beam_size=4, alpha=None, n_best=1, sampling=None,
             "translate_n_best": lambda sentences: translate(sentences, n_best),
             "translate_with_prefix": with_prefix, "score": score,
             "source_lengths": source_lengths}
+
+
+def choice_pairs(pairs, limit=CHOICE_PAIRS):
+    """At most `limit` of the (source, reference) `pairs`, evenly spaced: every k-th for the
+    smallest k that leaves no more (all of them where there are no more)."""
+    stride = max(1, math.ceil(len(pairs) / limit))
+    return pairs[::stride]
 
 
 def choose_length_penalty(directory, sources, references, tokenize="13a", batch_size=32):

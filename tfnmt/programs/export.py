@@ -201,9 +201,11 @@ def default_export_dir():
 
 
 def ctranslate2_dev_pairs():
-    """(sources, references, sacreBLEU tokenization) of the model_dir's dev split, to choose a
-    CTranslate2 model's length_penalty on; or (None, why not)."""
+    """((sources, references, sacreBLEU tokenization) of the model_dir's dev split, to choose
+    a CTranslate2 model's length_penalty on (`ctranslate2_translator.choice_pairs`), how
+    many); or (None, why not)."""
     from tfnmt.data.corpus import CorpusError, read_split
+    from tfnmt.inference.ctranslate2_translator import choice_pairs
     from tfnmt.training.evaluator import run_bleu_tokenization
 
     if not FLAGS.check:
@@ -220,7 +222,10 @@ def ctranslate2_dev_pairs():
     if not pairs:
         return None, "its dev split holds no sentence pairs"
     tokenize = run_bleu_tokenization(settings, pairs)[0]
-    return ([s for s, _ in pairs], [t for _, t in pairs], tokenize), ""
+    chosen = choice_pairs(pairs)
+    return ([s for s, _ in chosen], [t for _, t in chosen], tokenize), (
+        f"{len(chosen):,} of its {len(pairs):,} sentences" if len(chosen) < len(pairs) else
+        f"{len(pairs):,} sentences")
 
 
 def export_ctranslate2(model, vocab, path, export_dir, no_repeat_ngram_size):
@@ -230,10 +235,9 @@ def export_ctranslate2(model, vocab, path, export_dir, no_repeat_ngram_size):
     quantization = ctranslate2_quantization()
     dev_pairs = None
     if FLAGS.alpha is None:
-        dev_pairs, reason = ctranslate2_dev_pairs()
-        print(f"choosing the length penalty on the dev split ({len(dev_pairs[0]):,} "
-              "sentences)" if dev_pairs else f"length penalty 1 (CTranslate2's default: "
-              f"{reason})", flush=True)
+        dev_pairs, said = ctranslate2_dev_pairs()
+        print(f"choosing the length penalty on the dev split ({said})" if dev_pairs else
+              f"length penalty 1 (CTranslate2's default: {said})", flush=True)
     try:
         final = ctranslate2_export.export_ctranslate2(
             model, vocab, export_dir, quantization, check=FLAGS.check,
