@@ -261,8 +261,9 @@ def test_export_py_chooses_the_length_penalty_on_the_model_dirs_dev_split(tiny_m
         [processor.encode(s, out_type=str) for s, _ in pairs], beam_size=4, length_penalty=1.0,
         min_decoding_length=0, max_input_length=64, max_decoding_length=64)
     hypotheses = [processor.decode(result.hypotheses[0]) for result in results]
-    bleu = {tokenize: sacrebleu.corpus_bleu(hypotheses, [[t for _, t in pairs]],
-                                            tokenize=tokenize).score for tokenize in ("char", "13a")}
+    references = [[t for _, t in pairs]]
+    bleu = {tokenize: sacrebleu.corpus_bleu(hypotheses, references, tokenize=tokenize).score
+            for tokenize in ("char", "13a")}
     assert kept["dev_bleu"]["1"] == pytest.approx(bleu["char"], abs=0.006)
     assert abs(bleu["char"] - bleu["13a"]) > 0.05  # the run's tokenization, not 13a
     lines = chosen.stdout.splitlines()
