@@ -140,7 +140,7 @@ def serve(listener):
                         connection.close()
             elif connections.get(key.data) is not key.fileobj:
                 continue  # its program was reaped above, in this same round
-            elif not key.fileobj.recv(1):  # the client is gone: so is its program
+            elif client_gone(key.fileobj):  # so is its program
                 selector.unregister(key.fileobj)
                 key.fileobj.close()
                 connections[key.data] = None
@@ -148,6 +148,15 @@ def serve(listener):
                     os.killpg(key.data, signal.SIGKILL)
                 except OSError:
                     pass
+
+
+def client_gone(connection):
+    """Whether a client's connection has ended: closed, or reset (a client that closes with
+    the server's "pid" reply unread resets it)."""
+    try:
+        return not connection.recv(1)
+    except OSError:
+        return True
 
 
 def standard_stream(fd, made, unbuffered):

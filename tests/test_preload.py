@@ -124,10 +124,12 @@ def test_a_killed_client_takes_its_program_down(probe):
         f"{server.poll()}")
 
 
-def test_a_client_gone_before_its_program_started_takes_it_down(probe, tmp_path):
+@pytest.mark.parametrize("reply", ["not awaited", "unread"])
+def test_a_client_gone_before_it_read_its_programs_pid_takes_it_down(probe, tmp_path, reply):
     # A client killed while the server forks its program (a busy machine can run the program
-    # before the server tells the client its pid): the server's reply fails, and the program
-    # is killed then, not left running; the server serves on.
+    # before the server tells the client its pid): the server's reply fails, or the client's
+    # end closes with the reply unread (the server's end is reset); either way the program is
+    # killed, not left running, and the server serves on.
     import socket
 
     read_end, write_end = os.pipe()
@@ -136,6 +138,8 @@ def test_a_client_gone_before_its_program_started_takes_it_down(probe, tmp_path)
         request = json.dumps({"argv": [probe, "wait"], "cwd": str(tmp_path),
                               "environ": dict(os.environ)}) + "\n"
         socket.send_fds(client, [request.encode()], [stdin.fileno(), write_end, write_end])
+        if reply == "unread":
+            assert select.select([client], [], [], 60)[0] == [client]  # the reply has come
     os.close(write_end)
     # The pipe ends once the program's copies are gone: with it (killed or never started).
     with os.fdopen(read_end) as output:
