@@ -318,6 +318,23 @@ def test_tf_serving_loader_answers_every_signature_as_python_and_eager_do(export
     check_score_and_prefix_signatures(loaded, module, tiny_model_dir)
 
 
+def test_a_traced_signature_refuses_input_of_another_rank_in_one_line(module):
+    # The graph optimizer knows the signatures' inputs as rank 1 ([None]) and would fold a
+    # check of that rank away; a column [B, 1], a [2, 2] table or a scalar is refused by the
+    # check itself, not met later by an error of some op inside the search.
+    cases = [("serve", [tf.constant([["Das ist gut."], ["Ja."]])], "sentences", 2),
+             ("serve", [tf.constant([["a", "b"], ["c", "d"]])], "sentences", 2),
+             ("serve", [tf.constant("Das ist gut.")], "sentences", 0),
+             ("serve_with_prefix", [tf.constant(["Ja."]), tf.constant([["Yes"]])], "prefixes", 2),
+             ("score", [tf.constant([["Ja."]]), tf.constant(["Yes."])], "sentences", 2)]
+    for name, inputs, input_name, rank in cases:
+        function = getattr(module, name).get_concrete_function()
+        with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+            function(*inputs)
+        assert (f"`{input_name}` must be a rank-1 string tensor [B]; got rank] [{rank}]"
+                in str(raised.value)), (name, inputs, str(raised.value)[:500])
+
+
 def check_score_and_prefix_signatures(loaded, module, tiny_model_dir):
     """The `score` and `translate_with_prefix` answers of `run_export_client`."""
     # Forced decoding through TF Serving's loader and tf.saved_model.load, each sentence

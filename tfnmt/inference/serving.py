@@ -539,10 +539,14 @@ def _as_many(sentences, others, name):
 
 def _rank_1_strings(sentences, name=SIGNATURE_INPUT):
     """sentences as a string tensor, checked at run time to be rank 1 [B]. The signature says
-    [None], but a Session (TF Serving) feeds whatever a request holds; a static check would be
-    folded away."""
+    [None], but a Session (TF Serving) feeds whatever a request holds. A check of the rank the
+    graph knows would be folded away (TensorFlow's graph optimizer takes rank 1 from the
+    signature): the rank checked is that of the sentences reshaped to their own shape, read
+    where the optimizer cannot tell its length."""
     sentences = tf.convert_to_tensor(sentences, tf.string)
-    rank = tf.raw_ops.Rank(input=sentences)
+    shape = tf.shape(sentences)
+    unknown_rank = tf.reshape(sentences, tf.boolean_mask(shape, shape >= 0))
+    rank = tf.raw_ops.Rank(input=unknown_rank)
     check = tf.debugging.Assert(
         tf.equal(rank, 1), [f"`{name}` must be a rank-1 string tensor [B]; got rank", rank])
     with tf.control_dependencies([check]):
