@@ -1,5 +1,6 @@
 import glob
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 from helpers import (built_once, entry_point_command, python, started,
                      teacher_forced_log_prob)
 from tfnmt import checkpoints
+from tfnmt.inference import search_memory
 from tfnmt.inference.beam_search import beam_search
 from tfnmt.inference.saved_model import ExportCheckError, export_saved_model
 from tfnmt.inference.serving import (GPU_DEVICE_FILES, TranslationModule, dealt_order,
@@ -63,8 +65,9 @@ def sliced_output_layer():
 def module(tiny_model_dir):
     model, vocab, _ = checkpoints.load_model(tiny_model_dir)
     assert vocab.shared
+    # As export.py builds it: its searches fit in the memory of the machine that serves.
     return TranslationModule(model, with_training_path(vocab.source), beam_size=3, alpha=0.6,
-                             n_best=2)
+                             n_best=2, memory_budget=search_memory.SERVING_MACHINE)
 
 
 @pytest.fixture(scope="module")
@@ -82,16 +85,25 @@ def exported(module, tiny_model_dir, tmp_path_factory):
     return os.path.join(export_dir, "1")
 
 
-def graph_ops(export_path):
+def graph_nodes(export_path):
+    """Every node of an export's graph and of its functions."""
     proto = saved_model_pb2.SavedModel()
     with open(os.path.join(export_path, "saved_model.pb"), "rb") as f:
         proto.ParseFromString(f.read())
-    ops = set()
     for meta_graph in proto.meta_graphs:
-        ops |= {node.op for node in meta_graph.graph_def.node}
+        yield from meta_graph.graph_def.node
         for function in meta_graph.graph_def.library.function:
-            ops |= {node.op for node in function.node_def}
-    return ops
+            yield from function.node_def
+
+
+def graph_ops(export_path):
+    return {node.op for node in graph_nodes(export_path)}
+
+
+def graph_strings(export_path):
+    """The string constants of an export's graph (the files it reads where it runs, ...)."""
+    return {value.decode(errors="replace") for node in graph_nodes(export_path)
+            if node.op == "Const" for value in node.attr["value"].tensor.string_val}
 
 
 def decoding_copies(model, matmul_dtypes):
@@ -1200,6 +1212,11 @@ def test_export_command_matmul_dtype(tiny_model_dir, tmp_path):
 
     n_best = tf.saved_model.load(str(tmp_path / "export" / "2")).signatures["translate_n_best"]
     assert n_best.structured_outputs["translations"].shape.as_list() == [None, 1]
+    # Its searches fit in the memory available where it is served: its graph reads the
+    # kernel's figure and a container's limit (test_search_memory.py checks the readings).
+    read = {os.path.join(search_memory.CGROUP, name)
+            for name in itertools.chain(*search_memory.CGROUP_FILES)}
+    assert {search_memory.MEMINFO, *read} <= graph_strings(str(tmp_path / "export" / "2"))
     asked = python("translate.py", f"--export={tmp_path / 'export'}", "--n_best=2",
                    input="Das Haus.\n")
     assert asked.returncode != 0 and asked.stdout == ""

@@ -22,26 +22,43 @@ def write(path, text):
     return str(path)
 
 
-def test_available_memory_is_the_least_of_the_kernel_and_the_cgroup(tmp_path):
+@pytest.mark.parametrize("where", ["python", "graph"])
+def test_available_memory_is_the_least_of_the_kernel_and_the_cgroup(tmp_path, where):
+    # The Python reading (a model_dir's translator) and the graph's (an export's, where it is
+    # served) against the files' own numbers.
+    def available(meminfo, cgroup):
+        if where == "python":
+            return search_memory.available_bytes(meminfo, cgroup)
+        got = int(tf.function(lambda: search_memory.available_bytes_in_graph(meminfo, cgroup),
+                              autograph=False)())
+        return None if got == -1 else got
+
     meminfo = write(tmp_path / "meminfo", "MemTotal: 24000000 kB\nMemAvailable: 2000000 kB\n")
     none = str(tmp_path / "no-cgroup")
-    assert search_memory.available_bytes(meminfo, none) == 2000000 * 1024
+    assert available(meminfo, none) == 2000000 * 1024
     v2 = tmp_path / "v2"
     write(v2 / "memory.max", f"{1 * GIB}\n")
     write(v2 / "memory.current", f"{GIB // 4}\n")
-    assert search_memory.available_bytes(meminfo, str(v2)) == GIB - GIB // 4
+    assert available(meminfo, str(v2)) == GIB - GIB // 4
+    assert available(none, str(v2)) == GIB - GIB // 4
     write(v2 / "memory.max", "max\n")  # no limit
-    assert search_memory.available_bytes(meminfo, str(v2)) == 2000000 * 1024
+    assert available(meminfo, str(v2)) == 2000000 * 1024
     v1 = tmp_path / "v1"
     write(v1 / "memory" / "memory.limit_in_bytes", "9223372036854771712\n")  # v1's no limit
     write(v1 / "memory" / "memory.usage_in_bytes", "5000\n")
-    assert search_memory.available_bytes(meminfo, str(v1)) == 2000000 * 1024
+    assert available(meminfo, str(v1)) == 2000000 * 1024
     write(v1 / "memory" / "memory.limit_in_bytes", f"{GIB // 2}\n")
-    assert search_memory.available_bytes(meminfo, str(v1)) == GIB // 2 - 5000
+    assert available(meminfo, str(v1)) == GIB // 2 - 5000
     # Used up beyond its limit: nothing left, not a negative amount.
     write(v1 / "memory" / "memory.usage_in_bytes", f"{GIB}\n")
-    assert search_memory.available_bytes(meminfo, str(v1)) == 0
-    assert search_memory.available_bytes(none, none) is None
+    assert available(meminfo, str(v1)) == 0
+    # A limit without its usage, or unreadable, counts for nothing.
+    write(v1 / "memory" / "memory.usage_in_bytes", "a lot\n")
+    assert available(meminfo, str(v1)) == 2000000 * 1024
+    os.remove(v1 / "memory" / "memory.usage_in_bytes")
+    assert available(meminfo, str(v1)) == 2000000 * 1024
+    assert available(write(tmp_path / "other", "MemTotal: 24000000 kB\n"), none) is None
+    assert available(none, none) is None
     assert search_memory.memory_budget(available=GIB) == GIB // 2
 
 
@@ -88,7 +105,8 @@ def tiny(tiny_model_dir):
     return model, vocab
 
 
-def test_a_wide_beam_searches_as_many_sentences_at_once_as_fit(tiny, tiny_model_dir):
+def test_a_wide_beam_searches_as_many_sentences_at_once_as_fit(tiny, tiny_model_dir,
+                                                                tmp_path):
     model, vocab = tiny
     processor = sentencepiece.SentencePieceProcessor(
         model_file=os.path.join(tiny_model_dir, "spm.model"))
@@ -117,6 +135,23 @@ def test_a_wide_beam_searches_as_many_sentences_at_once_as_fit(tiny, tiny_model_
         limit = max(longest + 1 + search_memory.EXTRA_LENGTH, len(processor.encode(prefix)) + 1)
         fit = budget // search_memory.sentence_bytes(model.settings, 5, limit)
         assert int(bounded._search_chunk_size(sentences, prefixes)) == min(max(fit, 1), 4)
+    # An export's budget: half the memory available where its graph runs; none where that
+    # cannot be read or the machine has a GPU (its search is in the GPU's memory).
+    meminfo = tmp_path / "meminfo"
+    gpu = str(tmp_path / "nvidia0")
+    for kib, files, size in ((5 * per_sentence // 1024, (), 2), (per_sentence // 1024, (), 1),
+                             (None, (), 4), (per_sentence // 1024, (gpu,), 4),
+                             (1000 * per_sentence // 1024, (), 4)):
+        meminfo.write_text("" if kib is None else f"MemAvailable: {kib} kB\n")
+        served = TranslationModule(model, vocab, beam_size=5, n_best=2, chunk_size=4,
+                                   memory_budget=search_memory.SERVING_MACHINE,
+                                   memory_files=(str(meminfo), str(tmp_path / "no-cgroup")),
+                                   gpu_files=[str(tmp_path / "nvidia*")])
+        if files:
+            write(tmp_path / "nvidia0", "")
+        assert int(served._search_chunk_size(sentences)) == size, (kib, files)
+        if files:
+            os.remove(gpu)
     # Sampling searches one row per sentence; an empty request gives empty outputs.
     sampling = TranslationModule(model, vocab, n_best=1, chunk_size=4, memory_budget=1,
                                  sampling={"temperature": 1.0, "top_k": 0, "seed": 1})

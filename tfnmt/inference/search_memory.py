@@ -14,7 +14,9 @@ searched together. A beam of thousands holds GiBs a sentence (beam 4,000 over 8,
 two layers of width 256, a 15-subword sentence: 1.3 GiB measured, 3.2 estimated): a batch of 32
 searched at once would exhaust the machine and be killed. `TranslationModule(memory_budget=…)`
 searches as many sentences at once as fit in a budget instead, and `check_beam` refuses a beam
-of which not even one sentence fits.
+of which not even one sentence fits. An export's budget is the serving machine's
+(`SERVING_MACHINE`): its graph reads the memory available where it runs
+(`available_bytes_in_graph`).
 """
 import os
 
@@ -27,6 +29,14 @@ CANDIDATE_COPIES = 3  # [K, min(2K, V)]
 BUDGET_SHARE = 0.5
 MEMINFO = "/proc/meminfo"
 CGROUP = "/sys/fs/cgroup"
+# The cgroup files of a limit and its usage: v2, then v1.
+CGROUP_FILES = (("memory.max", "memory.current"),
+                ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"))
+# A cgroup limit of this many bytes or more is none (v1 writes "no limit" as ~2^63; v2 "max").
+NO_LIMIT = 10 ** 18
+# `TranslationModule(memory_budget=SERVING_MACHINE)`: BUDGET_SHARE of the memory available on
+# the machine that runs the graph.
+SERVING_MACHINE = "serving machine"
 
 
 class SearchMemoryError(ValueError):
@@ -75,19 +85,59 @@ def available_bytes(meminfo=MEMINFO, cgroup=CGROUP):
                     found.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
         pass
-    for limit_file, usage_file in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes",
-                                    "memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in CGROUP_FILES:
         try:
             with open(os.path.join(cgroup, limit_file)) as f:
                 limit = f.read().strip()
             with open(os.path.join(cgroup, usage_file)) as f:
                 usage = int(f.read().strip())
-            if limit != "max" and int(limit) < 2 ** 60:  # v1 writes "no limit" as ~2^63
+            if limit != "max" and int(limit) < NO_LIMIT:
                 found.append(max(int(limit) - usage, 0))
         except (OSError, ValueError):
             continue
     return min(found) if found else None
+
+
+def available_bytes_in_graph(meminfo=MEMINFO, cgroup=CGROUP):
+    """In the graph: `available_bytes` of the machine that runs it (an export's is the serving
+    machine's; a Python-side reading would be the exporting machine's), read each time the
+    graph runs (a few small files, at every request).
+
+    Args:
+      meminfo, cgroup: as `available_bytes` (tests give their own).
+
+    Returns:
+      An int64 scalar tensor: bytes, or -1 where neither can be read.
+    """
+    import tensorflow as tf
+
+    def number(path, pattern):
+        """(whether the file at `path` exists and all of it matches `pattern`, RE2 with the
+        number in its first group; that number, 0 where not)."""
+        def read():
+            text = tf.io.read_file(path)
+            found = tf.strings.regex_full_match(text, pattern)
+            digits = tf.where(found, tf.strings.regex_replace(text, pattern, r"\1"), "0")
+            return found, tf.strings.to_number(digits, tf.int64)
+
+        present = tf.size(tf.io.matching_files(path)) > 0
+        return tf.cond(present, read,
+                       lambda: (tf.constant(False), tf.constant(0, tf.int64)))
+
+    # At most 18 digits: below NO_LIMIT, and never out of int64's range.
+    whole = r"\s*(\d{1,18})\s*"
+    found, values = [], []
+    memory_available, kib = number(meminfo, r"(?s)(?:.*\n)?MemAvailable:\s*(\d{1,18})\b.*")
+    found.append(memory_available)
+    values.append(kib * 1024)
+    for limit_file, usage_file in CGROUP_FILES:
+        has_limit, limit = number(os.path.join(cgroup, limit_file), whole)
+        has_usage, usage = number(os.path.join(cgroup, usage_file), whole)
+        found.append(tf.logical_and(has_limit, has_usage))
+        values.append(tf.maximum(limit - usage, 0))
+    found, values = tf.stack(found), tf.stack(values)
+    least = tf.reduce_min(tf.where(found, values, tf.int64.max))
+    return tf.where(tf.reduce_any(found), least, tf.constant(-1, tf.int64))
 
 
 def memory_budget(available=None):

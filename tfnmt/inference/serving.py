@@ -72,9 +72,15 @@ def search_bounds(batch, groups, gpu_files=GPU_DEVICE_FILES):
         bounds.append(bounds[-1] + (batch - group + groups - 1) // groups)
     if groups == 1 or not gpu_files:
         return bounds
-    on_gpu = tf.reduce_any([tf.size(tf.io.matching_files(pattern)) > 0
-                            for pattern in gpu_files])
-    return [bounds[0]] + [tf.where(on_gpu, batch, bound) for bound in bounds[1:]]
+    gpu = on_gpu(gpu_files)
+    return [bounds[0]] + [tf.where(gpu, batch, bound) for bound in bounds[1:]]
+
+
+def on_gpu(gpu_files=GPU_DEVICE_FILES):
+    """In the graph: whether one of `gpu_files` (glob patterns) exists on the machine that runs
+    it (a bool scalar; False for no patterns)."""
+    return tf.reduce_any([False] + [tf.size(tf.io.matching_files(pattern)) > 0
+                                    for pattern in gpu_files])
 
 
 def dealt_order(lengths, groups):
@@ -134,8 +140,12 @@ class TranslationModule:
       memory_budget: None, or bytes a chunk's search may hold: a request's chunks are then of
         as many sentences (at most chunk_size, at least 1) as fit in it by the estimate of
         `search_memory.sentence_bytes` for the request's longest sentence (a wide beam
-        searches fewer sentences at once). For use in this process (translate.py and
-        evaluate.py with a model_dir), where the budget is this machine's; not exported.
+        searches fewer sentences at once); for use in this process (translate.py and
+        evaluate.py with a model_dir). Or `search_memory.SERVING_MACHINE` (export.py's):
+        `search_memory.BUDGET_SHARE` of the memory available on the machine that runs the
+        graph (`search_memory.available_bytes_in_graph`), no cap where that cannot be read
+        or where the machine has a GPU (one of `gpu_files`: a GPU's search is in its own
+        memory).
       sampling: None for beam search, or {"temperature", "top_k", "seed"}: each translation is
         drawn at random instead (`greedy_search.SamplingSearch`; n_best must be 1). The module
         numbers its searches (each chunk of each request), so that every one draws anew: a
@@ -146,6 +156,8 @@ class TranslationModule:
         ONEDNN_MAX_CPU_ISA; tests give their own).
       gpu_files: the device files whose presence means a GPU (`search_bounds`; tests give
         their own).
+      memory_files: the (meminfo, cgroup) paths `SERVING_MACHINE`'s budget is read from
+        (tests give their own).
       bf16_min_speedup: an "auto" export searches in bfloat16 where its products time at
         least this many times faster than float32's (default: training's threshold).
 
@@ -158,7 +170,8 @@ class TranslationModule:
                  n_best=4, extra_length=EXTRA_LENGTH, parallel_searches=PARALLEL_SEARCHES,
                  matmul_dtype="float32", chunk_size=64, sampling=None, cpuinfo=CPUINFO,
                  beam_stop="finished", bf16_min_speedup=None, gpu_files=GPU_DEVICE_FILES,
-                 environ=ENVIRON, memory_budget=None, no_repeat_ngram_size=0):
+                 environ=ENVIRON, memory_budget=None, no_repeat_ngram_size=0,
+                 memory_files=(search_memory.MEMINFO, search_memory.CGROUP)):
         import tensorflow_text as tf_text
 
         self.model = model
@@ -196,7 +209,9 @@ class TranslationModule:
         self.chunk_size = int(chunk_size)
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size={chunk_size} must be >= 1")
-        self.memory_budget = None if memory_budget is None else int(memory_budget)
+        self.memory_budget = memory_budget if memory_budget in (
+            None, search_memory.SERVING_MACHINE) else int(memory_budget)
+        self.memory_files = tuple(memory_files)
         if sampling is not None:
             if self.n_best != 1:
                 raise ValueError("sampling draws one translation per sentence: n_best must be 1")
@@ -281,8 +296,15 @@ class TranslationModule:
         limits = self._output_limits(source_ids, prefix)  # [B]
         longest = tf.cast(tf.reduce_max(tf.concat([limits, [1]], 0)), tf.int64)
         rows = 1 if self.sampling is not None else self.beam_size
-        fit = self.memory_budget // search_memory.sentence_bytes(self.model.settings, rows,
-                                                                   longest)
+        budget = self.memory_budget
+        uncapped = tf.constant(False)
+        if budget == search_memory.SERVING_MACHINE:
+            available = search_memory.available_bytes_in_graph(*self.memory_files)
+            budget = tf.cast(tf.cast(available, tf.float64) * search_memory.BUDGET_SHARE,
+                             tf.int64)
+            uncapped = tf.logical_or(available < 0, on_gpu(self.gpu_files))
+        fit = budget // search_memory.sentence_bytes(self.model.settings, rows, longest)
+        fit = tf.where(uncapped, tf.constant(self.chunk_size, tf.int64), fit)
         return tf.cast(tf.clip_by_value(fit, 1, self.chunk_size), tf.int32)
 
     def _prefix_ids(self, prefixes):
