@@ -65,9 +65,9 @@ flags.DEFINE_integer("n_best", None, "Hypotheses returned by the translate_n_bes
 flags.DEFINE_integer("parallel_searches", PARALLEL_SEARCHES, "Groups a batch is split into on a "
                      "CPU, searched at the same time to keep its cores busy; a server with a GPU "
                      f"searches one group. Translations are the same. Default {PARALLEL_SEARCHES}.")
-flags.DEFINE_integer("chunk_size", 64, "Most sentences searched at once: a larger request "
-                     "is translated in chunks, one after another, of fewer where a CPU server's "
-                     "free memory is short (docs/serving.md).")
+flags.DEFINE_integer("chunk_size", 64, "Most sentences searched at once (fewer where a CPU "
+                     "server's free memory is short): a larger request is translated in chunks, "
+                     "one after another (docs/serving.md).")
 flags.DEFINE_bool("check", True, "Before publishing, load the export and translate two "
                   "sentences: a SavedModel with TensorFlow's C++ loader (as TF Serving does), "
                   "each signature; a CTranslate2 model with CTranslate2.")
