@@ -137,21 +137,21 @@ def test_a_wide_beam_searches_as_many_sentences_at_once_as_fit(tiny, tiny_model_
         assert int(bounded._search_chunk_size(sentences, prefixes)) == min(max(fit, 1), 4)
     # An export's budget: half the memory available where its graph runs; none where that
     # cannot be read or the machine has a GPU (its search is in the GPU's memory).
-    meminfo = tmp_path / "meminfo"
-    gpu = str(tmp_path / "nvidia0")
-    for kib, files, size in ((5 * per_sentence // 1024, (), 2), (per_sentence // 1024, (), 1),
-                             (None, (), 4), (per_sentence // 1024, (gpu,), 4),
-                             (1000 * per_sentence // 1024, (), 4)):
+    meminfo, gpu = tmp_path / "meminfo", tmp_path / "nvidia0"
+    served = TranslationModule(model, vocab, beam_size=5, n_best=2, chunk_size=4,
+                               memory_budget=search_memory.SERVING_MACHINE,
+                               memory_files=(str(meminfo), str(tmp_path / "no-cgroup")),
+                               gpu_files=[str(tmp_path / "nvidia*")])
+    for kib, on_gpu, size in ((5 * per_sentence // 1024, False, 2),
+                              (per_sentence // 1024, False, 1), (None, False, 4),
+                              (per_sentence // 1024, True, 4),
+                              (1000 * per_sentence // 1024, False, 4)):
         meminfo.write_text("" if kib is None else f"MemAvailable: {kib} kB\n")
-        served = TranslationModule(model, vocab, beam_size=5, n_best=2, chunk_size=4,
-                                   memory_budget=search_memory.SERVING_MACHINE,
-                                   memory_files=(str(meminfo), str(tmp_path / "no-cgroup")),
-                                   gpu_files=[str(tmp_path / "nvidia*")])
-        if files:
-            write(tmp_path / "nvidia0", "")
-        assert int(served._search_chunk_size(sentences)) == size, (kib, files)
-        if files:
-            os.remove(gpu)
+        if on_gpu:
+            gpu.write_text("")
+        assert int(served._search_chunk_size(sentences)) == size, (kib, on_gpu)
+        if on_gpu:
+            gpu.unlink()
     # Sampling searches one row per sentence; an empty request gives empty outputs.
     sampling = TranslationModule(model, vocab, n_best=1, chunk_size=4, memory_budget=1,
                                  sampling={"temperature": 1.0, "top_k": 0, "seed": 1})
